@@ -1,0 +1,33 @@
+"""One family of errors for everything a user can get wrong.
+
+Library code raises these with a message written for the user (naming the valid choices
+where there are any); the CLI prints the message on one line and exits non-zero.
+"""
+
+
+class OmnituneError(Exception):
+    """Base class: a user-facing error with a one-line message."""
+
+
+class UnknownKernelError(OmnituneError):
+    pass
+
+
+class ShapeError(OmnituneError):
+    """A problem shape that cannot be parsed or is impossible for the kernel."""
+
+
+class ConfigError(OmnituneError):
+    """A launch config that is malformed, outside the kernel's space, or violates a constraint."""
+
+
+class InputError(OmnituneError):
+    """Tensors handed to a kernel that it cannot run on (shapes, dtypes, devices)."""
+
+
+class DeviceError(OmnituneError):
+    """No usable GPU where one is needed."""
+
+
+class StoreError(OmnituneError):
+    """The results database or an exported file cannot be read or written."""

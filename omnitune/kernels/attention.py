@@ -1,0 +1,644 @@
+"""Fused cross-modal attention: FlashAttention-2 forward with online softmax.
+
+Algorithm. Each program owns BLOCK_M query rows of one (batch, head) — or, with PACK_GQA, of one
+(batch, kv head), its rows drawn from all GROUP query heads that share that kv head, so K and V
+are read once per group instead of GROUP times (what decode-like calls with few query rows need).
+It streams K/V in BLOCK_N tiles, keeping the running row max m, the running denominator l and the
+fp32 accumulator in registers; scores use exp2 with sm_scale·log2(e) folded into one multiply.
+
+Masks. Every mask we support makes each query row see a *prefix* of the keys, [0, limit):
+  - none:   limit = Lk
+  - causal: limit = clamp(i + 1 + Lk − Lq, 0, Lk)   (bottom-right aligned, as FlashAttention)
+  - spans:  causal, except that a row inside an image/video span [s, e) also sees up to e,
+            so limit = max(causal limit, e). A span mask is therefore still a prefix mask.
+A row's visible set being a prefix lets a block of rows split its key loop in two: tiles below the
+block's smallest limit need no mask at all (the off-diagonal part), and only tiles between the
+smallest and largest limit pay for the mask (the diagonal part). Rows that see no key (Lq > Lk,
+causal) output zeros, as FlashAttention does.
+
+Grid. axis 0: query row blocks, heaviest first under a causal mask (so the long programs start
+early and the tail is short); axis 1: batch × (query heads, or kv heads with PACK_GQA). Programs
+adjacent on axis 0 share K/V, which keeps them in L2.
+
+Constexprs. BLOCK_M, BLOCK_N: tile sizes. HEAD_DIM: the real head dim; BLOCK_D: it rounded up to
+a power of two (80 and 96 pad to 128 inside the kernel, masked). GROUP: query heads per kv head.
+MASK_MODE: 0 none, 1 causal, 2 per-row limits read from a tensor (span masks). USE_TMA: K/V
+tiles through Hopper's tensor-memory accelerator (host-side tensor descriptors) instead of
+pointer loads. IEEE_DOT: exact fp32 products for fp32 inputs (the checking path).
+
+Memory traffic model: Q read once, K and V read once per (query block, head or group) — from L2
+after the first — and O written once: bytes = (2·B·H·Lq + 2·B·Hkv·Lk)·D·elt at the ideal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from omnitune.errors import InputError
+from omnitune.spec import (
+    Config,
+    Constraint,
+    DeviceLimits,
+    KernelSpec,
+    MatchPolicy,
+    Param,
+    poisoned,
+)
+
+LOG2E = 1.4426950408889634
+SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
+
+
+@triton.jit
+def _attention_fwd(
+    Q, K, V, Out, RowLimit,
+    k_desc, v_desc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb,
+    H, HKV, LQ, LK,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK_MODE: tl.constexpr,
+    PACK_GQA: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+):
+    # axis 0: block of query rows (reversed under a mask: heaviest blocks first)
+    # axis 1: batch × head (or batch × kv head when PACK_GQA)
+    pid_m = tl.program_id(0)
+    if MASK_MODE != 0:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    if PACK_GQA:
+        b = pid_bh // HKV
+        hk = pid_bh % HKV
+        total_rows = GROUP * LQ
+    else:
+        b = pid_bh // H
+        hk = (pid_bh % H) // GROUP
+        total_rows = LQ
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = rows < total_rows
+    if PACK_GQA:
+        head = hk * GROUP + rows // LQ
+        qpos = rows % LQ
+    else:
+        head = (pid_bh % H) + rows * 0
+        qpos = rows
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < HEAD_DIM
+
+    # --- per-row visible key limit: row i sees keys [0, limit_i) -------------------------------
+    if MASK_MODE == 0:
+        limit = tl.where(row_valid, LK, 0)
+    elif MASK_MODE == 1:
+        limit = tl.minimum(tl.maximum(qpos + 1 + LK - LQ, 0), LK)
+        limit = tl.where(row_valid, limit, 0)
+    else:
+        limit = tl.load(RowLimit + b.to(tl.int64) * stride_lb + qpos, mask=row_valid, other=0)
+    lo_unmasked = (tl.min(tl.where(row_valid, limit, LK), axis=0) // BLOCK_N) * BLOCK_N
+    hi = tl.max(limit, axis=0)
+
+    # --- Q tile, loaded once -------------------------------------------------------------------
+    q_ptrs = (
+        Q + b.to(tl.int64) * stride_qb + head.to(tl.int64)[:, None] * stride_qh
+        + qpos[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    )
+    q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+
+    k_base = K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    offs_n = tl.arange(0, BLOCK_N)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # --- off-diagonal part: every row of the block sees every key of these tiles -------------
+    for start_n in range(0, lo_unmasked, BLOCK_N):
+        if USE_TMA:
+            k = k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        else:
+            kv_mask = d_valid[None, :]
+            k = tl.load(k_base + (start_n + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                        mask=kv_mask, other=0.0)
+            v = tl.load(v_base + (start_n + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                        mask=kv_mask, other=0.0)
+        if IEEE_DOT:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE_DOT:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    # --- diagonal part: tiles where some rows of the block stop seeing keys ------------------
+    for start_n in range(lo_unmasked, hi, BLOCK_N):
+        n = start_n + offs_n
+        if USE_TMA:
+            k = k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        else:
+            kv_mask = (n < LK)[:, None] & d_valid[None, :]
+            k = tl.load(k_base + n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        if IEEE_DOT:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = tl.where(n[None, :] < limit[:, None], qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE_DOT:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    # --- epilogue: rows that saw no key write zeros ------------------------------------------
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    o_ptrs = (
+        Out + b.to(tl.int64) * stride_ob + head.to(tl.int64)[:, None] * stride_oh
+        + qpos[:, None] * stride_om + offs_d[None, :] * stride_od
+    )
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
+
+
+# ------------------------------------------------------------------------------------------------
+# Problem, inputs, launcher
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One attention call: q [b, h, lq, d], k/v [b, hkv, lk, d].
+
+    `spans` image/video spans of `span_len` tokens each are laid evenly through the key sequence
+    (bidirectional inside each span, causal elsewhere); spans=0 means a plain mask."""
+
+    b: int
+    h: int
+    hkv: int
+    lq: int
+    lk: int
+    d: int
+    causal: bool = False
+    spans: int = 0
+    span_len: int = 0
+
+    def __post_init__(self):
+        for name in ("b", "h", "hkv", "lq", "lk", "d"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.h % self.hkv:
+            raise ValueError(f"h={self.h} is not a multiple of hkv={self.hkv}")
+        if self.d not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head dim d={self.d} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
+        if self.spans < 0 or self.span_len < 0:
+            raise ValueError("spans and span_len must be ≥ 0")
+        if (self.spans > 0) != (self.span_len > 0):
+            raise ValueError("give spans and span_len together")
+        if self.spans and not self.causal:
+            raise ValueError("image spans only change a causal mask; add causal=1")
+        if self.spans * self.span_len > self.lk:
+            raise ValueError(f"{self.spans} spans of {self.span_len} tokens do not fit in lk={self.lk}")
+
+    @property
+    def group(self) -> int:
+        return self.h // self.hkv
+
+    def span_ranges(self) -> list[tuple[int, int]]:
+        """The [start, end) key ranges of the spans, spread evenly with text between them."""
+        if not self.spans:
+            return []
+        gap = (self.lk - self.spans * self.span_len) // (self.spans + 1)
+        return [(gap * (i + 1) + self.span_len * i, gap * (i + 1) + self.span_len * (i + 1)) for i in range(self.spans)]
+
+
+@dataclass
+class AttentionInputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+    sm_scale: float
+    row_limits: torch.Tensor | None  # [B, Lq] int32, only for span masks
+
+
+def row_limits(
+    b: int, lq: int, lk: int, spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, device
+) -> torch.Tensor:
+    """Per query row, the end of its visible key prefix under a causal mask with bidirectional
+    spans. spans: one list of [start, end) key ranges per sequence (lists may differ in length),
+    or a tensor [B, S, 2]."""
+    if isinstance(spans, torch.Tensor):
+        span_t = spans.to(device=device, dtype=torch.int64)
+    else:
+        if len(spans) != b:
+            raise InputError(f"mm_spans has {len(spans)} entries but the batch has {b} sequences")
+        width = max((len(s) for s in spans), default=0)
+        span_t = torch.zeros((b, max(width, 1), 2), dtype=torch.int64)
+        for i, seq in enumerate(spans):
+            for j, (s, e) in enumerate(seq):
+                span_t[i, j, 0], span_t[i, j, 1] = int(s), int(e)
+        span_t = span_t.to(device)
+    if span_t.dim() != 3 or span_t.shape[0] != b or span_t.shape[2] != 2:
+        raise InputError(f"mm_spans tensor must be [B={b}, S, 2], got {list(span_t.shape)}")
+    starts, ends = span_t[..., 0], span_t[..., 1]
+    if bool(((starts < 0) | (ends > lk) | (starts > ends)).any()):
+        raise InputError(f"mm_spans must be [start, end) ranges with 0 ≤ start ≤ end ≤ Lk={lk}")
+    qpos = torch.arange(lq, device=device, dtype=torch.int64) + (lk - lq)
+    causal = (qpos + 1).clamp(0, lk)
+    inside = (qpos[None, :, None] >= starts[:, None, :]) & (qpos[None, :, None] < ends[:, None, :])
+    span_end = torch.where(inside, ends[:, None, :], torch.zeros_like(inside, dtype=torch.int64)).amax(dim=2)
+    return torch.maximum(causal[None, :], span_end).to(torch.int32).contiguous()
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InputError(f"{name} must be 4-D [B, heads, L, D], got shape {list(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k, v have different dtypes: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise InputError(f"unsupported dtype {q.dtype}; use float16, bfloat16 or float32")
+    if k.shape != v.shape:
+        raise InputError(f"k and v shapes differ: {list(k.shape)} vs {list(v.shape)}")
+    b, h, _, d = q.shape
+    bk, hkv, _, dk = k.shape
+    if bk != b:
+        raise InputError(f"batch sizes differ: q has {b}, k/v have {bk}")
+    if dk != d:
+        raise InputError(f"head dims differ: q has {d}, k/v have {dk}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise InputError(f"head dim {d} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    if hkv == 0 or h % hkv:
+        raise InputError(f"q heads ({h}) must be a multiple of k/v heads ({hkv})")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise InputError("sequence lengths must be ≥ 1")
+    if q.device.type == "cpu" and not _interpreting():
+        raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    elt = t.element_size()
+    return t.stride(-1) == 1 and all((s * elt) % 16 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+
+
+def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
+    """Run the kernel with a launch config, writing into `out` [B, H, Lq, D]."""
+    q, k, v = inputs.q, inputs.k, inputs.v
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    group = h // hkv
+    block_d = triton.next_power_of_2(d)
+    block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
+    pack = bool(config["PACK_GQA"]) and group > 1
+    use_tma = bool(config["USE_TMA"])
+    if inputs.row_limits is not None:
+        mask_mode, limits = 2, inputs.row_limits
+    else:
+        mask_mode, limits = (1 if inputs.causal else 0), q  # q is a placeholder pointer, never read
+
+    if use_tma:
+        # TMA needs a contiguous last dim and 16-byte aligned strides; copy views that are not.
+        if not _tma_ok(k):
+            k = k.contiguous()
+        if not _tma_ok(v):
+            v = v.contiguous()
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        block = [1, 1, block_n, block_d]
+        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block)
+        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
+    else:
+        k_desc = v_desc = 0
+
+    rows = group * lq if pack else lq
+    grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h))
+    _attention_fwd[grid](
+        q, k, v, out, limits,
+        k_desc, v_desc,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        limits.stride(0) if mask_mode == 2 else 0,
+        h, hkv, lq, lk,
+        inputs.sm_scale * LOG2E,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        GROUP=group,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        MASK_MODE=mask_mode,
+        PACK_GQA=pack,
+        USE_TMA=use_tma,
+        IEEE_DOT=q.dtype == torch.float32,
+        num_warps=int(config["num_warps"]),
+        num_stages=int(config["num_stages"]),
+    )
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    config: Config | dict | None = None,
+    mm_spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(q kᵀ · sm_scale) v, FlashAttention-2 style, in one Triton kernel.
+
+    q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D] with H a multiple of Hkv (GQA/MQA); any strides.
+    causal: bottom-right aligned when Lq ≠ Lk. mm_spans: per sequence, [start, end) key ranges of
+    image/video tokens that see each other both ways (requires causal). config: launch config;
+    None looks one up in the tuned tables (omnitune.runtime), falling back to the default.
+    Returns [B, H, Lq, D] in q's dtype.
+    """
+    _check_inputs(q, k, v)
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    limits = None
+    if mm_spans is not None:
+        if not causal:
+            raise InputError("mm_spans only change a causal mask; pass causal=True")
+        limits = row_limits(b, lq, lk, mm_spans, q.device)
+    problem = AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal)
+    if config is None:
+        from omnitune.runtime import get_config
+
+        cfg = get_config("attention", problem, dtype=q.dtype)
+    elif isinstance(config, Config):
+        cfg = config
+    else:
+        cfg = SPEC.complete_config(config, problem, q.dtype)
+    out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
+    launch(AttentionInputs(q, k, v, causal, float(sm_scale), limits), out, cfg)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Spec: reference, inputs, model, config space
+# ------------------------------------------------------------------------------------------------
+
+
+def make_inputs(problem: AttentionProblem, dtype: torch.dtype, device, seed: int) -> AttentionInputs:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    p = problem
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    limits = None
+    if p.spans:
+        limits = row_limits(p.b, p.lq, p.lk, [p.span_ranges()] * p.b, device)
+    return AttentionInputs(
+        q=rand(p.b, p.h, p.lq, p.d),
+        k=rand(p.b, p.hkv, p.lk, p.d),
+        v=rand(p.b, p.hkv, p.lk, p.d),
+        causal=p.causal,
+        sm_scale=1.0 / math.sqrt(p.d),
+        row_limits=limits,
+    )
+
+
+def new_output(inputs: AttentionInputs) -> torch.Tensor:
+    b, h, lq, d = inputs.q.shape
+    return poisoned((b, h, lq, d), inputs.q.dtype, inputs.q.device)
+
+
+def _limits_of(inputs: AttentionInputs) -> torch.Tensor:
+    b, _, lq, _ = inputs.q.shape
+    lk = inputs.k.shape[2]
+    if inputs.row_limits is not None:
+        return inputs.row_limits.to(torch.int64)
+    qpos = torch.arange(lq, device=inputs.q.device) + (lk - lq)
+    lim = (qpos + 1).clamp(0, lk) if inputs.causal else torch.full_like(qpos, lk)
+    return lim[None, :].expand(b, lq)
+
+
+def reference(inputs: AttentionInputs) -> torch.Tensor:
+    """Masked softmax attention in float64 on the CPU, float32 (no TF32) on a GPU; processed one
+    (batch, kv head) at a time so that long sequences fit. Rows that see no key are zeros."""
+    q, k, v = inputs.q, inputs.k, inputs.v
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    group = h // hkv
+    acc_dtype = torch.float64 if q.device.type == "cpu" else torch.float32
+    limits = _limits_of(inputs)
+    keys = torch.arange(lk, device=q.device)
+    out = torch.empty((b, h, lq, d), dtype=acc_dtype, device=q.device)
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for bi in range(b):
+            visible = keys[None, :] < limits[bi][:, None]  # [lq, lk]
+            any_visible = visible.any(dim=1)
+            for hk in range(hkv):
+                qs = q[bi, hk * group:(hk + 1) * group].to(acc_dtype)  # [group, lq, d]
+                ks = k[bi, hk].to(acc_dtype)
+                vs = v[bi, hk].to(acc_dtype)
+                scores = torch.matmul(qs, ks.T) * inputs.sm_scale
+                scores = scores.masked_fill(~visible[None], float("-inf"))
+                probs = torch.softmax(scores, dim=-1)
+                probs = torch.where(any_visible[None, :, None], probs, torch.zeros_like(probs))
+                out[bi, hk * group:(hk + 1) * group] = torch.matmul(probs, vs)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    return out
+
+
+def visible_pairs(problem: AttentionProblem) -> int:
+    """Number of (query, key) pairs the mask lets through, per (batch, head)."""
+    p = problem
+    if not p.causal:
+        return p.lq * p.lk
+    if p.spans:
+        return int(row_limits(1, p.lq, p.lk, [p.span_ranges()], "cpu").sum())
+    qpos = torch.arange(p.lq, dtype=torch.int64) + (p.lk - p.lq)
+    return int((qpos + 1).clamp(0, p.lk).sum())
+
+
+def flops(problem: AttentionProblem) -> float:
+    # Two matmuls (QKᵀ and PV) of 2·D flops per visible pair; masked pairs are not counted.
+    return 4.0 * problem.b * problem.h * problem.d * visible_pairs(problem)
+
+
+def bytes_moved(problem: AttentionProblem, dtype: torch.dtype) -> float:
+    p = problem
+    elt = torch.empty((), dtype=dtype).element_size()
+    return float((2 * p.b * p.h * p.lq + 2 * p.b * p.hkv * p.lk) * p.d * elt)
+
+
+def _block_d(problem: AttentionProblem) -> int:
+    return triton.next_power_of_2(problem.d)
+
+
+def _rows(problem: AttentionProblem, config: Config) -> int:
+    return problem.group * problem.lq if config["PACK_GQA"] and problem.group > 1 else problem.lq
+
+
+def _shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch.dtype) -> int:
+    # Q tile, plus K and V tiles for each pipeline stage. Matches the Triton FA2 kernel measured
+    # on the H200 (2026-11-29): the 4 configs of a 36-config grid this model puts over 227 KiB
+    # (BLOCK_N=128, 4 stages, D=128, bf16) were exactly the ones that failed to launch.
+    elt = torch.empty((), dtype=dtype).element_size()
+    bd = _block_d(problem)
+    return elt * (int(config["BLOCK_M"]) * bd + int(config["num_stages"]) * 2 * int(config["BLOCK_N"]) * bd)
+
+
+def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
+    need = _shared_memory_bytes(problem, config, dtype)
+    if need > limits.shared_memory_per_block_bytes:
+        return f"needs ~{need // 1024} KiB of shared memory, the device has {limits.shared_memory_per_block_bytes // 1024} KiB"
+    return None
+
+
+def _check_accumulator(problem, config, dtype, limits):
+    # The fp32 accumulator lives in registers: past 128 floats per thread the compiler spills
+    # (255 registers is the hard cap, and the scores tile and Q need room too).
+    per_thread = int(config["BLOCK_M"]) * _block_d(problem) // (int(config["num_warps"]) * 32)
+    if per_thread > 128:
+        return f"accumulator needs {per_thread} fp32 registers per thread (> 128)"
+    return None
+
+
+def _check_block_m(problem, config, dtype, limits):
+    rows = _rows(problem, config)
+    useful = max(16, triton.next_power_of_2(rows))
+    if int(config["BLOCK_M"]) > useful:
+        return f"BLOCK_M={config['BLOCK_M']} exceeds the {rows} query rows per program (use ≤ {useful})"
+    return None
+
+
+def _check_pack(problem, config, dtype, limits):
+    if config["PACK_GQA"] and problem.group == 1:
+        return "PACK_GQA needs several query heads per kv head (h > hkv)"
+    return None
+
+
+def _check_tma(problem, config, dtype, limits):
+    if config["USE_TMA"] and tuple(limits.compute_capability) < (9, 0):
+        return "USE_TMA needs compute capability 9.0 (Hopper) or newer"
+    return None
+
+
+PARAMS = (
+    Param("BLOCK_M", (16, 32, 64, 128), "query rows per program"),
+    Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
+    Param("num_warps", (4, 8), "warps per program"),
+    Param("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
+    Param("PACK_GQA", (False, True), "one program serves all query heads of a kv head"),
+    Param("USE_TMA", (False, True), "load K/V tiles through tensor descriptors (Hopper TMA)"),
+)
+
+CONSTRAINTS = (
+    Constraint("shared_memory", _check_shared_memory, "Q tile + K/V tiles per stage must fit in shared memory"),
+    Constraint("accumulator_registers", _check_accumulator, "fp32 accumulator ≤ 128 registers per thread"),
+    Constraint("block_m_exceeds_rows", _check_block_m, "no block larger than the query rows it serves"),
+    Constraint("pack_gqa_needs_groups", _check_pack, "PACK_GQA only when h > hkv"),
+    Constraint("tma_needs_hopper", _check_tma, "tensor descriptors need sm_90+"),
+)
+
+
+def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
+    """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (3 beat 2 stages on all 7 shapes
+    measured on the H200, 2026-11-29); GQA packing when there are fewer query rows than a tile;
+    smaller tiles or fewer stages only where the problem or the device demands it."""
+    pack = problem.group > 1 and problem.lq < 64
+    for block_m in (64, 32, 16):
+        for stages in (3, 2, 1):
+            cfg = Config(BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages, PACK_GQA=pack, USE_TMA=False)
+            if not SPEC.violations(problem, cfg, dtype):
+                return cfg
+    return Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
+
+
+def _sdpa_baselines(problem: AttentionProblem):
+    """PyTorch SDPA per backend, for `omnitune bench`. Span masks go through a dense boolean mask,
+    which is the only way SDPA can express them."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    def make(backend):
+        def run(inputs: AttentionInputs) -> torch.Tensor:
+            q, k, v = inputs.q, inputs.k, inputs.v
+            gqa = q.shape[1] != k.shape[1]
+            kwargs = {"scale": inputs.sm_scale, "enable_gqa": gqa}
+            with sdpa_kernel([backend]):
+                if inputs.row_limits is not None or (inputs.causal and q.shape[2] != k.shape[2]):
+                    keys = torch.arange(k.shape[2], device=q.device)
+                    mask = keys[None, None, :] < _limits_of(inputs)[:, :, None]
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], **kwargs)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=inputs.causal, **kwargs)
+        return run
+
+    return {
+        "sdpa_flash": make(SDPBackend.FLASH_ATTENTION),
+        "sdpa_cudnn": make(SDPBackend.CUDNN_ATTENTION),
+        "sdpa_efficient": make(SDPBackend.EFFICIENT_ATTENTION),
+        "sdpa_math": make(SDPBackend.MATH),
+    }
+
+
+SPEC = KernelSpec(
+    name="attention",
+    description="FlashAttention-2 forward: cross/self, causal or image-span masks, GQA/MQA",
+    problem_type=AttentionProblem,
+    params=PARAMS,
+    constraints=CONSTRAINTS,
+    default_config=default_config,
+    make_inputs=make_inputs,
+    new_output=new_output,
+    launch=launch,
+    reference=reference,
+    tolerance={torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2},
+    flops=flops,
+    bytes_moved=bytes_moved,
+    match=MatchPolicy(exact=("d", "causal", "h", "hkv"), max_ratio=4.0),
+    aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
+    example_problem=AttentionProblem(b=2, h=4, hkv=2, lq=33, lk=47, d=64, causal=True),
+    baselines=_sdpa_baselines,
+    module=__name__,
+)

@@ -1,0 +1,1 @@
+"""Searching a kernel's config space: the trial types, the measuring runner and the driver."""

@@ -1,0 +1,391 @@
+"""The kernel spec: the one description of a kernel that search, profile, report, export and
+runtime all read.
+
+A kernel module (omnitune/kernels/<name>.py, or a user's own module) defines its Triton code, a
+launcher, a PyTorch reference, a frozen dataclass for its problems, and one `SPEC = KernelSpec(...)`.
+Nothing downstream knows any kernel by name: everything it needs is here.
+
+This module imports only the standard library and torch, so that `omnitune.runtime` can read
+specs on a production hot path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import itertools
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnitune.errors import ConfigError, ShapeError
+
+ParamValue = int | bool | str
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    aliases = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16", "float": "fp32"}
+    key = aliases.get(name.lower(), name.lower())
+    if key not in DTYPES:
+        raise ShapeError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES[dtype]
+
+
+class Config(Mapping[str, ParamValue]):
+    """An immutable, hashable launch config. Keys are the literal launch kwargs
+    (`BLOCK_M`, `num_warps`, `num_stages`, ...)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, values: Mapping[str, ParamValue] | None = None, /, **kwargs: ParamValue):
+        merged = dict(values or {}, **kwargs)
+        self._items: tuple[tuple[str, ParamValue], ...] = tuple(sorted(merged.items()))
+
+    def __getitem__(self, key: str) -> ParamValue:
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Config):
+            return self._items == other._items
+        if isinstance(other, Mapping):
+            return dict(self._items) == dict(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self._items) + ")"
+
+    def as_dict(self) -> dict[str, ParamValue]:
+        return dict(self._items)
+
+    def replace(self, **changes: ParamValue) -> Config:
+        return Config(self.as_dict(), **changes)
+
+    def label(self) -> str:
+        """Short human label, e.g. 'BLOCK_M=128 BLOCK_N=64 num_stages=3 num_warps=8'."""
+        return " ".join(f"{k}={_fmt(v)}" for k, v in self._items)
+
+
+def _fmt(v: ParamValue) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable launch parameter and its discrete choices."""
+
+    name: str
+    choices: tuple[ParamValue, ...]
+    help: str = ""
+
+    def coerce(self, value: Any) -> ParamValue:
+        """Coerce a value read from JSON or the command line to one of the choices."""
+        for choice in self.choices:
+            if isinstance(choice, bool):
+                if value in (True, False, 0, 1, "0", "1", "true", "false", "True", "False"):
+                    v = value if isinstance(value, bool) else str(value).lower() in ("1", "true")
+                    if v == choice:
+                        return choice
+            elif isinstance(choice, int):
+                try:
+                    if int(value) == choice and not isinstance(value, bool) and float(value) == int(value):
+                        return choice
+                except (TypeError, ValueError):
+                    pass
+            elif str(value) == str(choice):
+                return choice
+        raise ConfigError(
+            f"{self.name}={value!r} is not a valid choice; choose one of "
+            + ", ".join(_fmt(c) for c in self.choices)
+        )
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What constraints need to know about the target GPU, without touching it.
+
+    The defaults are an H100/H200's (227 KiB of shared memory per block, compute capability 9.0),
+    used when no GPU is present (interpret mode, `omnitune plan`)."""
+
+    shared_memory_per_block_bytes: int = 232_448
+    compute_capability: tuple[int, int] = (9, 0)
+    multiprocessors: int = 132
+
+    @classmethod
+    def of_current_device(cls) -> DeviceLimits:
+        if not torch.cuda.is_available():
+            return cls()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        smem = getattr(props, "shared_memory_per_block_optin", 0) or cls.shared_memory_per_block_bytes
+        return cls(int(smem), (props.major, props.minor), props.multi_processor_count)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A named rule that rejects a config for a problem before anything is compiled.
+
+    `check` returns None when the config is acceptable, or a short reason ("needs 240 KiB of
+    shared memory, the device has 227 KiB")."""
+
+    name: str
+    check: Callable[[Any, Config, torch.dtype, DeviceLimits], str | None]
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class MatchPolicy:
+    """How the runtime finds the nearest tuned problem when a problem was not tuned itself.
+
+    `exact` fields must be equal (e.g. head dim, causality, GQA ratio). Every other numeric field
+    may differ by at most `max_ratio` (per dimension, larger over smaller); among candidates the one
+    with the smallest summed |log2 ratio| wins. So a decode call (lq=1) never snaps to a prefill
+    config (lq=512) with the default ratio of 4."""
+
+    exact: tuple[str, ...] = ()
+    max_ratio: float = 4.0
+    ratio_overrides: Mapping[str, float] = field(default_factory=dict)
+
+    def distance(self, a: Any, b: Any) -> float | None:
+        """Summed |log2 ratio| over the soft fields, or None if a and b may not be matched."""
+        total = 0.0
+        for f in dataclasses.fields(a):
+            va, vb = getattr(a, f.name), getattr(b, f.name)
+            if f.name in self.exact or isinstance(va, bool) or not isinstance(va, (int, float)):
+                if va != vb:
+                    return None
+                continue
+            if va == vb:
+                continue
+            if va <= 0 or vb <= 0:
+                return None
+            ratio = max(va, vb) / min(va, vb)
+            if ratio > self.ratio_overrides.get(f.name, self.max_ratio):
+                return None
+            total += abs(math.log2(ratio))
+        return total
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; NaN or Inf anywhere in out gives inf."""
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(torch.float64)
+    if o.shape != r.shape:
+        return math.inf
+    if not torch.isfinite(o).all():
+        return math.inf
+    denom = torch.linalg.vector_norm(r).item()
+    num = torch.linalg.vector_norm(o - r).item()
+    if denom == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / denom
+
+
+def poisoned(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An output buffer filled with NaN, so that any element a kernel fails to write fails the check."""
+    return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything the tool knows about one kernel.
+
+    Callables take the kernel's own problem dataclass and inputs object; nothing outside the
+    kernel's module looks inside either.
+    """
+
+    name: str
+    description: str
+    problem_type: type
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...]
+    default_config: Callable[[Any, torch.dtype], Config]
+    make_inputs: Callable[[Any, torch.dtype, torch.device | str, int], Any]
+    new_output: Callable[[Any], torch.Tensor]
+    launch: Callable[[Any, torch.Tensor, Config], None]
+    reference: Callable[[Any], torch.Tensor]
+    tolerance: Mapping[torch.dtype, float]
+    flops: Callable[[Any], float]
+    bytes_moved: Callable[[Any, torch.dtype], float]
+    match: MatchPolicy = MatchPolicy()
+    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    example_problem: Any = None
+    baselines: Callable[[Any], Mapping[str, Callable[[Any], torch.Tensor]]] | None = None
+    compare: Callable[[torch.Tensor, torch.Tensor], float] = relative_error
+    restore_inputs: Callable[[Any], None] | None = None
+    """For in-place kernels: put the inputs back as make_inputs left them."""
+    module: str = ""
+
+    # --- config space -----------------------------------------------------------------------
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise ConfigError(
+            f"{self.name} has no parameter {name!r}; its parameters are "
+            + ", ".join(p.name for p in self.params)
+        )
+
+    def space_size(self) -> int:
+        return math.prod(len(p.choices) for p in self.params)
+
+    def all_configs(self) -> Iterator[Config]:
+        names = [p.name for p in self.params]
+        for values in itertools.product(*(p.choices for p in self.params)):
+            yield Config(dict(zip(names, values)))
+
+    def violations(
+        self, problem: Any, config: Config, dtype: torch.dtype, limits: DeviceLimits | None = None
+    ) -> list[tuple[str, str]]:
+        """(constraint name, reason) for every constraint the config breaks; [] if it is valid."""
+        limits = limits or DeviceLimits()
+        found = []
+        for c in self.constraints:
+            reason = c.check(problem, config, dtype, limits)
+            if reason:
+                found.append((c.name, reason))
+        return found
+
+    def valid_configs(
+        self, problem: Any, dtype: torch.dtype, limits: DeviceLimits | None = None
+    ) -> list[Config]:
+        return [c for c in self.all_configs() if not self.violations(problem, c, dtype, limits)]
+
+    def coerce_config(self, values: Mapping[str, Any], *, partial_ok: bool = False) -> Config:
+        """Validate a config read from JSON or a user: every key a known parameter, every value
+        one of its choices; missing keys an error unless partial_ok."""
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"a {self.name} config must be a JSON object, got {type(values).__name__}")
+        names = {p.name for p in self.params}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(
+                f"{self.name} has no parameter {unknown[0]!r}; its parameters are {', '.join(sorted(names))}"
+            )
+        missing = sorted(names - set(values))
+        if missing and not partial_ok:
+            raise ConfigError(f"{self.name} config lacks {', '.join(missing)}")
+        return Config({k: self.param(k).coerce(v) for k, v in values.items()})
+
+    def complete_config(self, values: Mapping[str, Any], problem: Any, dtype: torch.dtype) -> Config:
+        """A user's partial config laid over the default for this problem."""
+        partial = self.coerce_config(values, partial_ok=True)
+        return Config(self.default_config(problem, dtype).as_dict(), **partial.as_dict())
+
+    # --- problems ---------------------------------------------------------------------------
+
+    def problem_fields(self) -> list[dataclasses.Field]:
+        return list(dataclasses.fields(self.problem_type))
+
+    def problem_from_mapping(self, values: Mapping[str, Any]) -> Any:
+        """Build a problem from field values (strings allowed), expanding aliases."""
+        fields = {f.name: f for f in self.problem_fields()}
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            targets = self.aliases.get(key, (key,))
+            for name in targets:
+                if name not in fields:
+                    valid = sorted(set(fields) | set(self.aliases))
+                    raise ShapeError(
+                        f"{self.name} problems have no dimension {key!r}; use {', '.join(valid)}"
+                    )
+                kwargs[name] = _coerce_field(fields[name], raw, key)
+        missing = [
+            n for n, f in fields.items()
+            if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise ShapeError(f"{self.name} shape lacks {', '.join(missing)}")
+        try:
+            return self.problem_type(**kwargs)
+        except (ValueError, TypeError) as exc:
+            raise ShapeError(f"impossible {self.name} shape: {exc}") from None
+
+    def parse_shape(self, text: str) -> Any:
+        """Parse a shape spec such as 'b=8,h=28,hkv=4,lq=128,lk=1152,d=128'."""
+        values: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if "=" not in part:
+                raise ShapeError(f"bad shape {text!r}: expected name=value pairs separated by commas")
+            k, v = (s.strip() for s in part.split("=", 1))
+            values[k] = v
+        if not values:
+            raise ShapeError("empty shape; give name=value pairs, e.g. " + self.problem_key(self.example_problem))
+        return self.problem_from_mapping(values)
+
+    def problem_key(self, problem: Any) -> str:
+        """The canonical key of a problem; also a valid --shape spec."""
+        return ",".join(f"{f.name}={_fmt(getattr(problem, f.name))}" for f in dataclasses.fields(problem))
+
+    def problem_dict(self, problem: Any) -> dict[str, Any]:
+        return dataclasses.asdict(problem)
+
+    # --- provenance -------------------------------------------------------------------------
+
+    def source_hash(self) -> str:
+        """sha256 (first 16 hex digits) of the kernel module's source: a tuned config is only as
+        good as the code it was measured on."""
+        mod = sys.modules.get(self.module)
+        if mod is None:
+            return "unknown"
+        try:
+            src = inspect.getsource(mod)
+        except (OSError, TypeError):
+            return "unknown"
+        return hashlib.sha256(src.encode()).hexdigest()[:16]
+
+
+def _coerce_field(f: dataclasses.Field, raw: Any, key: str) -> Any:
+    typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if "bool" in typ:
+            if isinstance(raw, bool):
+                return raw
+            s = str(raw).strip().lower()
+            if s in ("1", "true", "yes", "y"):
+                return True
+            if s in ("0", "false", "no", "n"):
+                return False
+            raise ValueError
+        if "int" in typ:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = float(raw) if not isinstance(raw, int) else raw
+            if value != int(value):
+                raise ValueError
+            return int(value)
+        if "float" in typ:
+            return float(raw)
+        return raw
+    except (TypeError, ValueError):
+        raise ShapeError(f"{key}={raw!r} is not a valid {typ}") from None
