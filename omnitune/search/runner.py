@@ -1,0 +1,167 @@
+"""Measure one candidate config of one kernel on one problem: the only place the search touches
+the GPU.
+
+Order, for every candidate: constraints (no GPU time) → launch on a fresh, NaN-poisoned output →
+compare with the reference → only then time it. A config that is wrong can therefore never win.
+Failures that a candidate can legitimately cause (compile errors, resources, launch errors, a
+mismatch) become a TrialStatus; a user mistake (OmnituneError) or a broken reference propagates.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from omnitune.errors import OmnituneError
+from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda
+from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.spec import Config, DeviceLimits, KernelSpec
+
+
+class Observer(Protocol):
+    """Something that watches the GPU while a candidate is timed (e.g. NVML telemetry)."""
+
+    def start(self) -> None: ...
+
+    def stop(self, calls: int) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    warmup: int = 3
+    repetitions: int = 50
+    max_seconds: float = 1.0
+    seed: int = 0
+
+
+def classify_exception(exc: BaseException) -> tuple[TrialStatus, str]:
+    """Map an exception raised by compiling or launching a candidate to a trial status."""
+    name = type(exc).__name__
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
+    text = f"{name}: {message}"[:300]
+    lowered = str(exc).lower()
+    if name == "OutOfResources" or "out of resource" in lowered:
+        return TrialStatus.OUT_OF_RESOURCES, text
+    if "illegal memory access" in lowered or "unspecified launch failure" in lowered or "illegal instruction" in lowered:
+        return TrialStatus.CRASHED, text
+    module = type(exc).__module__ or ""
+    if name in ("CompilationError", "CompileTimeAssertionFailure") or "compiler" in module or any(
+        s in lowered for s in ("passmanager", "mlir", "ptxas", "compil")
+    ):
+        return TrialStatus.COMPILE_ERROR, text
+    return TrialStatus.LAUNCH_ERROR, text
+
+
+class Runner:
+    """Holds the inputs and reference of one problem and measures configs against them."""
+
+    def __init__(
+        self,
+        spec: KernelSpec,
+        problem: Any,
+        dtype: torch.dtype,
+        *,
+        interpret: bool = False,
+        settings: MeasureSettings = MeasureSettings(),
+        observers: Sequence[Observer] = (),
+        limits: DeviceLimits | None = None,
+    ):
+        self.spec = spec
+        self.problem = problem
+        self.dtype = dtype
+        self.interpret = interpret
+        self.settings = settings
+        self.observers = list(observers)
+        self.device = "cpu" if interpret else "cuda"
+        if not interpret and not torch.cuda.is_available():
+            raise OmnituneError("no CUDA GPU here; measuring needs one (or --interpret for correctness only)")
+        self.limits = limits or (DeviceLimits() if interpret else DeviceLimits.of_current_device())
+        self.tolerance = spec.tolerance[dtype]
+        self.inputs = spec.make_inputs(problem, dtype, self.device, settings.seed)
+        self.reference = spec.reference(self.inputs)
+        self._flusher: L2Flusher | None = None
+        self.context_lost = False
+        self.flops = spec.flops(problem)
+        self.bytes_moved = spec.bytes_moved(problem, dtype)
+
+    def check(self, config: Config) -> tuple[TrialStatus, float, str]:
+        """Run once on a poisoned output and compare: (status, relative error, detail)."""
+        if self.spec.restore_inputs is not None:
+            self.spec.restore_inputs(self.inputs)
+        out = self.spec.new_output(self.inputs)
+        try:
+            self.spec.launch(self.inputs, out, config)
+            if not self.interpret:
+                torch.cuda.synchronize()
+        except OmnituneError:
+            raise
+        except Exception as exc:  # noqa: BLE001 — any candidate failure becomes a status
+            status, detail = classify_exception(exc)
+            if status is TrialStatus.CRASHED:
+                self.context_lost = True
+            return status, math.nan, detail
+        err = self.spec.compare(out, self.reference)
+        if not err <= self.tolerance:  # NaN-safe
+            return TrialStatus.MISMATCH, err, f"relative error {err:.3g} > tolerance {self.tolerance:g}"
+        return TrialStatus.OK, err, ""
+
+    def measure(self, config: Config) -> TrialResult:
+        violations = self.spec.violations(self.problem, config, self.dtype, self.limits)
+        if violations:
+            name, reason = violations[0]
+            return TrialResult(config, TrialStatus.PRUNED, detail=f"{name}: {reason}",
+                               representative=not self.interpret)
+        wall_start = time.perf_counter()
+        status, err, detail = self.check(config)
+        if status is not TrialStatus.OK:
+            return TrialResult(config, status, rel_error=err, detail=detail, representative=not self.interpret)
+        if self.interpret:
+            # The interpreter's wall time says nothing about a GPU; it is kept only so that the
+            # pipeline has a number to carry, and every consumer sees representative=False.
+            wall_ms = (time.perf_counter() - wall_start) * 1e3
+            return TrialResult(config, TrialStatus.OK, time_ms=wall_ms, p20_ms=wall_ms, p80_ms=wall_ms,
+                               rel_error=err, representative=False)
+        out = self.spec.new_output(self.inputs)
+        if self._flusher is None:
+            self._flusher = L2Flusher()
+        for obs in self.observers:
+            obs.start()
+        timing = None
+        try:
+            timing = time_cuda(
+                lambda: self.spec.launch(self.inputs, out, config),
+                warmup=self.settings.warmup,
+                repetitions=self.settings.repetitions,
+                max_seconds=self.settings.max_seconds,
+                flusher=self._flusher,
+            )
+        except OmnituneError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            status, detail = classify_exception(exc)
+            if status is TrialStatus.CRASHED:
+                self.context_lost = True
+            return TrialResult(config, status, rel_error=err, detail=detail)
+        finally:
+            extra: dict[str, Any] = {}
+            for obs in self.observers:
+                # warm-up calls run inside the observed window too
+                calls = (timing.repetitions + self.settings.warmup) if timing else 0
+                extra.update(obs.stop(calls))
+        extra["repetitions"] = timing.repetitions
+        return TrialResult(
+            config,
+            TrialStatus.OK,
+            time_ms=timing.median_ms,
+            p20_ms=timing.p20_ms,
+            p80_ms=timing.p80_ms,
+            rel_error=err,
+            tflops=tflops(self.flops, timing.median_ms),
+            tbps=tbps(self.bytes_moved, timing.median_ms),
+            extra=extra,
+        )
