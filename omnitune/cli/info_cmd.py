@@ -1,0 +1,47 @@
+"""`omnitune kernels` and `omnitune devices`: what this installation knows about."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from omnitune.cli import app
+from omnitune.cli.common import console
+
+
+@app.command()
+def kernels() -> None:
+    """List every kernel with its tunable parameters and their choices."""
+    from omnitune.registry import all_specs
+    from omnitune.spec import dtype_name
+
+    for spec in all_specs():
+        table = Table(title=f"[bold]{spec.name}[/] — {spec.description}", title_justify="left")
+        table.add_column("parameter")
+        table.add_column("choices")
+        table.add_column("meaning")
+        for p in spec.params:
+            table.add_row(p.name, ", ".join(str(int(c) if isinstance(c, bool) else c) for c in p.choices), p.help)
+        console.print(table)
+        console.print(
+            f"  space: {spec.space_size()} configs; constraints: "
+            + ", ".join(c.name for c in spec.constraints)
+        )
+        console.print(f"  dtypes: {', '.join(dtype_name(d) for d in spec.dtypes)}")
+        console.print(f"  shape: --shape {spec.problem_key(spec.example_problem)}\n")
+
+
+@app.command()
+def devices() -> None:
+    """Show the CUDA GPU here: name, compute capability, SMs, memory, L2, driver, versions."""
+    from omnitune.profile.device import current_device_facts, software_versions
+
+    facts = current_device_facts()
+    if facts is None:
+        versions = ", ".join(f"{k} {v}" for k, v in software_versions().items())
+        console.print(f"No CUDA GPU is visible here ({versions}).")
+        raise typer.Exit(1)
+    table = Table(show_header=False, title=f"[bold]{facts.name}[/]", title_justify="left")
+    for key, value in facts.as_dict().items():
+        table.add_row(key, str(value))
+    console.print(table)

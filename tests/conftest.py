@@ -1,0 +1,57 @@
+"""Test setup. Kernels run under Triton's interpreter on the CPU unless a CUDA GPU is present
+(then the same tests, and the `gpu`-marked ones, run on the GPU: how the suite runs on the
+device machine). TRITON_INTERPRET must be set before any kernel module is imported."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except Exception:  # pragma: no cover
+    _HAS_CUDA = False
+
+if not _HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+DEVICE = "cuda" if _HAS_CUDA else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    if _HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernels_are_interpreted_without_gpu():
+    """Fail loudly if, without a GPU, the kernels were compiled for real instead of interpreted:
+    every kernel test would then be testing nothing."""
+    if _HAS_CUDA:
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from omnitune.kernels import attention
+
+    assert isinstance(attention._attention_fwd, InterpretedFunction), "TRITON_INTERPRET was not set before import"
+    yield
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
+
+
+@pytest.fixture
+def tmp_db(tmp_path, monkeypatch):
+    path = tmp_path / "omnitune.db"
+    monkeypatch.setenv("OMNITUNE_DB", str(path))
+    return path
