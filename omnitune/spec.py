@@ -239,6 +239,9 @@ class KernelSpec:
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     example_problem: Any = None
+    sample_problems: tuple = ()
+    """More small problems for the contract tests: together with example_problem they should
+    make every constraint fire and every code path (masks, GQA, odd sizes) run."""
     baselines: Callable[[Any], Mapping[str, Callable[[Any], torch.Tensor]]] | None = None
     compare: Callable[[torch.Tensor, torch.Tensor], float] = relative_error
     restore_inputs: Callable[[Any], None] | None = None

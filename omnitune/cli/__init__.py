@@ -64,7 +64,7 @@ def _interpreted(module) -> bool:
 
 
 # Command modules register themselves on `app` when imported.
-from omnitune.cli import info_cmd  # noqa: E402,F401
+from omnitune.cli import bench_cmd, info_cmd  # noqa: E402,F401
 
 
 def main() -> None:

@@ -596,29 +596,52 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
 
 
 def _sdpa_baselines(problem: AttentionProblem):
-    """PyTorch SDPA per backend, for `omnitune bench`. Span masks go through a dense boolean mask,
-    which is the only way SDPA can express them."""
+    """PyTorch SDPA per backend, for `omnitune bench`. A plain causal mask with Lq ≠ Lk goes
+    through torch's lower-right CausalBias (SDPA's is_causal is top-left aligned); span masks
+    through a dense boolean mask, the only way SDPA can express them. Where a backend refuses
+    GQA, K/V are expanded to all heads once, outside the timed calls."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     def make(backend):
+        prepared: dict[str, object] = {}
+
+        def call(q, k, v, gqa, scale, inputs):
+            kwargs = {"scale": scale}
+            if gqa:
+                kwargs["enable_gqa"] = True
+            lq, lk = q.shape[2], k.shape[2]
+            if inputs.row_limits is not None:
+                if "mask" not in prepared:
+                    keys = torch.arange(lk, device=q.device)
+                    prepared["mask"] = (keys[None, None, :] < _limits_of(inputs)[:, :, None])[:, None]
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=prepared["mask"], **kwargs)
+            if inputs.causal and lq != lk:
+                from torch.nn.attention.bias import causal_lower_right
+
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk), **kwargs)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=inputs.causal, **kwargs)
+
         def run(inputs: AttentionInputs) -> torch.Tensor:
             q, k, v = inputs.q, inputs.k, inputs.v
             gqa = q.shape[1] != k.shape[1]
-            kwargs = {"scale": inputs.sm_scale, "enable_gqa": gqa}
             with sdpa_kernel([backend]):
-                if inputs.row_limits is not None or (inputs.causal and q.shape[2] != k.shape[2]):
-                    keys = torch.arange(k.shape[2], device=q.device)
-                    mask = keys[None, None, :] < _limits_of(inputs)[:, :, None]
-                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], **kwargs)
-                return F.scaled_dot_product_attention(q, k, v, is_causal=inputs.causal, **kwargs)
+                if gqa and prepared.get("expand") is None:
+                    try:
+                        return call(q, k, v, True, inputs.sm_scale, inputs)
+                    except (RuntimeError, TypeError):
+                        group = q.shape[1] // k.shape[1]
+                        prepared["expand"] = (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+                if gqa:
+                    k, v = prepared["expand"]
+                return call(q, k, v, False, inputs.sm_scale, inputs)
+
         return run
 
     return {
         "sdpa_flash": make(SDPBackend.FLASH_ATTENTION),
         "sdpa_cudnn": make(SDPBackend.CUDNN_ATTENTION),
         "sdpa_efficient": make(SDPBackend.EFFICIENT_ATTENTION),
-        "sdpa_math": make(SDPBackend.MATH),
     }
 
 
@@ -639,6 +662,11 @@ SPEC = KernelSpec(
     match=MatchPolicy(exact=("d", "causal", "h", "hkv"), max_ratio=4.0),
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
     example_problem=AttentionProblem(b=2, h=4, hkv=2, lq=33, lk=47, d=64, causal=True),
+    sample_problems=(
+        AttentionProblem(b=1, h=2, hkv=2, lq=1, lk=20, d=80),
+        AttentionProblem(b=1, h=3, hkv=1, lq=24, lk=24, d=96, causal=True, spans=1, span_len=9),
+        AttentionProblem(b=1, h=2, hkv=1, lq=40, lk=30, d=256, causal=True),
+    ),
     baselines=_sdpa_baselines,
     module=__name__,
 )

@@ -1,0 +1,3 @@
+from omnitune.cli import main
+
+main()

@@ -1,0 +1,127 @@
+"""`omnitune bench`: our kernel beside the baselines, verified and timed in one run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from omnitune.cli import app
+from omnitune.cli.common import (
+    console,
+    interpret_option,
+    load_spec,
+    parse_config_option,
+    parse_dtype_option,
+    parse_problems,
+)
+from omnitune.errors import DeviceError
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+@app.command()
+def bench(
+    kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
+    shape: list[str] = typer.Option(..., "--shape", "-s", help="Problem, e.g. b=8,h=28,hkv=4,lq=512,lk=4096,d=128. Repeatable."),
+    causal: bool = typer.Option(None, "--causal/--no-causal", help="Override the shape's causal flag (attention kernels)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32."),
+    config: list[str] = typer.Option([], "--config", "-c", help="Launch config as JSON (or a JSON file); missing keys take the default's values. Repeatable. Without it: the tuned config (if any) and the default."),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Time the spec's baselines (e.g. every SDPA backend) too."),
+    json_out: Path = typer.Option(None, "--json", help="Also write every row, with device facts, to this JSON file."),
+    interpret: bool = interpret_option(" Only the correctness part runs."),
+) -> None:
+    """Verify our kernel against the reference and time it beside PyTorch's baselines."""
+    spec = load_spec(kernel, interpret)
+    if interpret:
+        torch_dtype = parse_dtype_option(spec, dtype)
+        if torch_dtype is torch.bfloat16:
+            raise DeviceError("the interpreter computes bf16 wrongly; use --dtype fp16 or fp32 with --interpret")
+    elif not torch.cuda.is_available():
+        raise DeviceError("no CUDA GPU here; bench needs one (or --interpret to check correctness on the CPU)")
+    torch_dtype = parse_dtype_option(spec, dtype)
+    overrides = {"causal": causal} if causal is not None and "causal" in {f.name for f in spec.problem_fields()} else {}
+    problems = parse_problems(spec, shape, **overrides)
+
+    from omnitune.profile.bench import run_bench, speedups
+    from omnitune.profile.device import current_device_facts
+
+    facts = current_device_facts(interpret)
+    records = []
+    for problem in problems:
+        configs = {}
+        for i, text in enumerate(config):
+            configs[f"config{i + 1}" if len(config) > 1 else "config"] = parse_config_option(spec, text, problem, torch_dtype)
+        _reject_violations(spec, problem, torch_dtype, configs, interpret)
+        if not configs:
+            configs = _tuned_and_default(spec, problem, torch_dtype, facts.name if facts else None)
+        rows = run_bench(spec, problem, torch_dtype, configs, interpret=interpret, baselines=baselines)
+        _print_rows(spec, problem, dtype, rows, interpret)
+        records.append({
+            "kernel": spec.name, "problem": spec.problem_dict(problem), "problem_key": spec.problem_key(problem),
+            "dtype": dtype, "flops": spec.flops(problem), "bytes": spec.bytes_moved(problem, torch_dtype),
+            "rows": [r.as_record() for r in rows], "speedups": speedups(rows),
+        })
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"device": facts.as_dict() if facts else None, "source_hash": spec.source_hash(), "results": records}
+        json_out.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+def _reject_violations(spec, problem, dtype, configs, interpret):
+    from omnitune.errors import ConfigError
+    from omnitune.spec import DeviceLimits
+
+    limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
+    for label, cfg in configs.items():
+        broken = spec.violations(problem, cfg, dtype, limits)
+        if broken:
+            name, reason = broken[0]
+            raise ConfigError(f"--config {cfg.label()} breaks constraint {name}: {reason}")
+
+
+def _tuned_and_default(spec, problem, dtype, device_name):
+    configs = {"default": spec.default_config(problem, dtype)}
+    try:
+        from omnitune.runtime import lookup
+    except ImportError:
+        return configs
+    found = lookup(spec.name, problem, dtype=dtype, device_name=device_name)
+    if found.rung != "default" and found.config != configs["default"]:
+        configs = {f"tuned/{found.rung}": found.config, **configs}
+    return configs
+
+
+def _print_rows(spec, problem, dtype, rows, interpret):
+    title = f"[bold]{spec.name}[/] {spec.problem_key(problem)} {dtype}"
+    if interpret:
+        title += "  [yellow](interpreter: correctness only)[/]"
+    table = Table(title=title, title_justify="left")
+    for col in ("", "status", "ms (p20–p80)", "TFLOP/s", "TB/s", "rel err"):
+        table.add_column(col, justify="right" if col not in ("", "status") else "left")
+    ours = [r for r in rows if r.kind == "omnitune" and r.status == "ok"]
+    best = min(ours, key=lambda r: r.time_ms) if ours else None
+    if best is not None and not interpret:
+        table.add_column(f"{best.name} speedup", justify="right")
+    for r in rows:
+        if r.status != "ok" or interpret:
+            ms = "—"  # the interpreter's wall time says nothing about a GPU
+        else:
+            ms = f"{_fmt(r.time_ms, '.4f')} ({_fmt(r.p20_ms, '.4f')}–{_fmt(r.p80_ms, '.4f')})"
+        cells = [escape(r.name), r.status if r.status != "ok" else "[green]ok[/]", ms,
+                 _fmt(r.tflops, ".1f"), _fmt(r.tbps, ".2f"), _fmt(r.rel_error, ".2e")]
+        if best is not None and not interpret:
+            cells.append(f"{r.time_ms / best.time_ms:.2f}x" if r.status == "ok" and r is not best else "")
+        table.add_row(*cells)
+    console.print(table)
+    for r in rows:
+        if r.detail and r.status != "ok":
+            console.print(f"  {escape(r.name)}: {escape(r.detail)}", style="dim")
