@@ -17,6 +17,9 @@ from omnitune.spec import KernelSpec
 
 BUILTIN_KERNELS: dict[str, str] = {
     "attention": "omnitune.kernels.attention",
+    "kv_cache_write": "omnitune.kernels.kv_cache_write",
+    "kv_compress": "omnitune.kernels.kv_compress",
+    "paged_decode_attention": "omnitune.kernels.paged_decode_attention",
 }
 
 _loaded: dict[str, KernelSpec] = {}

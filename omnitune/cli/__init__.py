@@ -65,6 +65,9 @@ def _interpreted(module) -> bool:
 
 # Command modules register themselves on `app` when imported.
 from omnitune.cli import bench_cmd, info_cmd  # noqa: E402,F401
+from omnitune.cli import tables_cmd  # noqa: E402,F401
+from omnitune.cli import profile_cmd  # noqa: E402,F401
+from omnitune.cli import search_cmd  # noqa: E402,F401
 
 
 def main() -> None:

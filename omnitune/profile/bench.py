@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -44,7 +45,10 @@ def _bench_one(
     cfg = config.as_dict() if config is not None else None
     first = time.perf_counter()
     try:
-        out = run()
+        with warnings.catch_warnings():
+            # SDPA explains at length why each disabled backend was not used; we asked for one.
+            warnings.simplefilter("ignore", UserWarning)
+            out = run()
         if not interpret:
             torch.cuda.synchronize()
         first_call_s = time.perf_counter() - first
@@ -62,7 +66,9 @@ def _bench_one(
         ms = (time.perf_counter() - start) * 1e3
         return BenchRow(name, kind, status, ms, ms, ms, rel_error=err, config=cfg,
                         detail="interpreter: time not representative", first_call_s=first_call_s)
-    timing = time_cuda(run, repetitions=repetitions, max_seconds=2.0, flusher=flusher)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        timing = time_cuda(run, repetitions=repetitions, max_seconds=2.0, flusher=flusher)
     return BenchRow(
         name, kind, status, timing.median_ms, timing.p20_ms, timing.p80_ms,
         tflops(flop_count, timing.median_ms), tbps(byte_count, timing.median_ms), err, cfg,

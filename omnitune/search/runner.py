@@ -10,6 +10,7 @@ mismatch) become a TrialStatus; a user mistake (OmnituneError) or a broken refer
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from omnitune.errors import OmnituneError
+from omnitune.profile.compiled import CompileWatch, compiled_facts
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda
 from omnitune.search.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, DeviceLimits, KernelSpec
@@ -86,16 +88,25 @@ class Runner:
         self.reference = spec.reference(self.inputs)
         self._flusher: L2Flusher | None = None
         self.context_lost = False
+        self.last_compiled: dict[str, Any] = {}
         self.flops = spec.flops(problem)
         self.bytes_moved = spec.bytes_moved(problem, dtype)
 
     def check(self, config: Config) -> tuple[TrialStatus, float, str]:
-        """Run once on a poisoned output and compare: (status, relative error, detail)."""
+        """Run once on a poisoned output and compare: (status, relative error, detail).
+
+        The kernels compiled by this first launch are kept in self.last_compiled: registers,
+        spills and shared memory come from Triton's metadata at no device cost."""
         if self.spec.restore_inputs is not None:
             self.spec.restore_inputs(self.inputs)
         out = self.spec.new_output(self.inputs)
+        self.last_compiled = {}
         try:
-            self.spec.launch(self.inputs, out, config)
+            with CompileWatch(self._kernel_module) as watch:
+                try:
+                    self.spec.launch(self.inputs, out, config)
+                finally:
+                    self.last_compiled = self._compiled_extra(watch)
             if not self.interpret:
                 torch.cuda.synchronize()
         except OmnituneError:
@@ -110,6 +121,19 @@ class Runner:
             return TrialStatus.MISMATCH, err, f"relative error {err:.3g} > tolerance {self.tolerance:g}"
         return TrialStatus.OK, err, ""
 
+    @property
+    def _kernel_module(self):
+        module = sys.modules.get(self.spec.module)
+        return [module] if module is not None else []
+
+    @staticmethod
+    def _compiled_extra(watch: CompileWatch) -> dict[str, Any]:
+        facts = [compiled_facts(k).as_extra() for k in watch.new_kernels()]
+        if not facts:
+            return {}
+        # One kernel per launch for most specs; a multi-kernel launch keeps all of them.
+        return facts[0] if len(facts) == 1 else {"compiled": facts}
+
     def measure(self, config: Config) -> TrialResult:
         violations = self.spec.violations(self.problem, config, self.dtype, self.limits)
         if violations:
@@ -118,14 +142,16 @@ class Runner:
                                representative=not self.interpret)
         wall_start = time.perf_counter()
         status, err, detail = self.check(config)
+        compiled = dict(self.last_compiled)
         if status is not TrialStatus.OK:
-            return TrialResult(config, status, rel_error=err, detail=detail, representative=not self.interpret)
+            return TrialResult(config, status, rel_error=err, detail=detail, representative=not self.interpret,
+                               extra=compiled)
         if self.interpret:
             # The interpreter's wall time says nothing about a GPU; it is kept only so that the
             # pipeline has a number to carry, and every consumer sees representative=False.
             wall_ms = (time.perf_counter() - wall_start) * 1e3
             return TrialResult(config, TrialStatus.OK, time_ms=wall_ms, p20_ms=wall_ms, p80_ms=wall_ms,
-                               rel_error=err, representative=False)
+                               rel_error=err, representative=False, extra=compiled)
         out = self.spec.new_output(self.inputs)
         if self._flusher is None:
             self._flusher = L2Flusher()
@@ -146,9 +172,9 @@ class Runner:
             status, detail = classify_exception(exc)
             if status is TrialStatus.CRASHED:
                 self.context_lost = True
-            return TrialResult(config, status, rel_error=err, detail=detail)
+            return TrialResult(config, status, rel_error=err, detail=detail, extra=compiled)
         finally:
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = dict(compiled)
             for obs in self.observers:
                 # warm-up calls run inside the observed window too
                 calls = (timing.repetitions + self.settings.warmup) if timing else 0

@@ -19,6 +19,9 @@ class TrialStatus(str, enum.Enum):
     TIMEOUT = "timeout"
     CRASHED = "crashed"                # took its worker process down
 
+    def __str__(self) -> str:
+        return self.value
+
     @property
     def failed(self) -> bool:
         return self is not TrialStatus.OK

@@ -1,0 +1,280 @@
+"""`omnitune search`: find the fastest correct launch config of a kernel, one Optuna study per
+shape, with a live view of the search and a one-line summary per shape."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+import typer
+from rich.live import Live
+from rich.markup import escape
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from omnitune.cli import app
+from omnitune.cli.common import (
+    console,
+    db_path,
+    err_console,
+    interpret_option,
+    load_spec,
+    parse_dtype_option,
+    parse_problems,
+)
+from omnitune.errors import DeviceError
+
+if TYPE_CHECKING:
+    from omnitune.search.driver import SearchOutcome, SearchProgress
+    from omnitune.search.trial import TrialResult
+    from omnitune.spec import KernelSpec
+
+RESUME_HINT = "rerun the same command to resume: finished trials are kept and not measured again"
+
+
+@app.command()
+def search(
+    kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
+    shape: list[str] = typer.Option(
+        [], "--shape", "-s",
+        help="Problem to tune for, e.g. b=1,h=28,hkv=4,lq=8192,lk=8192,d=128,causal=1. "
+        "Repeatable: one study per shape.",
+    ),
+    dtype: str = typer.Option(
+        None, "--dtype", help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret]", show_default=False,
+    ),
+    trials: int = typer.Option(
+        50, "--trials", "-n", min=1,
+        help="Configs to measure per shape, in total: a rerun resumes and counts the configs already measured. "
+        "When the kernel has no more valid configs than this, all of them are measured.",
+    ),
+    timeout: float = typer.Option(
+        None, "--timeout", min=0.001,
+        help="Start no new trial after this many seconds (all shapes together); rerun to continue.",
+    ),
+    sampler: str = typer.Option(
+        "tpe", "--sampler",
+        help="tpe (Bayesian, learns which regions are fast), random, grid (valid configs in order), "
+        "or cmaes (needs the cmaes package). The default config is always measured first.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampler, for a reproducible search."),
+    db: str = typer.Option(
+        None, "--db", help="Results database. \\[default: $OMNITUNE_DB, else ./omnitune.db]", show_default=False,
+    ),
+    storage: str = typer.Option(
+        None, "--storage",
+        help="Optuna storage URL holding the studies, e.g. postgresql://host/omnitune to share them between "
+        "hosts. \\[default: sqlite file <db stem>.optuna.db beside --db]",
+        show_default=False,
+    ),
+    interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
+) -> None:
+    """Search a kernel's launch configs for the fastest one that matches the reference.
+
+    Every candidate is checked against the reference before it is timed: a wrong config never wins.
+    Configs that break a constraint are rejected without touching the GPU.
+    Results go to the results database (see `omnitune report`).
+    Ctrl-C keeps every finished trial; rerunning the same command resumes.
+    """
+    spec = load_spec(kernel, interpret)
+    torch_dtype = _dtype(spec, dtype, interpret)
+    problems = parse_problems(spec, shape)
+    # Imports Optuna: not at module level, so that `omnitune --help` stays quick.
+    from omnitune.search.driver import make_sampler, parse_sampler
+
+    sampler_name = parse_sampler(sampler)
+    make_sampler(sampler_name, seed)  # a sampler that cannot run fails now, before anything is written
+    if not interpret and not torch.cuda.is_available():
+        raise DeviceError(
+            "no CUDA GPU here; search measures on a GPU — run it on one, or add --interpret to check "
+            "configs on the CPU (timings not representative)"
+        )
+    try:
+        _search_all(spec, problems, torch_dtype, trials=trials, timeout_s=timeout, sampler=sampler_name.value,
+                    seed=seed, db=db, storage=storage, interpret=interpret)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted; {RESUME_HINT}")
+        raise typer.Exit(130) from None
+
+
+def _dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.dtype:
+    if name is None:
+        if not interpret:
+            return parse_dtype_option(spec, "bf16")
+        return next((d for d in (torch.float16, torch.float32) if d in spec.dtypes), spec.dtypes[0])
+    dtype = parse_dtype_option(spec, name)
+    if interpret and dtype is torch.bfloat16:
+        raise DeviceError("the interpreter computes bf16 wrongly; use --dtype fp16 or fp32 with --interpret")
+    return dtype
+
+
+def _search_all(
+    spec: KernelSpec, problems: list, dtype: torch.dtype, *, trials: int, timeout_s: float | None,
+    sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool,
+) -> None:
+    # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
+    import optuna
+
+    from omnitune.profile.device import current_device_facts
+    from omnitune.profile.telemetry import NvmlSampler
+    from omnitune.search.driver import SearchInterrupted, StopReason, run_search
+    from omnitune.search.runner import Runner
+    from omnitune.spec import DeviceLimits
+    from omnitune.store import default_storage_url, open_db, record_device
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
+    path = db_path(db)
+    database = open_db(path)
+    storage_url = storage or default_storage_url(path)
+    device = current_device_facts(interpret)
+    record_device(database, device)
+    limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
+    observers = [] if interpret else [NvmlSampler()]
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    for problem in problems:
+        remaining_s = None if deadline is None else deadline - time.monotonic()
+        if remaining_s is not None and remaining_s <= 0:
+            title = escape(_title(spec, problem, dtype))
+            console.print(f"{title}: not started, the timeout has passed; rerun to continue", soft_wrap=True)
+            continue
+
+        def make_runner(problem=problem):
+            return Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
+
+        view = _LiveView(spec, problem, dtype, trials, sampler, interpret)
+        try:
+            with Live(view, console=console, transient=True, refresh_per_second=4):
+                outcome = run_search(
+                    spec, problem, dtype, runner_factory=make_runner, device=device, trials=trials,
+                    storage_url=storage_url, db=database, sampler=sampler, seed=seed, timeout_s=remaining_s,
+                    limits=limits, progress=view.update,
+                )
+        except SearchInterrupted as stop:
+            console.print(_summary(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
+            err_console.print(f"interrupted; {RESUME_HINT}")
+            raise typer.Exit(130) from None
+        console.print(_summary(spec, problem, dtype, outcome, interpret), soft_wrap=True)
+        if outcome.stop_reason is StopReason.CONTEXT_LOST:
+            err_console.print(
+                "[red]error:[/] a config crashed the GPU (illegal memory access), and this process can no "
+                f"longer use it; it is recorded as crashed — {RESUME_HINT}"
+            )
+            raise typer.Exit(1)
+
+
+# --- what the user sees -------------------------------------------------------------------------
+
+
+def _title(spec: KernelSpec, problem, dtype: torch.dtype) -> str:
+    from omnitune.spec import dtype_name
+
+    return f"{spec.name} {spec.problem_key(problem)} {dtype_name(dtype)}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.4g} ms"
+
+
+def _time_and_rate(result: TrialResult) -> str:
+    """'0.512 ms, 312.4 TFLOP/s'; the rate is left out where there is none (the interpreter)."""
+    return _ms(result.time_ms) + (f", {result.tflops:.1f} TFLOP/s" if result.tflops > 0 else "")
+
+
+def _failures_text(failures) -> str:
+    if not failures:
+        return "none"
+    return ", ".join(f"{status.value} {count}" for status, count in sorted(failures.items(), key=lambda kv: -kv[1]))
+
+
+def _speedup_text(best: TrialResult | None, default: TrialResult | None) -> str:
+    if best is None or default is None:
+        return ""
+    if not default.status.failed and best.time_ms > 0:
+        return f"{default.time_ms / best.time_ms:.2f}× the default ({_ms(default.time_ms)})"
+    return f"the default failed ({default.status.value})"
+
+
+def _summary(spec: KernelSpec, problem, dtype: torch.dtype, outcome: SearchOutcome, interpret: bool) -> str:
+    from omnitune.search.driver import StopReason
+
+    title = escape(_title(spec, problem, dtype))
+    if outcome.best is None:
+        head = "nothing measured yet" if outcome.measured_total == 0 else "no config worked"
+    else:
+        best = outcome.best
+        head = f"best {_time_and_rate(best)} ({escape(best.config.label())})"
+        speedup = _speedup_text(best, outcome.default)
+        if speedup:
+            head += f", {speedup}"
+    notes = {
+        StopReason.EXHAUSTED: "; every valid config measured",
+        StopReason.TIMEOUT: "; stopped at the timeout, rerun to continue",
+        StopReason.INTERRUPTED: "; interrupted",
+        StopReason.CONTEXT_LOST: "; stopped: GPU context lost",
+    }
+    tail = (
+        f"{outcome.measured_total} measured ({outcome.measured_now} new), failures: "
+        f"{_failures_text(outcome.failures)}; {outcome.wall_s:.1f} s{notes.get(outcome.stop_reason, '')}"
+    )
+    marker = " [yellow](interpreter: timings not representative)[/]" if interpret else ""
+    return f"[bold]{title}[/]: {head}; {tail}{marker}"
+
+
+class _LiveView:
+    """The live view of one search: a renderable that Rich's Live redraws a few times a second,
+    fed by the driver's progress reports."""
+
+    def __init__(self, spec: KernelSpec, problem, dtype: torch.dtype, budget: int, sampler: str, interpret: bool):
+        self.title = _title(spec, problem, dtype)
+        self.budget = budget
+        self.sampler = sampler
+        self.interpret = interpret
+        self.started = time.monotonic()
+        self.last: SearchProgress | None = None
+
+    def update(self, progress: SearchProgress) -> None:
+        self.last = progress
+
+    def __rich__(self) -> Table:
+        p = self.last
+        done = p.measured_total if p else 0
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        grid.add_row("search", f"{escape(self.title)}  ·  {self.sampler}")
+        bar = Table.grid(padding=(0, 2))
+        bar.add_row(
+            ProgressBar(total=self.budget, completed=min(done, self.budget), width=30),
+            f"{done}/{self.budget}  ·  {time.monotonic() - self.started:.1f} s",
+        )
+        grid.add_row("trials", bar)
+        if p is not None and p.best is not None:
+            best = _time_and_rate(p.best)
+            speedup = _speedup_text(p.best, p.default)
+            grid.add_row("best", best + (f"  ·  {speedup}" if speedup else ""))
+        else:
+            grid.add_row("best", "—")
+        if self.interpret:
+            grid.add_row("", "[yellow]interpreter: timings not representative[/]")
+        if p is not None:
+            status = p.result.status.value + (f" {_ms(p.result.time_ms)}" if not p.result.status.failed else "")
+            grid.add_row("last", f"{escape(p.result.config.label())} → {status}")
+        grid.add_row("failures", _failures_text(p.failures) if p else "none")
+        grid.add_row("GPU", "n/a (interpreter)" if self.interpret else _gpu_clock_and_temperature())
+        return grid
+
+
+def _gpu_clock_and_temperature() -> str:
+    try:
+        from omnitune.profile.telemetry import read_clock_and_temperature
+
+        clock_mhz, temperature_c = read_clock_and_temperature()
+    except Exception:  # noqa: BLE001 — NVML absent or failing: the view goes on without it
+        return "n/a"
+    if clock_mhz is None and temperature_c is None:
+        return "n/a"
+    clock = f"SM {clock_mhz} MHz" if clock_mhz is not None else "SM n/a"
+    temperature = f"{temperature_c} °C" if temperature_c is not None else "n/a °C"
+    return f"{clock}, {temperature}"

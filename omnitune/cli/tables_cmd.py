@@ -1,0 +1,145 @@
+"""`omnitune report`, `omnitune export` and `omnitune lookup`: from the results database to the
+shipped tables, and from the tables to the config a call would get."""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+
+import typer
+
+from omnitune.cli import app
+from omnitune.cli.common import console, db_path, load_spec, parse_dtype_option, parse_problems
+from omnitune.errors import OmnituneError
+
+_DB_HELP = "Results database (default: $OMNITUNE_DB, else ./omnitune.db)."
+
+
+class ReportFormat(str, enum.Enum):
+    TABLE = "table"
+    CSV = "csv"
+    MD = "md"
+    JSON = "json"
+
+
+def _nothing_measured(path: Path) -> str:
+    return f"no results in {path}; run omnitune search KERNEL --shape ... to measure some"
+
+
+def _has_results(trials, path: Path, kernel: str | None) -> bool:
+    """Whether there is anything to show. False for a database with no trials at all; an error
+    (listing the kernels it does have) when only the kernel asked for is absent."""
+    if not trials.empty:
+        return True
+    if kernel is None:
+        return False
+    from omnitune.report import load_trials
+
+    present = sorted(set(load_trials(path)["kernel"]))
+    if present:
+        raise OmnituneError(f"no results for kernel {kernel!r} in {path}; it has results for {', '.join(present)}")
+    return False
+
+
+@app.command()
+def report(
+    db: str = typer.Option(None, "--db", help=_DB_HELP),
+    kernel: str = typer.Option(None, "--kernel", help="Only this kernel."),
+    output_format: ReportFormat = typer.Option(
+        ReportFormat.TABLE, "--format", case_sensitive=False,
+        help="table (for people), or csv, md, json to stdout for piping.",
+    ),
+) -> None:
+    """Show the best config found per kernel × problem × dtype × device.
+
+    Median time and p20–p80 spread, TFLOP/s, TB/s, the default config's time, the speedup.
+
+    Also how many trials ran and which failed, by status."""
+    from omnitune import report as rpt
+
+    path = db_path(db)
+    trials = rpt.load_trials(path, kernel)
+    if not _has_results(trials, path, kernel):
+        typer.echo(_nothing_measured(path))
+        return
+    summary = rpt.summarize(trials)
+    if output_format is ReportFormat.TABLE:
+        console.print(rpt.render_table(summary, title=f"omnitune results in {path}"))
+        return
+    renderers = {
+        ReportFormat.CSV: rpt.render_csv,
+        ReportFormat.MD: rpt.render_markdown,
+        ReportFormat.JSON: rpt.render_json,
+    }
+    typer.echo(renderers[output_format](summary), nl=False)
+
+
+@app.command()
+def export(
+    db: str = typer.Option(None, "--db", help=_DB_HELP),
+    out: Path = typer.Option(
+        Path("tuned_configs"), "--out", help="Folder of the tables: <out>/<kernel>/<device_key>.json."
+    ),
+    kernel: str = typer.Option(None, "--kernel", help="Only this kernel."),
+) -> None:
+    """Write the best measured configs as JSON tables for omnitune.runtime.
+
+    One file per kernel × device: <out>/<kernel>/<device_key>.json.
+
+    Merges into a file already there: entries for keys this database lacks are kept."""
+    from omnitune.export import export_tables
+    from omnitune.report import load_trials
+
+    path = db_path(db)
+    if not _has_results(load_trials(path, kernel), path, kernel):
+        typer.echo(_nothing_measured(path))
+        return
+    written = export_tables(path, out, kernel)
+    if not written:
+        typer.echo(f"nothing to export from {path}: no trial there ran ok")
+        return
+    for f in written:
+        verb = "wrote" if f.changed else "unchanged"
+        kept = f", {f.kept} kept from the file" if f.kept else ""
+        typer.echo(f"{verb} {f.path}: {f.entries} entries ({f.from_db} from the database{kept})")
+        if not f.representative:
+            typer.echo(f"  note: {f.path} holds interpreter results: correctness only, not for shipping", err=True)
+
+
+@app.command()
+def lookup(
+    kernel: str = typer.Argument(..., help="Kernel name (see omnitune kernels)."),
+    shape: str = typer.Option(..., "--shape", help="The problem, e.g. b=1,h=28,hkv=4,lq=1,lk=4096,d=128."),
+    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32."),
+    device: str = typer.Option(
+        None, "--device", help="GPU name as torch reports it, e.g. 'NVIDIA H200' (default: this machine's GPU)."
+    ),
+) -> None:
+    """Show the config omnitune.runtime would choose for a call, and why.
+
+    Rungs: exact (this shape was tuned), nearest (a close tuned shape), default (nothing fits).
+    """
+    import omnitune.runtime as runtime
+    from omnitune.spec import dtype_name
+
+    spec = load_spec(kernel)
+    problem = parse_problems(spec, [shape])[0]
+    torch_dtype = parse_dtype_option(spec, dtype)
+    device_name = device
+    if device_name is None:
+        import torch
+
+        if torch.cuda.is_available():
+            device_name = torch.cuda.get_device_name()
+    answer = runtime.lookup(spec.name, problem, torch_dtype, device_name)
+    # Plain lines, never wrapped: the --config JSON is meant to be copied.
+    typer.echo(f"{spec.name} {spec.problem_key(problem)} {dtype_name(torch_dtype)} on {device_name or 'no GPU'}")
+    typer.echo(f"config: {answer.config.label()}")
+    typer.echo(f"  as --config: {json.dumps(answer.config.as_dict(), sort_keys=True)}")
+    if answer.rung is runtime.Rung.DEFAULT:
+        why = "" if device_name else " (no CUDA GPU here; pass --device NAME to read a GPU's table)"
+        typer.echo(f"rung: default — no applicable tuned entry{why}")
+    else:
+        typer.echo(f"rung: {answer.rung.value} — entry {answer.matched_key}, distance {answer.distance:.2f}")
+        typer.echo(f"file: {answer.source}")

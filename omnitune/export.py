@@ -1,0 +1,214 @@
+"""Write the best measured configs as the JSON tables production ships (tuned_configs/).
+
+One file per kernel × device: `<out>/<kernel>/<device_key>.json` (format: tuned_configs/README.md,
+reader: omnitune.runtime). Only what was measured goes in — each entry is the best *ok* trial of
+one (problem, dtype). Files are written so that they review well and survive crashes:
+- keys and JSON sorted, two-space indent, final newline, so a diff shows only what changed;
+- written to a temporary file beside the target, then os.replace'd over it, so a crash leaves
+  the old file or the new one, never half of one;
+- merged: entries of an existing file whose keys this database does not have are kept, so
+  exports from several machines or sessions accumulate; the same key is replaced;
+- a file whose entries would not change is left untouched (its exported_at included).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from omnitune.errors import StoreError
+from omnitune.report import best_per_key, load_devices, load_trials
+from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
+
+
+@dataclass(frozen=True)
+class TableDocument:
+    """The content of one table file, before merging with what is on disk."""
+
+    kernel: str
+    device_key: str
+    content: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ExportedFile:
+    """What export did to one file."""
+
+    path: Path
+    kernel: str
+    device_key: str
+    entries: int
+    """Entries in the file now."""
+    from_db: int
+    """Entries written from this database (new or replacing the file's own)."""
+    kept: int
+    """Entries kept from the existing file because the database has nothing for their keys."""
+    changed: bool
+    """False when the file already held exactly these entries and was left untouched."""
+    representative: bool
+
+
+def export_tables(
+    db_path: Path, out_dir: Path, kernel: str | None = None, *, exported_at: str | None = None
+) -> list[ExportedFile]:
+    """Export every kernel × device of the database (or one kernel's) under out_dir."""
+    trials = load_trials(db_path, kernel)
+    devices = load_devices(db_path)
+    exported_at = exported_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    results = []
+    for document in build_documents(trials, devices, exported_at):
+        path = table_path(out_dir, document.kernel, document.device_key)
+        existing = read_table_file(path, document.kernel)
+        merged = merge_document(document.content, existing)
+        changed = existing is None or _without_timestamp(merged) != _without_timestamp(existing)
+        if changed:
+            write_json_atomic(path, merged)
+        from_db = len(document.content["entries"])
+        results.append(ExportedFile(
+            path=path,
+            kernel=document.kernel,
+            device_key=document.device_key,
+            entries=len(merged["entries"]),
+            from_db=from_db,
+            kept=len(merged["entries"]) - from_db,
+            changed=changed,
+            representative=bool(merged["representative"]),
+        ))
+    return results
+
+
+def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: str) -> list[TableDocument]:
+    """One document per kernel × device holding the best ok trial of each (problem, dtype)."""
+    best = best_per_key(trials)
+    best = best[best["status"] == "ok"]
+    documents = []
+    for (kernel, device_key), rows in best.groupby(["kernel", "device_key"], sort=True):
+        newest = rows.sort_values("measured_at", kind="stable").iloc[-1]
+        entries = {entry_key(r["dtype"], r["problem_key"]): _entry(r) for _, r in rows.iterrows()}
+        content = {
+            "schema_version": SCHEMA_VERSION,
+            "kernel": kernel,
+            "device": _device(devices, device_key, newest["device_name"]),
+            # Provenance of the newest measurement in the file; every entry carries its own date.
+            "software": {
+                "torch": _plain(newest["torch_version"]),
+                "triton": _plain(newest["triton_version"]),
+                "omnitune": _plain(newest["omnitune_version"]),
+            },
+            "kernel_source_hash": _plain(newest["source_hash"]),
+            "exported_at": exported_at,
+            "representative": bool(rows["representative"].all()),
+            "entries": entries,
+        }
+        documents.append(TableDocument(kernel, device_key, content))
+    return documents
+
+
+def merge_document(new: dict[str, Any], existing: dict[str, Any] | None) -> dict[str, Any]:
+    """`new` with the entries of `existing` whose keys it lacks; the rest of `new` wins."""
+    if existing is None:
+        return new
+    kept = {k: v for k, v in existing["entries"].items() if k not in new["entries"]}
+    merged = dict(new)
+    merged["entries"] = {**kept, **new["entries"]}
+    if kept:
+        merged["representative"] = bool(new["representative"]) and bool(existing.get("representative", True))
+    return merged
+
+
+def read_table_file(path: Path, kernel: str) -> dict[str, Any] | None:
+    """An existing table to merge into; None if there is none. A file that cannot be merged
+    safely is an error rather than something to overwrite."""
+    if not path.exists():
+        return None
+    advice = "move it aside and export again"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"cannot merge into {path}: it is not readable JSON ({exc}); {advice}") from None
+    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
+        found = document.get("schema_version") if isinstance(document, dict) else None
+        raise StoreError(
+            f"cannot merge into {path}: schema_version {found!r}, expected {SCHEMA_VERSION}; {advice}"
+        )
+    if document.get("kernel") != kernel or not isinstance(document.get("entries"), dict):
+        raise StoreError(f"cannot merge into {path}: it is not a {kernel} table with entries; {advice}")
+    return document
+
+
+def document_text(document: dict[str, Any]) -> str:
+    """The canonical text of a table: sorted keys, two-space indent, final newline."""
+    return json.dumps(document, sort_keys=True, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
+    """Write through a temporary file in the same folder and os.replace it over `path`: readers
+    (and a crash) see the old file or the new one, never a truncated one."""
+    text = document_text(document)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+            tmp.write(text)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def _entry(row: pd.Series) -> dict[str, Any]:
+    default_config = row["default_config_json"]
+    return {
+        "problem": json.loads(row["problem_json"]),
+        "dtype": row["dtype"],
+        "config": json.loads(row["config_json"]),
+        "time_ms": _plain(row["time_ms"]),
+        "p20_ms": _plain(row["p20_ms"]),
+        "p80_ms": _plain(row["p80_ms"]),
+        "tflops": _plain(row["tflops"]),
+        "tbps": _plain(row["tbps"]),
+        "default_config": json.loads(default_config) if isinstance(default_config, str) else None,
+        "default_time_ms": _plain(row["default_time_ms"]),
+        "speedup_vs_default": _plain(row["speedup_vs_default"]),
+        "trials": _plain(row["trials"]),
+        "rel_error": _plain(row["rel_error"]),
+        "measured_at": _plain(row["measured_at"]),
+    }
+
+
+def _device(devices: pd.DataFrame, device_key: str, device_name: Any) -> dict[str, Any]:
+    match = devices[devices["key"] == device_key]
+    if match.empty:
+        return {"key": device_key, "name": _plain(device_name), "compute_capability": None, "driver": None}
+    row = match.iloc[0]
+    return {
+        "key": device_key,
+        "name": _plain(row["name"]) or _plain(device_name),
+        "compute_capability": _plain(row["compute_capability"]),
+        "driver": _plain(row["driver"]),
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe Python value: numpy scalars unwrapped, NaN/inf/NA as None."""
+    if value is None or value is pd.NA:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _without_timestamp(document: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k != "exported_at"}

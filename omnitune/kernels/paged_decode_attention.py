@@ -1,0 +1,667 @@
+"""Paged decode attention: a few query tokens per sequence over a paged KV cache, split-KV.
+
+Algorithm (flash-decoding). Sequence b's keys and values live in pages of block_size tokens of
+key_cache and value_cache [num_blocks, block_size, Hkv, D]; its logical page j is physical block
+block_tables[b, j], and it holds context_lens[b] tokens. Its Lq ≤ 16 query tokens are the last Lq
+of the context: query i sits at position ctx − Lq + i and sees keys [0, ctx − Lq + i + 1) (causal
+among the new tokens, as speculative decoding and chunked decode need). The context is cut into
+NUM_SPLITS contiguous key ranges; one program per (sequence, head, split) runs FlashAttention's
+online softmax over its range (exp2, sm_scale·log2(e) folded into one multiply) and writes its
+partial row max m, denominator l and unnormalised fp32 accumulator to scratch; a second kernel
+combines the splits of each query row: out = Σ_s 2^(m_s − M) · acc_s / Σ_s 2^(m_s − M) · l_s.
+With NUM_SPLITS = 1 the first kernel normalises and writes the output itself (one launch).
+
+Pages and tiles. Keys are taken BLOCK_N at a time; each key's page is looked up in the block
+table on its own, so BLOCK_N (a power of two, ≥ 16 for tl.dot) need not relate to block_size: a
+tile may cover part of a page or several pages, and any block_size works. Each split's range is a
+multiple of BLOCK_N keys (whole pages when BLOCK_N ≥ block_size, both powers of two), so only the
+last tile of a sequence is partial.
+
+Grid. split kernel: axis 0: sequence; axis 1: query head — or, with PACK_GQA, kv head, the
+program's rows then being all GROUP query heads × Lq tokens that share it, so each K/V page is
+read once per kv head instead of GROUP times; axis 2: split. combine kernel: axis 0: one query row
+(sequence, head, token).
+
+Constexprs. HEAD_DIM: the real head dim; BLOCK_D: it rounded up to a power of two (masked).
+GROUP: query heads per kv head. BLOCK_M: query rows per program, the next power of two ≥ 16 of
+(GROUP·Lq with PACK_GQA, else Lq). BLOCK_N: keys per tile. NUM_SPLITS: key ranges per sequence.
+PACK_GQA: rows from a whole GQA group. IEEE_DOT: exact fp32 products for fp32 inputs (the checking
+path). BLOCK_S: NUM_SPLITS rounded up to a power of two (combine kernel).
+
+Memory traffic model: each sequence's K and V rows of its context read once per kv head (the
+ideal PACK_GQA reaches; without it the other GROUP − 1 reads hit L2 at best), q read and the
+output written once: bytes = (2·B·Hkv·ctx + 2·B·H·Lq)·D·elt + 4·B·pages (block table). The fp32
+partials, (D + 2)·4 bytes per row and split written and read back, depend on the config and are
+left out, so a config that splits too finely shows as lower TB/s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from omnitune.errors import InputError
+from omnitune.spec import Config, Constraint, DeviceLimits, KernelSpec, MatchPolicy, Param, poisoned
+
+LOG2E = 1.4426950408889634
+MAX_QUERY_TOKENS = 16
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+@triton.jit
+def _paged_decode_split(
+    Q, KeyCache, ValueCache, BlockTables, ContextLens,
+    Out, PartM, PartL, PartAcc,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kcb, stride_kcs, stride_kch, stride_kcd,
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    stride_btb, stride_btp,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, LQ, BLOCK_SIZE,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PACK_GQA: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+):
+    # axis 0: sequence; axis 1: query head (or kv head when PACK_GQA); axis 2: split of the context
+    b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    split = tl.program_id(2)
+
+    rows = tl.arange(0, BLOCK_M)
+    if PACK_GQA:
+        hk = pid_h
+        head = hk * GROUP + rows // LQ
+        qi = rows % LQ
+        row_valid = rows < GROUP * LQ
+    else:
+        hk = pid_h // GROUP
+        head = pid_h + rows * 0
+        qi = rows
+        row_valid = rows < LQ
+
+    ctx = tl.load(ContextLens + b)
+    limit = ctx - LQ + qi + 1  # row r sees keys [0, limit_r)
+
+    # This split's keys: [k_start, k_end), a whole number of BLOCK_N tiles except at the end.
+    keys_per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    k_start = split * keys_per_split
+    k_end = tl.minimum(k_start + keys_per_split, ctx)
+
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < HEAD_DIM
+    q_ptrs = (
+        Q + b.to(tl.int64) * stride_qb + head.to(tl.int64)[:, None] * stride_qh
+        + qi[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    )
+    q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+
+    table = BlockTables + b.to(tl.int64) * stride_btb
+    k_head = KeyCache + hk.to(tl.int64) * stride_kch
+    v_head = ValueCache + hk.to(tl.int64) * stride_vch
+    offs_n = tl.arange(0, BLOCK_N)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    for start_n in range(k_start, k_end, BLOCK_N):
+        n = start_n + offs_n
+        key_valid = n < k_end
+        page = tl.load(table + (n // BLOCK_SIZE) * stride_btp, mask=key_valid, other=0).to(tl.int64)
+        in_page = (n % BLOCK_SIZE).to(tl.int64)
+        kv_mask = key_valid[:, None] & d_valid[None, :]
+        k = tl.load(k_head + page[:, None] * stride_kcb + in_page[:, None] * stride_kcs
+                    + offs_d[None, :] * stride_kcd, mask=kv_mask, other=0.0)
+        v = tl.load(v_head + page[:, None] * stride_vcb + in_page[:, None] * stride_vcs
+                    + offs_d[None, :] * stride_vcd, mask=kv_mask, other=0.0)
+        if IEEE_DOT:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        visible = (n[None, :] < limit[:, None]) & key_valid[None, :]
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if IEEE_DOT:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        # Every row sees key 0, so l > 0 here.
+        o_ptrs = (
+            Out + b.to(tl.int64) * stride_ob + head.to(tl.int64)[:, None] * stride_oh
+            + qi[:, None] * stride_om + offs_d[None, :] * stride_od
+        )
+        out = acc / l_i[:, None]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
+    else:
+        # Scratch is contiguous [B, H, LQ, NUM_SPLITS] (m, l) and [B, H, LQ, NUM_SPLITS, HEAD_DIM] (acc).
+        part = ((b.to(tl.int64) * H + head) * LQ + qi) * NUM_SPLITS + split
+        tl.store(PartM + part, m_i, mask=row_valid)
+        tl.store(PartL + part, l_i, mask=row_valid)
+        tl.store(PartAcc + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                 mask=row_valid[:, None] & d_valid[None, :])
+
+
+@triton.jit
+def _paged_decode_combine(
+    PartM, PartL, PartAcc, Out,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, LQ,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    # axis 0: one query row, (sequence, head, token) flattened
+    row = tl.program_id(0).to(tl.int64)
+    qi = row % LQ
+    head = (row // LQ) % H
+    b = row // (LQ * H)
+
+    splits = tl.arange(0, BLOCK_S)
+    s_valid = splits < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < HEAD_DIM
+    m = tl.load(PartM + row * NUM_SPLITS + splits, mask=s_valid, other=float("-inf"))
+    l = tl.load(PartL + row * NUM_SPLITS + splits, mask=s_valid, other=0.0)
+    acc = tl.load(PartAcc + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=s_valid[:, None] & d_valid[None, :], other=0.0)
+    # Split 0 always holds key 0, which every row sees: the max is finite and splits that saw
+    # nothing (m = -inf) get weight 0.
+    m_max = tl.max(m, 0)
+    weight = tl.math.exp2(m - m_max)
+    denom = tl.sum(weight * l, 0)
+    out = tl.sum(acc * weight[:, None], 0) / denom
+    o_ptrs = Out + b * stride_ob + head * stride_oh + qi * stride_om + offs_d * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=d_valid)
+
+
+# ------------------------------------------------------------------------------------------------
+# Problem, inputs, launcher
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PagedDecodeProblem:
+    """One decode step: b sequences, each with ctx tokens of context (the same for all, so the
+    FLOP and byte counts are exact) of which the last lq are the queries; q [b, h, lq, d];
+    pages of block_size tokens. The factory's cache holds the pages the batch needs plus a quarter
+    more (at least one), scattered at random."""
+
+    b: int
+    h: int
+    hkv: int
+    lq: int
+    ctx: int
+    d: int
+    block_size: int = 16
+
+    def __post_init__(self):
+        for name in ("b", "h", "hkv", "lq", "ctx", "d", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.h % self.hkv:
+            raise ValueError(f"h={self.h} is not a multiple of hkv={self.hkv}")
+        if self.lq > MAX_QUERY_TOKENS:
+            raise ValueError(f"lq={self.lq} query tokens; decode supports at most {MAX_QUERY_TOKENS}")
+        if self.lq > self.ctx:
+            raise ValueError(f"lq={self.lq} query tokens do not fit in a context of ctx={self.ctx}")
+        if not MIN_HEAD_DIM <= self.d <= MAX_HEAD_DIM:
+            raise ValueError(f"head dim d={self.d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+
+    @property
+    def group(self) -> int:
+        return self.h // self.hkv
+
+    @property
+    def pages_per_sequence(self) -> int:
+        return triton.cdiv(self.ctx, self.block_size)
+
+    @property
+    def num_blocks(self) -> int:
+        used = self.b * self.pages_per_sequence
+        return used + max(1, used // 4)
+
+
+@dataclass
+class PagedDecodeInputs:
+    q: torch.Tensor             # [B, H, Lq, D]
+    key_cache: torch.Tensor     # [num_blocks, block_size, Hkv, D]
+    value_cache: torch.Tensor   # [num_blocks, block_size, Hkv, D]
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    context_lens: torch.Tensor  # [B] int32
+    sm_scale: float
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _check_inputs(q, key_cache, value_cache, block_tables, context_lens) -> int:
+    """Validate everything before launching; returns the longest context. The value checks
+    (block table entries in use < num_blocks, Lq ≤ context_lens ≤ capacity) cost a few reductions
+    and one device-to-host sync."""
+    named = (("q", q), ("key_cache", key_cache), ("value_cache", value_cache),
+             ("block_tables", block_tables), ("context_lens", context_lens))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise InputError(f"q must be 4-D [B, heads, Lq, head_dim], got shape {list(q.shape)}")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.dim() != 4:
+            raise InputError(
+                f"{name} must be 4-D [num_blocks, block_size, kv_heads, head_dim], got shape {list(t.shape)}"
+            )
+    devices = {t.device for _, t in named}
+    if len(devices) > 1:
+        raise InputError("q, the caches, block_tables and context_lens must be on one device; got "
+                         + ", ".join(f"{n} on {t.device}" for n, t in named))
+    if not (q.dtype == key_cache.dtype == value_cache.dtype):
+        raise InputError(
+            f"q and the caches must share one dtype; got {q.dtype}, {key_cache.dtype}, {value_cache.dtype}"
+        )
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise InputError(f"unsupported dtype {q.dtype}; use float16, bfloat16 or float32")
+    if key_cache.shape != value_cache.shape:
+        raise InputError(
+            f"key_cache and value_cache shapes differ: {list(key_cache.shape)} vs {list(value_cache.shape)}"
+        )
+    b, h, lq, d = q.shape
+    num_blocks, block_size, hkv, cache_d = key_cache.shape
+    if cache_d != d:
+        raise InputError(f"head dims differ: q has {d}, the cache has {cache_d}")
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        raise InputError(f"head dim {d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+    if hkv == 0 or h % hkv:
+        raise InputError(f"q heads ({h}) must be a multiple of the cache's kv heads ({hkv})")
+    if not 1 <= lq <= MAX_QUERY_TOKENS:
+        raise InputError(f"q holds {lq} query tokens per sequence; decode takes 1..{MAX_QUERY_TOKENS}")
+    if b == 0:
+        raise InputError("the batch is empty (B = 0)")
+    if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != b:
+        raise InputError(
+            f"block_tables must be int32 [B={b}, max_blocks], got {block_tables.dtype} {list(block_tables.shape)}"
+        )
+    if context_lens.dtype != torch.int32 or context_lens.dim() != 1 or context_lens.shape[0] != b:
+        raise InputError(f"context_lens must be int32 [B={b}], got {context_lens.dtype} {list(context_lens.shape)}")
+    if q.device.type == "cpu" and not _interpreting():
+        raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
+
+    max_blocks = block_tables.shape[1]
+    capacity = max_blocks * block_size
+    lens = context_lens.to(torch.int64)
+    pages_used = (lens.clamp(min=0) + block_size - 1) // block_size
+    in_use = torch.arange(max_blocks, device=q.device)[None, :] < pages_used[:, None]
+    bad_entries = in_use & ((block_tables < 0) | (block_tables >= num_blocks))
+    summary = torch.stack([lens.max(), lens.min(), bad_entries.any().to(torch.int64)]).tolist()
+    longest, shortest, any_bad_entry = summary
+    if longest > capacity:
+        raise InputError(
+            f"a context of {longest} tokens exceeds the block table's capacity of {capacity} "
+            f"({max_blocks} pages × {block_size})"
+        )
+    if shortest < lq:
+        raise InputError(f"a context of {shortest} tokens is shorter than the {lq} query tokens it must hold")
+    if any_bad_entry:
+        seq, page = (int(i) for i in bad_entries.nonzero()[0].tolist())
+        raise InputError(
+            f"block_tables[{seq}, {page}] = {int(block_tables[seq, page])} is not a block of the cache; "
+            f"valid blocks are 0..{num_blocks - 1}"
+        )
+    return int(longest)
+
+
+def _block_m(rows: int) -> int:
+    return max(16, triton.next_power_of_2(rows))
+
+
+def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
+            out: torch.Tensor, config: Config) -> None:
+    b, h, lq, d = q.shape
+    block_size, hkv = key_cache.shape[1], key_cache.shape[2]
+    group = h // hkv
+    pack = bool(config["PACK_GQA"]) and group > 1
+    splits = int(config["NUM_SPLITS"])
+    block_d = triton.next_power_of_2(d)
+    rows = group * lq if pack else lq
+    if splits > 1:
+        part_m = torch.empty((b, h, lq, splits), dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty((b, h, lq, splits, d), dtype=torch.float32, device=q.device)
+    else:
+        part_m = part_l = part_acc = out  # placeholders, never touched
+    grid = (b, hkv if pack else h, splits)
+    _paged_decode_split[grid](
+        q, key_cache, value_cache, block_tables, context_lens,
+        out, part_m, part_l, part_acc,
+        *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
+        h, lq, block_size,
+        sm_scale * LOG2E,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        GROUP=group,
+        BLOCK_M=_block_m(rows),
+        BLOCK_N=int(config["BLOCK_N"]),
+        NUM_SPLITS=splits,
+        PACK_GQA=pack,
+        IEEE_DOT=q.dtype == torch.float32,
+        num_warps=int(config["num_warps"]),
+        num_stages=int(config["num_stages"]),
+    )
+    if splits > 1:
+        block_s = triton.next_power_of_2(splits)
+        # Not tuned: a [BLOCK_S, BLOCK_D] fp32 tile per row, one warp per 1,024 elements (≤ 4).
+        combine_warps = min(4, max(1, block_s * block_d // 1024))
+        _paged_decode_combine[(b * h * lq,)](
+            part_m, part_l, part_acc, out,
+            *out.stride(),
+            h, lq,
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            NUM_SPLITS=splits,
+            BLOCK_S=block_s,
+            num_warps=combine_warps,
+        )
+
+
+def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None:
+    """Run both kernels with a launch config, writing into `out` [B, H, Lq, D]. No validation."""
+    _launch(inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens,
+            inputs.sm_scale, out, config)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    config: Config | dict | None = None,
+) -> torch.Tensor:
+    """Decode attention of q [B, H, Lq ≤ 16, D] over paged caches [num_blocks, block_size, Hkv, D].
+
+    block_tables [B, max_blocks] int32: sequence b's logical page j is block block_tables[b, j]
+    (entries past its context are not read and may hold anything). context_lens [B] int32: tokens
+    of context per sequence, Lq ≤ len ≤ max_blocks·block_size; the queries are its last Lq tokens,
+    causal among themselves. H a multiple of Hkv (GQA/MQA). sm_scale defaults to 1/√D. config:
+    launch config; None looks one up in the tuned tables (omnitune.runtime), falling back to the
+    default. Returns [B, H, Lq, D] in q's dtype. Bad inputs raise InputError before any launch.
+    """
+    longest = _check_inputs(q, key_cache, value_cache, block_tables, context_lens)
+    b, h, lq, d = q.shape
+    block_size, hkv = key_cache.shape[1], key_cache.shape[2]
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(d)
+    problem = PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=longest, d=d, block_size=block_size)
+    if config is None:
+        from omnitune.runtime import get_config
+
+        cfg = get_config("paged_decode_attention", problem, dtype=q.dtype)
+    elif isinstance(config, Config):
+        cfg = config
+    else:
+        cfg = SPEC.complete_config(config, problem, q.dtype)
+    out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
+    _launch(q, key_cache, value_cache, block_tables, context_lens, float(sm_scale), out, cfg)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Spec: reference, inputs, model, config space
+# ------------------------------------------------------------------------------------------------
+
+
+def make_inputs(problem: PagedDecodeProblem, dtype: torch.dtype, device, seed: int) -> PagedDecodeInputs:
+    """Random q and cache contents; every sequence's pages drawn at random, without repeats, from
+    a cache with spare blocks. Every cache slot that no sequence's context covers (spare blocks,
+    the tail of each last page) holds +inf in both caches, so that a kernel reading one fails the
+    check even where it masks the score (0 · inf = NaN in P·V). Not NaN: inputs stay comparable
+    with torch.equal."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    p = problem
+
+    def rand(*shape):
+        # Drawn on the CPU (the same numbers on every device), moved one piece at a time.
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    pages = p.pages_per_sequence
+    tables = torch.randperm(p.num_blocks, generator=gen)[: p.b * pages].view(p.b, pages).to(torch.int32)
+    tables = tables.to(device)
+    key_cache = torch.full((p.num_blocks, p.block_size, p.hkv, p.d), float("inf"), dtype=dtype, device=device)
+    value_cache = torch.full_like(key_cache, float("inf"))
+    positions = torch.arange(p.ctx, device=device)
+    offsets = positions % p.block_size
+    for seq in range(p.b):
+        blocks = tables[seq].to(torch.int64)[positions // p.block_size]
+        key_cache[blocks, offsets] = rand(p.ctx, p.hkv, p.d)
+        value_cache[blocks, offsets] = rand(p.ctx, p.hkv, p.d)
+    return PagedDecodeInputs(
+        q=rand(p.b, p.h, p.lq, p.d),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=tables,
+        context_lens=torch.full((p.b,), p.ctx, dtype=torch.int32, device=device),
+        sm_scale=1.0 / math.sqrt(p.d),
+    )
+
+
+def new_output(inputs: PagedDecodeInputs) -> torch.Tensor:
+    b, h, lq, d = inputs.q.shape
+    return poisoned((b, h, lq, d), inputs.q.dtype, inputs.q.device)
+
+
+def gather_context(cache: torch.Tensor, table_row: torch.Tensor, ctx: int) -> torch.Tensor:
+    """One sequence's first ctx tokens from a paged cache: [ctx, Hkv, D]."""
+    block_size = cache.shape[1]
+    positions = torch.arange(ctx, device=cache.device)
+    blocks = table_row.to(torch.int64)[positions // block_size]
+    return cache[blocks, positions % block_size]
+
+
+def reference(inputs: PagedDecodeInputs) -> torch.Tensor:
+    """Gather each sequence's keys and values from the pages, then masked softmax attention in
+    float64 on the CPU, float32 (no TF32) on a GPU."""
+    q = inputs.q
+    b, h, lq, d = q.shape
+    hkv = inputs.key_cache.shape[2]
+    group = h // hkv
+    acc_dtype = torch.float64 if q.device.type == "cpu" else torch.float32
+    lens = inputs.context_lens.tolist()
+    out = torch.empty((b, h, lq, d), dtype=acc_dtype, device=q.device)
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for bi, ctx in enumerate(lens):
+            keys = gather_context(inputs.key_cache, inputs.block_tables[bi], ctx).to(acc_dtype)
+            values = gather_context(inputs.value_cache, inputs.block_tables[bi], ctx).to(acc_dtype)
+            keys = keys.permute(1, 0, 2).repeat_interleave(group, dim=0)      # [H, ctx, D]
+            values = values.permute(1, 0, 2).repeat_interleave(group, dim=0)
+            qpos = torch.arange(lq, device=q.device) + (ctx - lq)
+            visible = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # [lq, ctx]
+            scores = torch.matmul(q[bi].to(acc_dtype), keys.transpose(1, 2)) * inputs.sm_scale
+            scores = scores.masked_fill(~visible[None], float("-inf"))
+            out[bi] = torch.matmul(torch.softmax(scores, dim=-1), values)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    return out
+
+
+def visible_pairs(problem: PagedDecodeProblem) -> int:
+    """(query, key) pairs per (sequence, head): Lq·ctx less the causal triangle among the queries."""
+    p = problem
+    return p.lq * p.ctx - p.lq * (p.lq - 1) // 2
+
+
+def flops(problem: PagedDecodeProblem) -> float:
+    # QKᵀ and PV, 2·D flops each per visible pair: 4·B·H·D·(Lq·ctx − Lq(Lq−1)/2).
+    return 4.0 * problem.b * problem.h * problem.d * visible_pairs(problem)
+
+
+def bytes_moved(problem: PagedDecodeProblem, dtype: torch.dtype) -> float:
+    p = problem
+    elt = torch.empty((), dtype=dtype).element_size()
+    kv = 2 * p.b * p.hkv * p.ctx * p.d * elt
+    q_and_out = 2 * p.b * p.h * p.lq * p.d * elt
+    return float(kv + q_and_out + 4 * p.b * p.pages_per_sequence)
+
+
+def _rows(problem: PagedDecodeProblem, config: Config) -> int:
+    return problem.group * problem.lq if config["PACK_GQA"] and problem.group > 1 else problem.lq
+
+
+def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
+    # Q tile plus K and V tiles for each pipeline stage, as in the attention kernel's model.
+    elt = torch.empty((), dtype=dtype).element_size()
+    bd = triton.next_power_of_2(problem.d)
+    need = elt * bd * (_block_m(_rows(problem, config)) + int(config["num_stages"]) * 2 * int(config["BLOCK_N"]))
+    have = limits.shared_memory_per_block_bytes
+    if need > have:
+        return f"needs ~{need // 1024} KiB of shared memory, the device has {have // 1024} KiB"
+    return None
+
+
+def _check_accumulator(problem, config, dtype, limits):
+    # The fp32 accumulator lives in registers: past 128 floats per thread the compiler spills.
+    per_thread = _block_m(_rows(problem, config)) * triton.next_power_of_2(problem.d) // (int(config["num_warps"]) * 32)
+    if per_thread > 128:
+        return f"accumulator needs {per_thread} fp32 registers per thread (> 128)"
+    return None
+
+
+def _check_pack(problem, config, dtype, limits):
+    if config["PACK_GQA"] and problem.group == 1:
+        return "PACK_GQA needs several query heads per kv head (h > hkv)"
+    return None
+
+
+def _check_block_n(problem, config, dtype, limits):
+    useful = max(16, triton.next_power_of_2(problem.ctx))
+    if int(config["BLOCK_N"]) > useful:
+        return f"BLOCK_N={config['BLOCK_N']} exceeds the {problem.ctx}-token context (use ≤ {useful})"
+    return None
+
+
+def _check_empty_splits(problem, config, dtype, limits):
+    # Splits are whole BLOCK_N tiles; past ctx / tile the last splits get no key and only cost
+    # a launch slot and a round trip through the scratch buffers.
+    splits, block_n = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
+    keys_per_split = triton.cdiv(triton.cdiv(problem.ctx, splits), block_n) * block_n
+    if (splits - 1) * keys_per_split >= problem.ctx:
+        return f"NUM_SPLITS={splits} of {block_n}-key tiles leaves splits of the {problem.ctx}-token context empty"
+    return None
+
+
+PARAMS = (
+    Param("NUM_SPLITS", (1, 2, 4, 8, 16, 32), "contiguous key ranges per sequence (1 = no split, one launch)"),
+    Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
+    Param("num_warps", (1, 2, 4, 8), "warps per program"),
+    Param("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
+    Param("PACK_GQA", (False, True), "one program serves all query heads of a kv head"),
+)
+
+CONSTRAINTS = (
+    Constraint("shared_memory", _check_shared_memory, "Q tile + K/V tiles per stage must fit in shared memory"),
+    Constraint("accumulator_registers", _check_accumulator, "fp32 accumulator ≤ 128 registers per thread"),
+    Constraint("pack_gqa_needs_groups", _check_pack, "PACK_GQA only when h > hkv"),
+    Constraint("block_n_exceeds_context", _check_block_n, "no key tile larger than the context"),
+    Constraint("empty_splits", _check_empty_splits, "every split gets at least one key"),
+)
+
+# The default split keeps at least this many keys per program, so that the partials' round trip
+# (≈ (D + 2)·4 bytes per row and split) stays small next to the K/V read.
+_MIN_KEYS_PER_SPLIT = 256
+
+
+def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
+    """The untuned starting point (reasoned, not measured): GQA packing whenever h > hkv; 64-key
+    tiles (smaller only for short contexts); splits doubled until the grid reaches two programs
+    per SM, while each split keeps ≥ 256 keys; 4 warps, 2 stages. More warps, fewer stages or no
+    packing only where a constraint demands it."""
+    p = problem
+    pack = p.group > 1
+    block_n = 64
+    while block_n > 16 and block_n > p.ctx:
+        block_n //= 2
+    programs = p.b * (p.hkv if pack else p.h)
+    splits = 1
+    while splits * 2 <= 32 and programs * splits < 2 * DeviceLimits().multiprocessors \
+            and p.ctx >= splits * 2 * _MIN_KEYS_PER_SPLIT:
+        splits *= 2
+    for pack_gqa in ((True, False) if pack else (False,)):
+        for warps in (4, 8):
+            for stages in (2, 1):
+                cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+                             PACK_GQA=pack_gqa)
+                if not SPEC.violations(p, cfg, dtype):
+                    return cfg
+    return Config(NUM_SPLITS=1, BLOCK_N=16, num_warps=8, num_stages=1, PACK_GQA=False)
+
+
+def _torch_baselines(problem: PagedDecodeProblem):
+    """Gather the pages with PyTorch indexing, then SDPA with a boolean mask, for `omnitune bench`."""
+    import torch.nn.functional as F
+
+    def run(inputs: PagedDecodeInputs) -> torch.Tensor:
+        q = inputs.q
+        b, h, lq, d = q.shape
+        hkv = inputs.key_cache.shape[2]
+        ctx = problem.ctx  # the factory gives every sequence the same context
+        keys = torch.stack([gather_context(inputs.key_cache, inputs.block_tables[i], ctx) for i in range(b)])
+        values = torch.stack([gather_context(inputs.value_cache, inputs.block_tables[i], ctx) for i in range(b)])
+        mask = torch.arange(ctx, device=q.device)[None, :] <= (torch.arange(lq, device=q.device) + ctx - lq)[:, None]
+        return F.scaled_dot_product_attention(
+            q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
+            scale=inputs.sm_scale, enable_gqa=h != hkv,
+        )
+
+    return {"torch_gather_sdpa": run}
+
+
+SPEC = KernelSpec(
+    name="paged_decode_attention",
+    description="split-KV decode attention over a paged KV cache (block tables, GQA, Lq ≤ 16)",
+    problem_type=PagedDecodeProblem,
+    params=PARAMS,
+    constraints=CONSTRAINTS,
+    default_config=default_config,
+    make_inputs=make_inputs,
+    new_output=new_output,
+    launch=launch,
+    reference=reference,
+    tolerance={torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2},
+    flops=flops,
+    bytes_moved=bytes_moved,
+    match=MatchPolicy(exact=("h", "hkv", "d", "block_size"), max_ratio=4.0),
+    aliases={"heads": ("h",), "kv_heads": ("hkv",)},
+    example_problem=PagedDecodeProblem(b=2, h=4, hkv=2, lq=2, ctx=45, d=64, block_size=16),
+    sample_problems=(
+        PagedDecodeProblem(b=3, h=2, hkv=2, lq=1, ctx=1, d=32, block_size=16),    # no GQA, one key
+        PagedDecodeProblem(b=1, h=7, hkv=1, lq=4, ctx=75, d=32, block_size=8),    # GQA 7, 10 pages
+        PagedDecodeProblem(b=1, h=8, hkv=1, lq=16, ctx=20, d=128, block_size=16),  # 128 packed rows
+        PagedDecodeProblem(b=1, h=4, hkv=1, lq=1, ctx=600, d=64, block_size=16),  # default splits 2
+    ),
+    baselines=_torch_baselines,
+    module=__name__,
+)

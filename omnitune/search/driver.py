@@ -1,0 +1,505 @@
+"""The search driver: one Optuna study per kernel × problem × dtype × device, driven through
+Optuna's ask/tell interface so that omnitune owns the measuring loop.
+
+Each iteration: choose a config (the kernel's default first; then the enumeration, the sampler,
+or — when the sampler keeps proposing configs already measured — a random unmeasured one) →
+skip it if it was measured before → prune it if a constraint rejects it (no GPU time) → measure
+it with the runner → store it (trial user attrs, tell, catalogue row) before the next begins.
+
+So a search can always be resumed: rerunning it reopens the study, marks trials abandoned by a
+killed process as failed (their configs become measurable again), and goes on until the study
+holds `trials` measured configs. The budget is the total for the study, not for one run.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import json
+import logging
+import os
+import random
+import socket
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import optuna
+import sqlite_utils
+import torch
+from optuna.trial import TrialState
+
+from omnitune.errors import OmnituneError
+from omnitune.profile.device import INTERPRETER_DEVICE, DeviceFacts
+from omnitune.search.space import ConfigSpace
+from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.spec import Config, DeviceLimits, KernelSpec, dtype_name
+from omnitune.store import (
+    STUDY_ATTR,
+    Provenance,
+    StudyFacts,
+    catalogue_record,
+    config_from_attrs,
+    config_json,
+    finished_trial_attrs,
+    open_optuna_storage,
+    record_trial,
+    record_trials,
+    result_from_attrs,
+    study_records,
+    utc_now,
+)
+
+log = logging.getLogger(__name__)
+
+# A failed config is told to the sampler as this many times the slowest correct config so far:
+# clearly worse than anything that works, yet on the same scale, so that CMA-ES's steps stay sane.
+PENALTY_FACTOR = 10.0
+# Before any config has worked there is no scale: a thousand seconds is slower than any kernel.
+PENALTY_BEFORE_ANY_OK_MS = 1e6
+# Consecutive sampler proposals that measured nothing (repeats, constraint violations) after which
+# the driver picks a random unmeasured valid config itself: the loop must always make progress.
+SAMPLER_PATIENCE = 8
+# Past this many configs the valid ones are not listed up front (the check is per config).
+ENUMERABLE_SPACE = 200_000
+
+
+class SearchError(OmnituneError):
+    """A search that cannot start as asked (bad sampler, bad budget, missing package)."""
+
+
+class SamplerName(str, enum.Enum):
+    TPE = "tpe"
+    RANDOM = "random"
+    GRID = "grid"
+    CMAES = "cmaes"
+
+
+class StopReason(str, enum.Enum):
+    BUDGET = "budget"              # the study holds the requested number of measured configs
+    EXHAUSTED = "exhausted"        # every valid config has been measured
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"    # Ctrl-C
+    CONTEXT_LOST = "context_lost"  # a config poisoned the CUDA context; rerun to resume
+
+
+class MeasuresConfigs(Protocol):
+    """What the driver needs of a runner (omnitune.search.runner.Runner is one). A runner may
+    also set `context_lost = True` once its process can no longer use the GPU."""
+
+    def measure(self, config: Config) -> TrialResult: ...
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """Where a search stands, reported after every trial that measured or pruned a config."""
+
+    study_name: str
+    trial_number: int
+    result: TrialResult
+    chosen_by: str
+    measured_total: int
+    measured_now: int
+    budget: int
+    best: TrialResult | None
+    default: TrialResult | None
+    failures: Mapping[TrialStatus, int]
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    study_name: str
+    best: TrialResult | None           # the fastest correct config, None if none worked
+    default: TrialResult | None        # the kernel's default config (None if never measured)
+    measured_now: int                  # configs measured by this run
+    measured_total: int                # configs measured in the study, this run included
+    failures: Mapping[TrialStatus, int]  # over the whole study, constraint prunes included
+    wall_s: float
+    stop_reason: StopReason
+
+    @property
+    def speedup_over_default(self) -> float | None:
+        if self.best is None or self.default is None or self.default.status is not TrialStatus.OK:
+            return None
+        return self.default.time_ms / self.best.time_ms if self.best.time_ms > 0 else None
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a search, after the trial in flight was marked failed. Every finished
+    trial is stored; `outcome` says where the search stood. Rerun the search to resume."""
+
+    def __init__(self, outcome: SearchOutcome):
+        super().__init__("search interrupted")
+        self.outcome = outcome
+
+
+def run_search(
+    spec: KernelSpec,
+    problem: Any,
+    dtype: torch.dtype,
+    *,
+    runner_factory: Callable[[], MeasuresConfigs],
+    device: DeviceFacts,
+    trials: int,
+    storage_url: str,
+    db: sqlite_utils.Database | None = None,
+    sampler: SamplerName | str = SamplerName.TPE,
+    seed: int = 0,
+    timeout_s: float | None = None,
+    limits: DeviceLimits | None = None,
+    progress: Callable[[SearchProgress], None] | None = None,
+) -> SearchOutcome:
+    """Search `spec`'s config space for `problem` in `dtype` until the study holds `trials`
+    measured configs, every valid config is measured, or `timeout_s` has passed.
+
+    `runner_factory` is called once, when the first config needs measuring (a resumed search
+    that has nothing left to do never builds inputs). `device` names the study's device and
+    goes into every trial's provenance; `limits` are the device limits constraints check
+    (H100-like defaults when None). With `db`, every finished trial also gets its catalogue row.
+    Raises SearchInterrupted on Ctrl-C, after storing everything finished.
+    """
+    search = _Search(
+        spec, problem, dtype,
+        runner_factory=runner_factory, device=device, trials=trials, storage_url=storage_url, db=db,
+        sampler=parse_sampler(sampler), seed=seed, timeout_s=timeout_s,
+        limits=limits or DeviceLimits(), progress=progress,
+    )
+    return search.run()
+
+
+def make_sampler(name: SamplerName | str, seed: int) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler behind --sampler. Grid gets a random sampler that is never consulted:
+    every grid trial has its params fixed by the driver."""
+    name = parse_sampler(name)
+    if name is SamplerName.TPE:
+        # Multivariate TPE models the parameters jointly: BLOCK_M and num_warps matter together.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True)
+    if name is SamplerName.CMAES:
+        if importlib.util.find_spec("cmaes") is None:
+            raise SearchError("--sampler cmaes needs the 'cmaes' package (pip install cmaes); or use tpe, random, grid")
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def parse_sampler(name: SamplerName | str) -> SamplerName:
+    """The sampler a name (as given to --sampler) stands for; SearchError listing the choices."""
+    try:
+        return SamplerName(name.lower() if isinstance(name, str) else name)
+    except ValueError:
+        raise SearchError(
+            f"unknown sampler {name!r}; choose one of {', '.join(s.value for s in SamplerName)}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class _Finished:
+    number: int
+    result: TrialResult
+    value: float  # what the sampler was told
+
+
+class _Ledger:
+    """What the study holds, read incrementally from Optuna's storage: the finished result of
+    every measured config, and the configs other processes are measuring right now."""
+
+    def __init__(self) -> None:
+        self.finished: dict[Config, _Finished] = {}
+        self.claimed: set[Config] = set()
+        self._read: set[int] = set()
+
+    def refresh(self, study: optuna.Study) -> None:
+        self.claimed = set()
+        for trial in study.get_trials(deepcopy=False):
+            if trial.number in self._read:
+                continue
+            if trial.state is TrialState.RUNNING:
+                config = config_from_attrs(trial.user_attrs)
+                if config is not None:
+                    self.claimed.add(config)
+                continue
+            if not trial.state.is_finished():
+                continue  # WAITING: an enqueued config the next ask pops
+            self._read.add(trial.number)
+            result = result_from_attrs(trial.user_attrs) if trial.state is TrialState.COMPLETE else None
+            if result is not None and result.config not in self.finished:
+                self.add(trial.number, result, float(trial.value))
+
+    def add(self, number: int, result: TrialResult, value: float) -> None:
+        self._read.add(number)
+        self.finished[result.config] = _Finished(number, result, value)
+
+    @property
+    def measured_total(self) -> int:
+        return sum(1 for f in self.finished.values() if f.result.status is not TrialStatus.PRUNED)
+
+    @property
+    def best(self) -> TrialResult | None:
+        ok = [f for f in self.finished.values() if f.result.status is TrialStatus.OK]
+        return min(ok, key=lambda f: (f.result.time_ms, f.number)).result if ok else None
+
+    @property
+    def failures(self) -> dict[TrialStatus, int]:
+        return dict(Counter(f.result.status for f in self.finished.values() if f.result.status.failed))
+
+    def penalty_ms(self) -> float:
+        ok_times = [f.result.time_ms for f in self.finished.values() if f.result.status is TrialStatus.OK]
+        return PENALTY_FACTOR * max(ok_times) if ok_times else PENALTY_BEFORE_ANY_OK_MS
+
+
+class _Search:
+    def __init__(
+        self, spec: KernelSpec, problem: Any, dtype: torch.dtype, *,
+        runner_factory: Callable[[], MeasuresConfigs], device: DeviceFacts, trials: int,
+        storage_url: str, db: sqlite_utils.Database | None, sampler: SamplerName, seed: int,
+        timeout_s: float | None, limits: DeviceLimits, progress: Callable[[SearchProgress], None] | None,
+    ):
+        if trials < 1:
+            raise SearchError(f"the trial budget must be at least 1, got {trials}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise SearchError(f"the timeout must be positive, got {timeout_s} s")
+        self.spec, self.problem, self.dtype = spec, problem, dtype
+        self.runner_factory = runner_factory
+        self.runner: MeasuresConfigs | None = None
+        self.trials, self.db, self.sampler, self.seed = trials, db, sampler, seed
+        self.timeout_s, self.limits, self.progress = timeout_s, limits, progress
+        self.facts = StudyFacts(
+            kernel=spec.name,
+            problem_key=spec.problem_key(problem),
+            problem_json=json.dumps(spec.problem_dict(problem), sort_keys=True),
+            dtype=dtype_name(dtype),
+            device_key=device.key,
+            device_name=device.name,
+        )
+        self.provenance = Provenance(spec.source_hash(), device.torch, device.triton, device.omnitune, device.name)
+        self.representative = device.name != INTERPRETER_DEVICE
+        self.space = ConfigSpace(spec)
+        self.storage_url = storage_url
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.study: optuna.Study | None = None  # opened by run()
+        self.ledger = _Ledger()
+        self.rng = random.Random(seed)
+        self.default_config = spec.default_config(problem, dtype)
+        self.valid: list[Config] | None = (
+            spec.valid_configs(problem, dtype, limits) if spec.space_size() <= ENUMERABLE_SPACE else None
+        )
+        self.enumerate_all = sampler is SamplerName.GRID or (self.valid is not None and len(self.valid) <= trials)
+        # Configs the driver proposes itself, in order: the default always first; with an
+        # enumeration, every valid config after it (grid: in the spec's deterministic order).
+        self.planned = [self.default_config]
+        if self.enumerate_all:
+            self.planned += [c for c in self.valid or () if c != self.default_config]
+        self.measured_now = 0
+        self.fruitless_proposals = 0
+        self.started = time.monotonic()
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> SearchOutcome:
+        self.study = self._open_study()
+        self._fail_abandoned_trials()
+        self.ledger.refresh(self.study)
+        if self.db is not None:
+            # Catch up rows that a killed run stored in Optuna but not yet in the catalogue.
+            record_trials(self.db, study_records(self.facts, self.study.get_trials(deepcopy=False)))
+        try:
+            reason = self._loop()
+        except KeyboardInterrupt:
+            raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
+        return self._outcome(reason)
+
+    def _loop(self) -> StopReason:
+        while True:
+            self.ledger.refresh(self.study)
+            if self.ledger.measured_total >= self.trials:
+                return StopReason.BUDGET
+            if self._all_valid_measured():
+                return StopReason.EXHAUSTED
+            if self.timeout_s is not None and time.monotonic() - self.started >= self.timeout_s:
+                return StopReason.TIMEOUT
+            proposal = self._driver_proposal()
+            if proposal is None and self.enumerate_all:
+                return StopReason.EXHAUSTED  # what is left is being measured by another process
+            if proposal is not None:
+                self.study.enqueue_trial(self.space.encode(proposal[0]))
+            trial = self.study.ask(self.space.distributions)
+            config = self.space.decode(trial.params)
+            chosen_by = proposal[1] if proposal and proposal[0] == config else self.sampler.value
+            measured = self._run_trial(trial, config, chosen_by)
+            if chosen_by == "fallback":
+                # Give the sampler a couple of chances again before the next fallback.
+                self.fruitless_proposals = SAMPLER_PATIENCE - 2
+            elif chosen_by == self.sampler.value:
+                self.fruitless_proposals = 0 if measured else self.fruitless_proposals + 1
+            if getattr(self.runner, "context_lost", False):
+                return StopReason.CONTEXT_LOST
+
+    def _driver_proposal(self) -> tuple[Config, str] | None:
+        """The config the driver picks itself this time (and why), or None to ask the sampler."""
+        busy = self.ledger.finished.keys() | self.ledger.claimed
+        for config in self.planned:
+            if config not in busy:
+                if config == self.default_config:
+                    return config, "default"
+                return config, "grid" if self.sampler is SamplerName.GRID else "enumeration"
+        if self.fruitless_proposals >= SAMPLER_PATIENCE:
+            config = self._random_unmeasured(busy)
+            if config is not None:
+                return config, "fallback"
+        return None
+
+    def _random_unmeasured(self, busy: set[Config]) -> Config | None:
+        if self.valid is not None:
+            candidates = [c for c in self.valid if c not in busy]
+            return self.rng.choice(candidates) if candidates else None
+        for _ in range(10_000):  # a space too large to list: draw until a valid, new config
+            config = self.space.random_config(self.rng)
+            if config not in busy and not self.spec.violations(self.problem, config, self.dtype, self.limits):
+                return config
+        return None
+
+    def _all_valid_measured(self) -> bool:
+        if self.valid is None:
+            return False
+        return all(c in self.ledger.finished for c in self.valid)
+
+    # --- one trial ----------------------------------------------------------------------------
+
+    def _run_trial(self, trial: optuna.Trial, config: Config, chosen_by: str) -> bool:
+        """Measure (or prune, or skip) one asked trial and store it. True if it measured a config."""
+        told = False
+        try:
+            previous = self.ledger.finished.get(config)
+            if previous is not None:
+                # Never measure a config twice: the sampler hears the stored value again.
+                trial.set_user_attr("duplicate_of", previous.number)
+                self.study.tell(trial, previous.value)
+                told = True
+                return False
+            if config in self.ledger.claimed:
+                self.study.tell(trial, state=TrialState.FAIL)  # another process is measuring it
+                told = True
+                return False
+            # Recorded now so that a trial abandoned by a killed process still names its config.
+            trial.set_user_attr("owner", self.owner)
+            trial.set_user_attr("config_json", config_json(config))
+            result = self._measure(config)
+            value = result.time_ms if result.status is TrialStatus.OK else self.ledger.penalty_ms()
+            # Failed configs (pruned, compile error, mismatch, ...) are told as COMPLETE with a
+            # penalty, not as FAIL: Optuna's TPE and CMA-ES ignore FAIL trials, so they would keep
+            # proposing the same broken region. The penalty teaches them to stay away, and our
+            # own best (and the catalogue's) only ever considers status ok, so a config that
+            # disagrees with the reference can never be the best.
+            attrs = finished_trial_attrs(
+                result, is_default=config == self.default_config, sampler=self.sampler.value,
+                provenance=self.provenance, measured_at=utc_now(), chosen_by=chosen_by,
+            )
+            for key, attr in attrs.items():
+                if key != "config_json":  # already set
+                    trial.set_user_attr(key, attr)
+            self.study.tell(trial, value)
+            told = True
+        except BaseException:
+            if not told:
+                self._tell_failed(trial.number)
+            raise
+        self.ledger.add(trial.number, result, value)
+        if result.status is not TrialStatus.PRUNED:
+            self.measured_now += 1
+        if self.db is not None:
+            record = catalogue_record(self.facts, trial.number, attrs)
+            if record is not None:
+                record_trial(self.db, record)
+        if self.progress is not None:
+            self.progress(self._progress(trial.number, result, chosen_by))
+        return result.status is not TrialStatus.PRUNED
+
+    def _measure(self, config: Config) -> TrialResult:
+        violations = self.spec.violations(self.problem, config, self.dtype, self.limits)
+        if violations:
+            name, reason = violations[0]
+            return TrialResult(config, TrialStatus.PRUNED, detail=f"{name}: {reason}",
+                               representative=self.representative)
+        if self.runner is None:
+            self.runner = self.runner_factory()
+        return self.runner.measure(config)
+
+    def _tell_failed(self, number: int) -> None:
+        try:
+            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 — never mask the exception that got us here
+            log.warning("could not mark trial %d of %s failed", number, self.facts.name, exc_info=True)
+
+    # --- the study ------------------------------------------------------------------------------
+
+    def _open_study(self) -> optuna.Study:
+        storage = open_optuna_storage(self.storage_url)
+        study = optuna.create_study(
+            study_name=self.facts.name,
+            storage=storage,
+            sampler=make_sampler(self.sampler, self.seed),
+            direction="minimize",
+            load_if_exists=True,
+        )
+        stored = StudyFacts.from_user_attr(study.user_attrs.get(STUDY_ATTR))
+        if stored is None:
+            study.set_user_attr(STUDY_ATTR, self.facts.as_user_attr())
+        return study
+
+    def _fail_abandoned_trials(self) -> None:
+        """A trial left RUNNING by a process that no longer exists will never finish: mark it
+        failed, so that its config can be measured again."""
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if _owner_is_gone(trial.user_attrs.get("owner")):
+                log.warning("trial %d of %s was abandoned by a killed process; marking it failed",
+                            trial.number, self.facts.name)
+                self._tell_failed(trial.number)
+
+    # --- reports ----------------------------------------------------------------------------------
+
+    def _default_result(self) -> TrialResult | None:
+        finished = self.ledger.finished.get(self.default_config)
+        return finished.result if finished else None
+
+    def _progress(self, number: int, result: TrialResult, chosen_by: str) -> SearchProgress:
+        return SearchProgress(
+            study_name=self.facts.name, trial_number=number, result=result, chosen_by=chosen_by,
+            measured_total=self.ledger.measured_total, measured_now=self.measured_now,
+            budget=self.trials, best=self.ledger.best, default=self._default_result(),
+            failures=self.ledger.failures, elapsed_s=time.monotonic() - self.started,
+        )
+
+    def _outcome(self, reason: StopReason) -> SearchOutcome:
+        return SearchOutcome(
+            study_name=self.facts.name, best=self.ledger.best, default=self._default_result(),
+            measured_now=self.measured_now, measured_total=self.ledger.measured_total,
+            failures=self.ledger.failures, wall_s=time.monotonic() - self.started, stop_reason=reason,
+        )
+
+
+def _owner_is_gone(owner: Any) -> bool:
+    """Whether the process that owns a RUNNING trial is dead. Only processes on this host can be
+    checked; a trial of another host is presumed alive (several hosts may share one storage)."""
+    if not isinstance(owner, str) or ":" not in owner:
+        return True
+    host, _, pid_text = owner.rpartition(":")
+    if host != socket.gethostname():
+        return False
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return True
+    if pid == os.getpid():
+        return True  # this process starts a search: nothing of its own can be in flight
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

@@ -1,0 +1,64 @@
+"""The results database: a catalogue of measured trials, device facts, calibrations and profiles.
+
+SQLite through sqlite-utils, schema versioned by numbered migrations. Optuna's own storage holds
+the studies and is the truth about trials; the `trials` table is derived from it and can be
+rebuilt with `rebuild_catalogue`. See docs for the schema; the `best` view gives, per kernel ×
+problem × dtype × device, the fastest correct config with the default config's time beside it.
+"""
+
+from omnitune.store._catalogue import (
+    STUDY_ATTR,
+    Provenance,
+    StudyFacts,
+    catalogue_record,
+    config_from_attrs,
+    default_storage_url,
+    finished_trial_attrs,
+    open_optuna_storage,
+    rebuild_catalogue,
+    result_from_attrs,
+    study_name,
+    study_records,
+)
+from omnitune.store._migrations import SCHEMA_VERSION, open_db, schema_version, utc_now
+from omnitune.store._records import (
+    CALIBRATION_METRICS,
+    ProfileKind,
+    ProfileRecord,
+    TrialRecord,
+    config_json,
+    record_calibration,
+    record_device,
+    record_profile,
+    record_trial,
+    record_trials,
+)
+
+__all__ = [
+    "CALIBRATION_METRICS",
+    "SCHEMA_VERSION",
+    "STUDY_ATTR",
+    "ProfileKind",
+    "ProfileRecord",
+    "Provenance",
+    "StudyFacts",
+    "TrialRecord",
+    "catalogue_record",
+    "config_from_attrs",
+    "config_json",
+    "default_storage_url",
+    "finished_trial_attrs",
+    "open_db",
+    "open_optuna_storage",
+    "rebuild_catalogue",
+    "record_calibration",
+    "record_device",
+    "record_profile",
+    "record_trial",
+    "record_trials",
+    "result_from_attrs",
+    "schema_version",
+    "study_name",
+    "study_records",
+    "utc_now",
+]

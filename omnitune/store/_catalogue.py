@@ -1,0 +1,274 @@
+"""The contract between Optuna's storage (the truth about trials) and the `trials` catalogue.
+
+Every fact a catalogue row holds travels in the Optuna study: what was searched in the study's
+user attr STUDY_ATTR, what one trial measured in that trial's user attrs. The search driver writes
+them through `finished_trial_attrs`; `rebuild_catalogue` reads them back, so the catalogue can
+always be re-derived from the studies.
+
+Optuna is imported inside functions: `import omnitune.store` stays cheap for report and export.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlite_utils
+
+from omnitune.errors import StoreError
+from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.spec import Config
+from omnitune.store._migrations import transaction
+from omnitune.store._records import TrialRecord, config_json, record_trials
+
+if TYPE_CHECKING:
+    import optuna
+
+STUDY_ATTR = "omnitune_study"
+
+
+@dataclass(frozen=True)
+class StudyFacts:
+    """What one study searches: a kernel, a problem, a dtype, a device."""
+
+    kernel: str
+    problem_key: str
+    problem_json: str
+    dtype: str
+    device_key: str
+    device_name: str
+
+    @property
+    def name(self) -> str:
+        return study_name(self.kernel, self.problem_key, self.dtype, self.device_key)
+
+    def as_user_attr(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_user_attr(cls, value: Any) -> StudyFacts | None:
+        """The facts stored on a study, or None for a study omnitune did not create."""
+        if not isinstance(value, Mapping):
+            return None
+        try:
+            return cls(**{k: str(value[k]) for k in cls.__dataclass_fields__})
+        except KeyError:
+            return None
+
+
+def study_name(kernel: str, problem_key: str, dtype: str, device_key: str) -> str:
+    """The Optuna study name of one search: "{kernel}|{problem_key}|{dtype}|{device_key}"."""
+    return f"{kernel}|{problem_key}|{dtype}|{device_key}"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a measurement was taken with: kernel source, software versions, GPU."""
+
+    source_hash: str
+    torch: str
+    triton: str
+    omnitune: str
+    device_name: str
+
+
+def default_storage_url(db_path: str | Path) -> str:
+    """Optuna's storage beside the results database: `<db stem>.optuna.db` in the same folder."""
+    path = Path(db_path).resolve()
+    return "sqlite:///" + str(path.with_name(path.stem + ".optuna.db"))
+
+
+def open_optuna_storage(url: str) -> optuna.storages.BaseStorage:
+    """Optuna's RDB storage at `url` (SQLite file, PostgreSQL, ...), as a StoreError if it cannot
+    be opened."""
+    import optuna
+
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    sqlite = url.startswith("sqlite")
+    try:
+        # A generous lock timeout: several search processes may share one SQLite file.
+        storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60} if sqlite else {}})
+    except Exception as exc:  # noqa: BLE001 — SQLAlchemy raises many kinds for a bad URL or file
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"cannot open the Optuna storage {url!r}: {first_line}") from None
+    if sqlite:
+        _use_write_ahead_log(storage)
+    return storage
+
+
+def _use_write_ahead_log(storage: optuna.storages.RDBStorage) -> None:
+    """WAL with synchronous=NORMAL: a commit no longer waits for the disk (a search commits a
+    few times per trial, ~4 ms each otherwise). A killed process still loses nothing it
+    committed; only a power cut or kernel crash can drop the last trials, which a rerun then
+    measures again."""
+    from sqlalchemy import event
+
+    def on_connect(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections opened before the listener reconnect with it
+
+
+# --- one trial's user attrs -----------------------------------------------------------------
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if value is None or math.isnan(value) or math.isinf(value) else float(value)
+
+
+def finished_trial_attrs(
+    result: TrialResult,
+    *,
+    is_default: bool,
+    sampler: str,
+    provenance: Provenance,
+    measured_at: str,
+    chosen_by: str = "",
+) -> dict[str, Any]:
+    """The user attrs a finished trial carries: everything its catalogue row needs (and, in
+    `chosen_by`, who picked the config: the default, the sampler, an enumeration, a fallback).
+
+    `config_json` (set when the trial starts), `status` and `time_ms` are attrs of their own, so
+    that Optuna's tools show them at a glance; every other figure travels in one `measurement`
+    attr, because each attr is a storage round trip (~5 ms on SQLite) and a search writes them
+    for every trial."""
+    ok = result.status is TrialStatus.OK
+    rel_error = result.rel_error
+    return {
+        "config_json": config_json(result.config),
+        "status": result.status.value,
+        "time_ms": _finite_or_none(result.time_ms) if ok else None,
+        "measurement": {
+            "p20_ms": _finite_or_none(result.p20_ms) if ok else None,
+            "p80_ms": _finite_or_none(result.p80_ms) if ok else None,
+            # inf is a real figure (a NaN-filled output); NaN means none was computed.
+            "rel_error": None if rel_error is None or math.isnan(rel_error) else float(rel_error),
+            "tflops": float(result.tflops) if ok else None,
+            "tbps": float(result.tbps) if ok else None,
+            "detail": result.detail,
+            "representative": bool(result.representative),
+            "is_default": bool(is_default),
+            "extra": dict(result.extra),
+            "provenance": asdict(provenance),
+            "sampler": sampler,
+            "chosen_by": chosen_by,
+            "measured_at": measured_at,
+        },
+    }
+
+
+def config_from_attrs(attrs: Mapping[str, Any]) -> Config | None:
+    """The config a trial's user attrs name, or None if they name none."""
+    text = attrs.get("config_json")
+    if not isinstance(text, str):
+        return None
+    return Config(json.loads(text))
+
+
+def result_from_attrs(attrs: Mapping[str, Any]) -> TrialResult | None:
+    """The TrialResult a finished trial recorded, or None for a trial that measured nothing
+    (interrupted, abandoned, or a repeat of another trial's config)."""
+    config = config_from_attrs(attrs)
+    if config is None or "status" not in attrs:
+        return None
+    measurement = attrs.get("measurement") or {}
+
+    def number(value: Any, missing: float) -> float:
+        return missing if value is None else float(value)
+
+    return TrialResult(
+        config=config,
+        status=TrialStatus(attrs["status"]),
+        time_ms=number(attrs.get("time_ms"), math.inf),
+        p20_ms=number(measurement.get("p20_ms"), math.inf),
+        p80_ms=number(measurement.get("p80_ms"), math.inf),
+        rel_error=number(measurement.get("rel_error"), math.nan),
+        tflops=number(measurement.get("tflops"), 0.0),
+        tbps=number(measurement.get("tbps"), 0.0),
+        detail=str(measurement.get("detail", "")),
+        representative=bool(measurement.get("representative", True)),
+        extra=dict(measurement.get("extra") or {}),
+    )
+
+
+def catalogue_record(facts: StudyFacts, trial_number: int, attrs: Mapping[str, Any]) -> TrialRecord | None:
+    """The catalogue row of one finished trial, or None if it measured nothing."""
+    result = result_from_attrs(attrs)
+    if result is None:
+        return None
+    measurement = attrs.get("measurement") or {}
+    provenance = measurement.get("provenance") or {}
+    ok = result.status is TrialStatus.OK
+    return TrialRecord(
+        study=facts.name,
+        trial_number=trial_number,
+        kernel=facts.kernel,
+        problem_key=facts.problem_key,
+        problem_json=facts.problem_json,
+        dtype=facts.dtype,
+        device_key=facts.device_key,
+        device_name=str(provenance.get("device_name", facts.device_name)),
+        sampler=str(measurement.get("sampler", "")),
+        config_json=config_json(result.config),
+        config_label=result.config.label(),
+        status=result.status.value,
+        time_ms=result.time_ms if ok else None,
+        p20_ms=result.p20_ms if ok else None,
+        p80_ms=result.p80_ms if ok else None,
+        rel_error=measurement.get("rel_error"),
+        tflops=result.tflops if ok else None,
+        tbps=result.tbps if ok else None,
+        detail=result.detail,
+        representative=result.representative,
+        is_default=bool(measurement.get("is_default", False)),
+        extra_json=json.dumps(result.extra, sort_keys=True, default=str),
+        source_hash=str(provenance.get("source_hash", "unknown")),
+        torch_version=str(provenance.get("torch", "")),
+        triton_version=str(provenance.get("triton", "")),
+        omnitune_version=str(provenance.get("omnitune", "")),
+        measured_at=str(measurement.get("measured_at", "")),
+    )
+
+
+def study_records(facts: StudyFacts, trials: Iterable[optuna.trial.FrozenTrial]) -> list[TrialRecord]:
+    """The catalogue rows of a study's finished trials."""
+    import optuna
+
+    records = []
+    for trial in trials:
+        if trial.state is not optuna.trial.TrialState.COMPLETE:
+            continue
+        record = catalogue_record(facts, trial.number, trial.user_attrs)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def rebuild_catalogue(db: sqlite_utils.Database, storage_url: str) -> int:
+    """Re-derive the catalogue rows of every omnitune study in the Optuna storage at
+    `storage_url`, replacing those studies' rows in one transaction; returns the row count.
+    Rows of studies that live in another storage are left alone."""
+    import optuna
+
+    storage = open_optuna_storage(storage_url)
+    studies: list[tuple[StudyFacts, list[TrialRecord]]] = []
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        facts = StudyFacts.from_user_attr(summary.user_attrs.get(STUDY_ATTR))
+        if facts is None:
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        studies.append((facts, study_records(facts, study.get_trials(deepcopy=False))))
+    with transaction(db):
+        for facts, records in studies:
+            db.execute("DELETE FROM trials WHERE study = ?", (facts.name,))
+            record_trials(db, records)
+    return sum(len(records) for _, records in studies)

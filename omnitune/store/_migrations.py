@@ -1,0 +1,190 @@
+"""Opening the results database and bringing its schema up to date.
+
+Each migration is a numbered list of SQL statements, applied once, in order, inside one
+transaction together with its row in the `migrations` table: a database is always at exactly
+one schema version, never half-way between two. A later schema change is a new numbered entry
+at the end of MIGRATIONS; released entries are never edited.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import sqlite_utils
+
+from omnitune.errors import StoreError
+
+TRIAL_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("study", "TEXT NOT NULL"),
+    ("trial_number", "INTEGER NOT NULL"),
+    ("kernel", "TEXT NOT NULL"),
+    ("problem_key", "TEXT NOT NULL"),
+    ("problem_json", "TEXT NOT NULL"),
+    ("dtype", "TEXT NOT NULL"),
+    ("device_key", "TEXT NOT NULL"),
+    ("device_name", "TEXT"),
+    ("sampler", "TEXT"),
+    ("config_json", "TEXT NOT NULL"),
+    ("config_label", "TEXT"),
+    ("status", "TEXT NOT NULL"),
+    ("time_ms", "REAL"),
+    ("p20_ms", "REAL"),
+    ("p80_ms", "REAL"),
+    ("rel_error", "REAL"),
+    ("tflops", "REAL"),
+    ("tbps", "REAL"),
+    ("detail", "TEXT"),
+    ("representative", "INTEGER NOT NULL"),
+    ("is_default", "INTEGER NOT NULL"),
+    ("extra_json", "TEXT NOT NULL DEFAULT '{}'"),
+    ("source_hash", "TEXT"),
+    ("torch_version", "TEXT"),
+    ("triton_version", "TEXT"),
+    ("omnitune_version", "TEXT"),
+    ("measured_at", "TEXT"),
+)
+
+_TRIAL_SELECT = ", ".join(f"r.{name}" for name, _ in TRIAL_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "trials, devices, calibrations, profiles and the best view",
+        (
+            "CREATE TABLE trials ("
+            + ", ".join(f"{name} {decl}" for name, decl in TRIAL_COLUMNS)
+            + ", PRIMARY KEY (study, trial_number))",
+            "CREATE INDEX trials_by_key ON trials (kernel, problem_key, dtype, device_key)",
+            """CREATE TABLE devices (
+                key TEXT PRIMARY KEY, name TEXT, compute_capability TEXT, multiprocessors INTEGER,
+                memory_gib REAL, l2_cache_mib REAL, shared_memory_per_block_kib REAL, driver TEXT,
+                cuda TEXT, torch TEXT, triton TEXT, omnitune TEXT, python TEXT, last_seen TEXT)""",
+            """CREATE TABLE calibrations (
+                device_key TEXT NOT NULL, metric TEXT NOT NULL, value REAL, detail_json TEXT,
+                measured_at TEXT, PRIMARY KEY (device_key, metric))""",
+            """CREATE TABLE profiles (
+                id INTEGER PRIMARY KEY, kernel TEXT NOT NULL, problem_key TEXT NOT NULL,
+                dtype TEXT NOT NULL, device_key TEXT NOT NULL, config_json TEXT NOT NULL,
+                config_label TEXT, which TEXT NOT NULL, duration_us REAL, l1_hit_pct REAL,
+                l2_hit_pct REAL, dram_pct_of_peak REAL, achieved_occupancy_pct REAL, raw_json TEXT,
+                measured_at TEXT)""",
+            # The best ok trial per key (ties: the earliest trial), the default config's time
+            # beside it. A view, so that the catalogue never stores a figure twice.
+            f"""CREATE VIEW best AS
+                WITH ranked AS (
+                    SELECT trials.*, ROW_NUMBER() OVER (
+                        PARTITION BY kernel, problem_key, dtype, device_key
+                        ORDER BY time_ms, trial_number) AS position
+                    FROM trials WHERE status = 'ok' AND time_ms IS NOT NULL
+                ),
+                defaults AS (
+                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS default_time_ms
+                    FROM trials WHERE is_default = 1 AND status = 'ok'
+                    GROUP BY kernel, problem_key, dtype, device_key
+                )
+                SELECT {_TRIAL_SELECT}, d.default_time_ms,
+                       d.default_time_ms / r.time_ms AS speedup_over_default
+                FROM ranked r LEFT JOIN defaults d
+                    ON d.kernel = r.kernel AND d.problem_key = r.problem_key
+                    AND d.dtype = r.dtype AND d.device_key = r.device_key
+                WHERE r.position = 1""",
+        ),
+    ),
+)
+
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def utc_now() -> str:
+    """The current time as ISO-8601 UTC, to the second: every measured_at/last_seen."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextmanager
+def transaction(db: sqlite_utils.Database) -> Iterator[None]:
+    """All statements inside commit together or not at all (nested use joins the outer one).
+
+    Explicit BEGIN rather than a library helper: sqlite-utils 3 and 4 handle transactions
+    differently, and in Python's legacy mode DDL would otherwise commit on its own."""
+    conn = db.conn
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        conn.rollback()
+        raise
+    else:
+        conn.commit()
+
+
+def open_db(path: str | Path) -> sqlite_utils.Database:
+    """Open (creating it and its folder if needed) the results database at `path` and apply
+    any pending migrations. Raises StoreError for a file that is not an omnitune database."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create the folder for {str(path)!r}: {exc.strerror}") from None
+    if path.is_dir():
+        raise StoreError(f"{str(path)!r} is a folder, not an omnitune results database")
+    try:
+        db = sqlite_utils.Database(path)
+        _migrate(db, path)
+    except sqlite3.OperationalError as exc:  # locked, read-only, no room: a database, but unusable now
+        raise StoreError(f"cannot use the results database {str(path)!r}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{str(path)!r} is not an omnitune results database: {exc}") from None
+    return db
+
+
+def schema_version(db: sqlite_utils.Database) -> int:
+    """The highest migration applied to db (0 for an empty database)."""
+    if "migrations" not in db.table_names():
+        return 0
+    row = db.execute("SELECT MAX(version) FROM migrations").fetchone()
+    return int(row[0] or 0)
+
+
+def _migrate(db: sqlite_utils.Database, path: Path) -> None:
+    tables = db.table_names()
+    if tables and "migrations" not in tables:
+        raise StoreError(
+            f"{str(path)!r} is not an omnitune results database: it holds tables "
+            f"({', '.join(sorted(tables)[:5])}) but no migrations table"
+        )
+    current = schema_version(db)
+    if current > SCHEMA_VERSION:
+        raise StoreError(
+            f"{str(path)!r} has schema version {current}, newer than this omnitune knows "
+            f"({SCHEMA_VERSION}); upgrade omnitune"
+        )
+    for migration in MIGRATIONS:
+        if migration.version <= current:
+            continue
+        with transaction(db):
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            for statement in migration.statements:
+                db.execute(statement)
+            db.execute(
+                "INSERT INTO migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, utc_now()),
+            )

@@ -1,0 +1,161 @@
+"""`omnitune search` end to end through the CLI: the attention kernel on a tiny shape — under
+Triton's interpreter on the CPU, for real on a GPU — a temporary results database, resume, and
+the user errors."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from omnitune.cli import app
+from omnitune.profile.device import current_device_facts
+from omnitune.search.runner import Runner
+from omnitune.search.trial import TrialResult, TrialStatus
+
+SHAPE = "b=1,h=2,hkv=1,lq=17,lk=23,d=64,causal=1"
+ON_GPU = torch.cuda.is_available()
+# conftest imports the kernels interpreted without a GPU and compiled with one; --interpret must match.
+MODE = [] if ON_GPU else ["--interpret"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def search_args(db, *extra: str) -> list[str]:
+    return ["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--db", str(db), *extra]
+
+
+def rows(db, where: str = "1") -> list[dict]:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(f"SELECT * FROM trials WHERE {where} ORDER BY trial_number")]
+    finally:
+        conn.close()
+
+
+def test_search_stores_the_trials_default_first_and_resumes(tmp_db):
+    from omnitune.registry import get_spec
+
+    spec = get_spec("attention")
+    problem = spec.parse_shape(SHAPE)
+
+    first = invoke(*search_args(tmp_db, "--trials", "4"))
+    assert first.exit_code == 0, first.output
+    measured = rows(tmp_db, "status != 'pruned'")
+    assert len(measured) == 4
+    assert measured[0]["trial_number"] == 0 and measured[0]["is_default"] == 1
+    assert measured[0]["config_label"] == spec.default_config(problem, torch.float32).label()
+    assert sum(r["is_default"] for r in rows(tmp_db)) == 1
+    device_key = current_device_facts(interpret=not ON_GPU).key
+    assert {r["device_key"] for r in measured} == {device_key}
+    assert {r["representative"] for r in measured} == {int(ON_GPU)}
+    assert all(r["status"] == "ok" for r in measured)  # the kernel is right for every config
+    summary = [line for line in first.stdout.splitlines() if line.startswith("attention ")]
+    assert len(summary) == 1
+    assert "4 measured (4 new)" in summary[0]
+    assert ("not representative" in summary[0]) is not ON_GPU
+    assert (tmp_db.parent / "omnitune.optuna.db").is_file()
+    conn = sqlite3.connect(tmp_db)
+    assert conn.execute("SELECT key FROM devices").fetchall() == [(device_key,)]
+    conn.close()
+
+    before = rows(tmp_db)
+    again = invoke(*search_args(tmp_db, "--trials", "4"))
+    assert again.exit_code == 0, again.output
+    assert "4 measured (0 new)" in again.stdout
+    assert rows(tmp_db) == before
+
+    more = invoke(*search_args(tmp_db, "--trials", "6"))
+    assert more.exit_code == 0, more.output
+    assert "6 measured (2 new)" in more.stdout
+    after = rows(tmp_db, "status != 'pruned'")
+    assert len(after) == 6
+    assert after[:4] == measured  # the first four untouched: not measured again
+    assert len({r["config_json"] for r in after}) == 6
+
+
+def test_ctrl_c_keeps_finished_trials_and_exits_130(tmp_db, monkeypatch):
+    calls = []
+    real_measure = Runner.measure
+
+    def measure_then_interrupt(self, config):
+        calls.append(config)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_measure(self, config)
+
+    monkeypatch.setattr(Runner, "measure", measure_then_interrupt)
+    result = invoke(*search_args(tmp_db, "--trials", "5"))
+    assert result.exit_code == 130, result.output
+    assert "rerun the same command to resume" in result.stderr
+    assert "2 measured (2 new)" in result.stdout
+    assert len(rows(tmp_db, "status != 'pruned'")) == 2
+
+
+def test_a_crashed_gpu_context_stops_with_a_message_to_rerun(tmp_db, monkeypatch):
+    def crash(self, config):
+        self.context_lost = True
+        return TrialResult(config, TrialStatus.CRASHED, detail="RuntimeError: an illegal memory access")
+
+    monkeypatch.setattr(Runner, "measure", crash)
+    result = invoke(*search_args(tmp_db, "--trials", "5"))
+    assert result.exit_code == 1, result.output
+    assert "illegal memory access" in result.stderr and "rerun the same command" in result.stderr
+    assert [r["status"] for r in rows(tmp_db)] == ["crashed"]
+
+
+def test_the_timeout_covers_all_shapes_and_says_how_to_continue(tmp_db):
+    second_shape = "b=1,h=2,hkv=2,lq=9,lk=9,d=64"
+    result = invoke(*search_args(tmp_db, "--trials", "4", "--timeout", "0.001", "--shape", second_shape))
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.startswith("attention ")]
+    assert len(lines) == 2
+    # the first shape starts (or, on a slow machine, finds the millisecond already gone)
+    assert "stopped at the timeout, rerun to continue" in lines[0] or "not started" in lines[0]
+    assert "lq=9" in lines[1] and "not started, the timeout has passed" in lines[1]
+
+
+def test_search_help_explains_every_option():
+    result = invoke("search", "--help")
+    assert result.exit_code == 0
+    for option in ("--shape", "--dtype", "--trials", "--timeout", "--sampler", "--seed", "--db", "--storage",
+                   "--interpret"):
+        assert option in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["search", "nosuch", "--shape", SHAPE, *MODE], "unknown kernel 'nosuch'; choose one of"),
+        (["search", "attention", "--shape", "b=1,h=2,zz=3", *MODE], "no dimension 'zz'"),
+        (["search", "attention", "--shape", SHAPE, "--dtype", "fp8", *MODE],
+         "unknown dtype 'fp8'; choose one of fp32, fp16, bf16"),
+        (["search", "attention", "--shape", SHAPE, "--dtype", "fp32"], "no CUDA GPU here"),
+        (["search", "attention", "--shape", SHAPE, "--sampler", "anneal", *MODE],
+         "unknown sampler 'anneal'; choose one of tpe, random, grid, cmaes"),
+        (["search", "attention", *MODE], "give at least one --shape"),
+    ],
+    ids=["unknown-kernel", "bad-shape", "bad-dtype", "no-gpu", "bad-sampler", "no-shape"],
+)
+def test_user_mistakes_exit_2_with_one_line(args, message, tmp_db, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert_user_error(invoke(*args, "--db", str(tmp_db)), message)
+    assert not tmp_db.exists()  # nothing was started
+
+
+@pytest.mark.skipif(ON_GPU, reason="with a GPU, conftest imports the kernels compiled, so --interpret cannot apply")
+def test_bf16_under_the_interpreter_is_refused(tmp_db):
+    result = invoke("search", "attention", "--shape", SHAPE, "--dtype", "bf16", "--interpret", "--db", str(tmp_db))
+    assert_user_error(result, "use --dtype fp16 or fp32 with --interpret")
+    assert not tmp_db.exists()
+
+
+def assert_user_error(result, message: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr

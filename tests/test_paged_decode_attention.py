@@ -1,0 +1,323 @@
+"""Paged split-KV decode attention: its spec's contract, and the public function on odd cases
+(partial last pages, GQA ratios 1/4/7, Lq 1 and 4, one and several splits) and bad input.
+Under the interpreter on the CPU (fp32 and fp16), on the GPU when there is one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from omnitune.errors import InputError
+from omnitune.kernels import paged_decode_attention as pda
+from omnitune.kernels.paged_decode_attention import PagedDecodeInputs, PagedDecodeProblem, paged_decode_attention
+from omnitune.registry import get_spec, kernel_names
+from omnitune.search.runner import Runner
+from omnitune.search.trial import TrialStatus
+from omnitune.spec import Config, relative_error
+
+SPEC = pda.SPEC
+CPU_DTYPES = (torch.float32, torch.float16)
+PROBLEMS = (
+    SPEC.example_problem,
+    PagedDecodeProblem(b=1, h=7, hkv=1, lq=4, ctx=23, d=32, block_size=8),
+    PagedDecodeProblem(b=3, h=2, hkv=2, lq=1, ctx=1, d=64),
+    PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=4096, d=128),
+    PagedDecodeProblem(b=1, h=32, hkv=4, lq=16, ctx=32768, d=128),
+    PagedDecodeProblem(b=2, h=8, hkv=1, lq=16, ctx=100, d=256),
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# The spec's contract
+# ------------------------------------------------------------------------------------------------
+
+
+def test_registered_under_its_name():
+    assert "paged_decode_attention" in kernel_names()
+    assert get_spec("paged_decode_attention") is SPEC
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=SPEC.problem_key)
+def test_default_config_is_valid(problem):
+    for dtype in SPEC.dtypes:
+        cfg = SPEC.default_config(problem, dtype)
+        assert SPEC.violations(problem, cfg, dtype) == []
+        assert SPEC.coerce_config(cfg.as_dict()) == cfg
+
+
+def test_problem_parses_from_its_key_and_rejects_impossible_shapes():
+    p = SPEC.example_problem
+    assert SPEC.parse_shape(SPEC.problem_key(p)) == p
+    for bad in ("b=1,h=6,hkv=4,lq=1,ctx=64,d=64", "b=1,h=4,hkv=4,lq=17,ctx=64,d=64",
+                "b=1,h=4,hkv=4,lq=8,ctx=4,d=64", "b=1,h=4,hkv=4,lq=1,ctx=64,d=512"):
+        with pytest.raises(Exception, match="impossible"):
+            SPEC.parse_shape(bad)
+
+
+def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Equal, NaN for NaN (the caches these tests build hold NaN where no context lies)."""
+    return torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())
+
+
+def test_make_inputs_is_deterministic_per_seed_and_never_zero():
+    p = SPEC.example_problem
+    a = SPEC.make_inputs(p, torch.float16, "cpu", 3)
+    b = SPEC.make_inputs(p, torch.float16, "cpu", 3)
+    c = SPEC.make_inputs(p, torch.float16, "cpu", 4)
+    for name in ("q", "key_cache", "value_cache", "block_tables"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert not torch.equal(getattr(a, name), getattr(c, name)), name
+    assert torch.equal(a.context_lens, torch.full((p.b,), p.ctx, dtype=torch.int32))
+    for t in (a.q, a.key_cache, a.value_cache):
+        assert bool((t != 0).any()) and not bool(t.isnan().any())
+
+
+def test_factory_pages_are_distinct_and_only_the_context_holds_finite_data():
+    p = PagedDecodeProblem(b=3, h=2, hkv=1, lq=1, ctx=21, d=32, block_size=8)
+    inputs = SPEC.make_inputs(p, torch.float32, "cpu", 0)
+    tables = inputs.block_tables
+    assert tables.dtype == torch.int32 and tables.shape == (3, 3)
+    assert tables.unique().numel() == tables.numel() and int(tables.max()) < p.num_blocks
+    assert p.num_blocks > tables.numel()  # spare blocks
+    finite = torch.isfinite(inputs.key_cache).all(dim=(2, 3))  # [num_blocks, block_size]
+    assert int(finite.sum()) == p.b * p.ctx
+    assert bool(inputs.value_cache[~finite].isinf().all())
+    for seq in range(p.b):
+        last = int(tables[seq, -1])
+        assert finite[last, : 21 - 16].all() and not finite[last, 21 - 16:].any()  # partial last page
+
+
+def _some_configs(problem, dtype, count=4):
+    """The default and `count` other valid configs spread through the valid space, with at least
+    one that splits and one that does not."""
+    valid = SPEC.valid_configs(problem, dtype)
+    step = max(1, len(valid) // count)
+    picked = [SPEC.default_config(problem, dtype)] + valid[::step][:count]
+    for splits in (1, max(int(c["NUM_SPLITS"]) for c in valid)):
+        if not any(int(c["NUM_SPLITS"]) == splits for c in picked):
+            picked.append(next(c for c in valid if int(c["NUM_SPLITS"]) == splits))
+    return picked
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_launch_matches_reference_on_poisoned_output(dtype, device):
+    problem = SPEC.example_problem
+    inputs = SPEC.make_inputs(problem, dtype, device, 11)
+    expected = SPEC.reference(inputs)
+    configs = _some_configs(problem, dtype)
+    assert {int(c["NUM_SPLITS"]) > 1 for c in configs} == {False, True}
+    for cfg in configs:
+        out = SPEC.new_output(inputs)
+        assert bool(out.isnan().all())
+        SPEC.launch(inputs, out, cfg)
+        assert SPEC.compare(out, expected) <= SPEC.tolerance[dtype], cfg.label()
+
+
+def test_flops_and_bytes_are_positive_and_follow_the_model():
+    for p in PROBLEMS:
+        assert SPEC.flops(p) > 0 and SPEC.bytes_moved(p, torch.float16) > 0
+    p = SPEC.example_problem
+    # Lq=2 queries at the end of a 45-token context see 44 and 45 keys.
+    assert SPEC.flops(p) == 4 * p.b * p.h * p.d * (44 + 45)
+    longer = PagedDecodeProblem(b=p.b, h=p.h, hkv=p.hkv, lq=p.lq, ctx=2 * p.ctx, d=p.d)
+    assert SPEC.bytes_moved(longer, torch.float16) > SPEC.bytes_moved(p, torch.float16)
+
+
+def test_runner_accepts_the_default_config():
+    problem = PagedDecodeProblem(b=1, h=4, hkv=1, lq=1, ctx=20, d=32, block_size=8)
+    runner = Runner(SPEC, problem, torch.float32, interpret=True)
+    result = runner.measure(SPEC.default_config(problem, torch.float32))
+    assert result.status is TrialStatus.OK and result.rel_error <= SPEC.tolerance[torch.float32]
+
+
+# Each constraint, a config on a problem that it must reject.
+_BIG = PagedDecodeProblem(b=1, h=8, hkv=1, lq=16, ctx=4096, d=256)
+CONSTRAINT_CASES = {
+    "shared_memory": (_BIG, Config(NUM_SPLITS=4, BLOCK_N=128, num_warps=8, num_stages=4, PACK_GQA=False)),
+    "accumulator_registers": (_BIG, Config(NUM_SPLITS=4, BLOCK_N=32, num_warps=4, num_stages=1, PACK_GQA=True)),
+    "pack_gqa_needs_groups": (PagedDecodeProblem(b=1, h=4, hkv=4, lq=1, ctx=512, d=64),
+                              Config(NUM_SPLITS=1, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=True)),
+    "block_n_exceeds_context": (PagedDecodeProblem(b=1, h=4, hkv=4, lq=1, ctx=20, d=64),
+                                Config(NUM_SPLITS=1, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=False)),
+    "empty_splits": (PagedDecodeProblem(b=1, h=4, hkv=4, lq=1, ctx=70, d=64),  # 3 splits of 32 cover 70
+                     Config(NUM_SPLITS=4, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=False)),
+}
+
+
+def test_every_constraint_has_a_case():
+    assert set(CONSTRAINT_CASES) == {c.name for c in SPEC.constraints}
+
+
+@pytest.mark.parametrize("name", sorted(CONSTRAINT_CASES))
+def test_constraint_rejects_what_it_should(name):
+    problem, bad = CONSTRAINT_CASES[name]
+    names = [n for n, _ in SPEC.violations(problem, bad, torch.float16)]
+    assert name in names
+    good = SPEC.default_config(problem, torch.float16)
+    assert name not in [n for n, _ in SPEC.violations(problem, good, torch.float16)]
+
+
+# ------------------------------------------------------------------------------------------------
+# The public function
+# ------------------------------------------------------------------------------------------------
+
+
+def _paged_case(lens, h, hkv, lq, d, block_size, dtype, device, seed=0, spare=3):
+    """Sequences of the given context lengths, their pages scattered through a cache whose
+    unused slots hold NaN; block table entries past a context hold junk (−1 or past the cache)."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = [math.ceil(n / block_size) for n in lens]
+    num_blocks = sum(pages) + spare
+    max_pages = max(pages) + 1
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.full((len(lens), max_pages), -1, dtype=torch.int32)
+    tables[:, -1] = num_blocks + 5
+    kc = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+    vc = torch.full_like(kc, float("nan"))
+    for seq, n in enumerate(lens):
+        for j in range(pages[seq]):
+            blk = order.pop()
+            tables[seq, j] = blk
+            fill = min(block_size, n - j * block_size)
+            kc[blk, :fill] = torch.randn(fill, hkv, d, generator=gen)
+            vc[blk, :fill] = torch.randn(fill, hkv, d, generator=gen)
+    q = torch.randn(len(lens), h, lq, d, generator=gen)
+
+    def to(t):
+        return t.to(device=device, dtype=dtype)
+
+    return (to(q), to(kc), to(vc), tables.to(device), torch.tensor(lens, dtype=torch.int32, device=device))
+
+
+def _naive(q, kc, vc, tables, lens, sm_scale):
+    """Position by position in float64: key p of sequence b is kc[tables[b, p // bs], p % bs]."""
+    b, h, lq, d = q.shape
+    bs, hkv = kc.shape[1], kc.shape[2]
+    out = torch.zeros(b, h, lq, d, dtype=torch.float64)
+    for bi in range(b):
+        n = int(lens[bi])
+        rows = [(int(tables[bi, p // bs]), p % bs) for p in range(n)]
+        keys = torch.stack([kc[blk, off] for blk, off in rows]).double().cpu()
+        values = torch.stack([vc[blk, off] for blk, off in rows]).double().cpu()
+        for head in range(h):
+            hk = head // (h // hkv)
+            for i in range(lq):
+                seen = n - lq + i + 1
+                scores = keys[:seen, hk] @ q[bi, head, i].double().cpu() * sm_scale
+                out[bi, head, i] = torch.softmax(scores, 0) @ values[:seen, hk]
+    return out
+
+
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3}
+
+
+@pytest.mark.parametrize(
+    "h,hkv,lq,splits,pack,dtype",
+    [
+        (2, 2, 1, 1, False, torch.float32),
+        (4, 1, 4, 3, True, torch.float32),
+        (7, 1, 4, 1, True, torch.float16),
+        (7, 1, 1, 4, False, torch.float16),
+        (4, 1, 1, 2, True, torch.float16),
+    ],
+    ids=lambda v: str(v).replace("torch.", "") if isinstance(v, torch.dtype) else None,
+)
+def test_matches_naive_attention_over_ragged_pages(h, hkv, lq, splits, pack, dtype, device):
+    # Lengths: a partial last page (37 = 4·8 + 5), exactly one page (8), an odd page count with
+    # a partial last page (19 = 2·8 + 3), and a context of exactly Lq tokens.
+    lens = [37, 8, 19, lq]
+    q, kc, vc, tables, ctx = _paged_case(lens, h, hkv, lq, 32, 8, dtype, device)
+    cfg = Config(NUM_SPLITS=splits, BLOCK_N=16, num_warps=2, num_stages=1, PACK_GQA=pack)
+    out = paged_decode_attention(q, kc, vc, tables, ctx, config=cfg)
+    assert out.shape == q.shape and out.dtype == dtype
+    want = _naive(q, kc, vc, tables, ctx, 1 / math.sqrt(32))
+    assert relative_error(out.cpu(), want) <= TOL[dtype]
+    inputs = PagedDecodeInputs(q, kc, vc, tables, ctx, 1 / math.sqrt(32))
+    assert relative_error(SPEC.reference(inputs).cpu(), want) <= 1e-6  # the spec's reference agrees
+
+
+def test_strided_q_tile_spanning_pages_and_custom_scale(device):
+    # BLOCK_N = 32 keys over pages of 4: one tile gathers eight pages. q is a transposed view.
+    q, kc, vc, tables, ctx = _paged_case([30, 13], 4, 2, 2, 64, 4, torch.float32, device, seed=2)
+    q_view = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not q_view.is_contiguous()
+    out = paged_decode_attention(q_view, kc, vc, tables, ctx, sm_scale=0.3,
+                                 config={"NUM_SPLITS": 1, "BLOCK_N": 32, "PACK_GQA": True})
+    assert relative_error(out.cpu(), _naive(q, kc, vc, tables, ctx, 0.3)) <= TOL[torch.float32]
+
+
+def test_default_lookup_through_runtime(device):
+    runtime = pytest.importorskip("omnitune.runtime")
+    if not hasattr(runtime, "get_config"):
+        pytest.skip("omnitune.runtime.get_config is not there yet")
+    q, kc, vc, tables, ctx = _paged_case([21, 9], 4, 2, 1, 32, 8, torch.float16, device, seed=3)
+    out = paged_decode_attention(q, kc, vc, tables, ctx)
+    assert relative_error(out.cpu(), _naive(q, kc, vc, tables, ctx, 1 / math.sqrt(32))) <= TOL[torch.float16]
+
+
+def _bad_inputs(device):
+    """What is wrong → (the arguments, a fragment of the InputError's message), for inputs that must
+    be refused before any launch."""
+    q, kc, vc, tables, ctx = _paged_case([10, 5], 4, 2, 2, 32, 4, torch.float32, device)
+    past_cache = tables.clone()
+    past_cache[1, 0] = kc.shape[0]
+    negative_in_use = tables.clone()
+    negative_in_use[0, 2] = -1
+    over_capacity = ctx.clone()
+    over_capacity[0] = tables.shape[1] * 4 + 1
+    under_lq = ctx.clone()
+    under_lq[1] = 1
+    return {
+        "block table points past the cache": ((q, kc, vc, past_cache, ctx), "is not a block of the cache"),
+        "negative block table entry in use": ((q, kc, vc, negative_in_use, ctx), "is not a block of the cache"),
+        "context over the table's capacity": ((q, kc, vc, tables, over_capacity), "exceeds the block table's capacity"),
+        "context shorter than Lq": ((q, kc, vc, tables, under_lq), "shorter than the 2 query tokens"),
+        "heads not a multiple of kv heads": ((q[:, :3], kc, vc, tables, ctx), "multiple of the cache's kv heads"),
+        "head dim differs from the cache": ((q[..., :16], kc, vc, tables, ctx), "head dims differ"),
+        "more than 16 query tokens": ((q[:, :, :1].expand(-1, -1, 17, -1), kc, vc, tables, ctx), "decode takes 1..16"),
+        "dtype differs": ((q.half(), kc, vc, tables, ctx), "share one dtype"),
+        "int64 block table": ((q, kc, vc, tables.long(), ctx), "block_tables must be int32"),
+        "context_lens of another batch": ((q, kc, vc, tables, ctx[:1]), "context_lens must be int32"),
+        "caches differ": ((q, kc, vc[:-1], tables, ctx), "shapes differ"),
+    }, (kc, vc)
+
+
+@pytest.mark.parametrize("case", sorted(_bad_inputs("cpu")[0]))
+def test_bad_input_raises_and_leaves_caches_untouched(case, device):
+    cases, (kc, vc) = _bad_inputs(device)
+    before_k, before_v = kc.clone(), vc.clone()
+    args, message = cases[case]
+    with pytest.raises(InputError, match=message):
+        paged_decode_attention(*args, config={"NUM_SPLITS": 1})
+    assert _same(kc, before_k) and _same(vc, before_v)
+
+
+def test_block_table_error_names_entry_and_valid_range(device):
+    cases, (kc, _) = _bad_inputs(device)
+    last = kc.shape[0] - 1
+    with pytest.raises(InputError, match=rf"block_tables\[1, 0\] = {last + 1} .* valid blocks are 0\.\.{last}"):
+        paged_decode_attention(*cases["block table points past the cache"][0], config={})
+
+
+# ------------------------------------------------------------------------------------------------
+# On the GPU: real shapes, bf16 included (the interpreter gets bf16 wrong)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [
+    "b=64,h=28,hkv=4,lq=1,ctx=4096,d=128",
+    "b=1,h=32,hkv=4,lq=1,ctx=32768,d=128",
+    "b=8,h=28,hkv=4,lq=16,ctx=2000,d=128,block_size=32",
+    "b=4,h=16,hkv=16,lq=4,ctx=777,d=80",
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_real_shapes(shape, dtype):
+    problem = SPEC.parse_shape(shape)
+    runner = Runner(SPEC, problem, dtype)
+    for cfg in _some_configs(problem, dtype, count=3):
+        result = runner.measure(cfg)
+        assert result.status in (TrialStatus.OK, TrialStatus.OUT_OF_RESOURCES), (cfg.label(), result.detail)
+    assert runner.measure(SPEC.default_config(problem, dtype)).status is TrialStatus.OK

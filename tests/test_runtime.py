@@ -1,0 +1,401 @@
+"""omnitune.runtime: the lookup chain, bad tables, precedence, caching, import discipline, and
+`omnitune lookup`. Tables are written by hand here, so that these tests do not depend on export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import omnitune
+import omnitune.runtime as runtime
+from omnitune.cli import app
+from omnitune.errors import UnknownKernelError
+from omnitune.kernels.attention import SPEC, AttentionProblem
+from omnitune.profile.device import device_key
+from omnitune.runtime import Rung
+from omnitune.spec import Config, DeviceLimits
+
+GPU = "Test GPU X1"  # a device no shipped table is for
+PREFILL = AttentionProblem(b=1, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
+DECODE = AttentionProblem(b=1, h=8, hkv=2, lq=1, lk=512, d=64, causal=True)
+TUNED = Config(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
+OTHER = Config(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4, PACK_GQA=True, USE_TMA=False)
+
+
+def _entry(problem, config, dtype="fp16"):
+    key = f"{dtype}|{SPEC.problem_key(problem)}"
+    return key, {
+        "problem": dataclasses.asdict(problem),
+        "dtype": dtype,
+        "config": dict(config),
+        "time_ms": 0.5,
+        "p20_ms": 0.49,
+        "p80_ms": 0.52,
+        "tflops": 120.0,
+        "tbps": 1.1,
+        "default_config": dict(SPEC.default_config(problem, torch.float16)),
+        "default_time_ms": 0.7,
+        "speedup_vs_default": 1.4,
+        "trials": 40,
+        "rel_error": 1e-4,
+        "measured_at": "2026-11-29T12:00:00+00:00",
+    }
+
+
+def _document(entries, device_name=GPU, **changes):
+    doc = {
+        "schema_version": 1,
+        "kernel": "attention",
+        "device": {"name": device_name, "key": device_key(device_name), "compute_capability": "9.0",
+                   "driver": "575.51"},
+        "software": {"torch": "2.11", "triton": "3.6", "omnitune": omnitune.__version__},
+        "kernel_source_hash": SPEC.source_hash(),
+        "exported_at": "2026-11-29T12:00:00+00:00",
+        "representative": True,
+        "entries": dict(entries),
+    }
+    doc.update(changes)
+    return doc
+
+
+def _write(config_dir: Path, content, device_name=GPU) -> Path:
+    path = config_dir / "attention" / f"{device_key(device_name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content, indent=2))
+    return path
+
+
+@pytest.fixture
+def config_dir(tmp_path, monkeypatch):
+    """An OMNITUNE_CONFIG_DIR of our own, and no shipped tables (a fake package location), so
+    that tables committed to the repository cannot change what these tests see."""
+    fake_package = tmp_path / "site" / "omnitune"
+    fake_package.mkdir(parents=True)
+    monkeypatch.setattr(omnitune, "__file__", str(fake_package / "__init__.py"))
+    directory = tmp_path / "tables"
+    directory.mkdir()
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(directory))
+    runtime.clear_cache()
+    yield directory
+    runtime.clear_cache()
+
+
+@pytest.fixture
+def warnings_seen(caplog):
+    caplog.set_level(logging.WARNING, logger="omnitune.runtime")
+
+    def seen():
+        return [r.getMessage() for r in caplog.records if r.name == "omnitune.runtime" and r.levelno >= logging.WARNING]
+
+    return seen
+
+
+# --- the chain -----------------------------------------------------------------------------------
+
+
+def test_exact_hit(config_dir, warnings_seen):
+    path = _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    assert answer.rung is Rung.EXACT and answer.rung == "exact" and f"{answer.rung}" == "exact"
+    assert answer.config == TUNED
+    assert answer.source == path
+    assert answer.matched_key == f"fp16|{SPEC.problem_key(PREFILL)}"
+    assert answer.distance == 0.0
+    assert runtime.get_config("attention", PREFILL, dtype=torch.float16, device_name=GPU) == TUNED
+    assert warnings_seen() == []
+
+
+def test_nearest_hit_picks_the_closest_problem_within_the_ratio(config_dir):
+    small = dataclasses.replace(PREFILL, lq=512, lk=512)
+    large = dataclasses.replace(PREFILL, lq=2048, lk=2048)
+    _write(config_dir, _document([_entry(small, OTHER), _entry(large, TUNED)]))
+    request = dataclasses.replace(PREFILL, lq=1536, lk=1536)  # 3× small, 1.33× large
+
+    answer = runtime.lookup("attention", request, torch.float16, GPU)
+
+    assert answer.rung is Rung.NEAREST
+    assert answer.config == TUNED
+    assert answer.matched_key == f"fp16|{SPEC.problem_key(large)}"
+    assert answer.distance == pytest.approx(SPEC.match.distance(request, large))
+    assert answer.distance < SPEC.match.distance(request, small)
+
+
+def test_decode_never_snaps_to_a_prefill_entry(config_dir):
+    _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    answer = runtime.lookup("attention", DECODE, torch.float16, GPU)
+    assert answer.rung is Rung.DEFAULT
+    assert answer.config == SPEC.default_config(DECODE, torch.float16)
+    assert answer.source is None and answer.matched_key is None and answer.distance is None
+
+
+def test_entries_of_another_dtype_do_not_match(config_dir):
+    _write(config_dir, _document([_entry(PREFILL, TUNED, dtype="fp16")]))
+    answer = runtime.lookup("attention", PREFILL, torch.bfloat16, GPU)
+    assert answer.rung is Rung.DEFAULT
+    assert answer.config == SPEC.default_config(PREFILL, torch.bfloat16)
+
+
+def test_missing_file_is_silent(config_dir, warnings_seen):
+    answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    assert answer.rung is Rung.DEFAULT
+    assert answer.config == SPEC.default_config(PREFILL, torch.float16)
+    assert warnings_seen() == []
+
+
+def test_no_dtype_or_no_gpu_means_the_default(config_dir, monkeypatch):
+    _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    assert runtime.lookup("attention", PREFILL, None, GPU).rung is Rung.DEFAULT
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    answer = runtime.lookup("attention", PREFILL, torch.float16)
+    assert answer.rung is Rung.DEFAULT
+    assert answer.config == SPEC.default_config(PREFILL, torch.float16)
+
+
+def test_device_defaults_to_the_current_cuda_device(config_dir, monkeypatch):
+    _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: GPU)
+    monkeypatch.setattr("omnitune.runtime._device_limits", DeviceLimits)
+    assert runtime.get_config("attention", PREFILL, dtype=torch.float16) == TUNED
+
+
+def test_unknown_kernel_is_a_programming_error(config_dir):
+    with pytest.raises(UnknownKernelError, match="unknown kernel 'nope'"):
+        runtime.get_config("nope", PREFILL, torch.float16, GPU)
+
+
+def test_a_shape_string_is_accepted(config_dir):
+    _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    assert runtime.get_config("attention", SPEC.problem_key(PREFILL), torch.float16, GPU) == TUNED
+
+
+# --- bad tables: one warning naming the search command, then the fallback -------------------------
+
+
+def _search_command(problem, dtype="fp16"):
+    return f"omnitune search attention --shape {SPEC.problem_key(problem)} --dtype {dtype}"
+
+
+def _truncated():
+    text = json.dumps(_document([_entry(PREFILL, TUNED)]), indent=2)
+    return text[: len(text) // 2]
+
+
+def _bad_block_m():
+    key, entry = _entry(PREFILL, TUNED)
+    entry["config"]["BLOCK_M"] = 7
+    return _document([(key, entry)])
+
+
+BAD_TABLES = {
+    "empty": lambda: "",
+    "corrupt": lambda: "{not json at all",
+    "truncated": _truncated,
+    "wrong_schema_version": lambda: _document([_entry(PREFILL, TUNED)], schema_version=2),
+    "another_kernels_table": lambda: _document([_entry(PREFILL, TUNED)], kernel="kv_cache_write"),
+    "another_devices_table": lambda: _document([_entry(PREFILL, TUNED)], device={"key": "NVIDIA_H100"}),
+    "invalid_value": _bad_block_m,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TABLES))
+def test_bad_table_warns_once_and_falls_back(config_dir, warnings_seen, kind):
+    _write(config_dir, BAD_TABLES[kind]())
+    answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    assert answer.rung is Rung.DEFAULT
+    assert answer.config == SPEC.default_config(PREFILL, torch.float16)
+    # Other calls — the same problem again, and a different one — do not warn again.
+    runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    runtime.lookup("attention", dataclasses.replace(PREFILL, b=2), torch.float16, GPU)
+    seen = warnings_seen()
+    assert len(seen) == 1, seen
+    assert _search_command(PREFILL) in seen[0]
+    assert "attention" in seen[0] and str(config_dir) in seen[0]
+
+
+def test_a_config_that_breaks_a_constraint_of_the_requested_problem_is_skipped(config_dir, warnings_seen):
+    tuned_for = dataclasses.replace(PREFILL, lq=64, lk=64)
+    config = TUNED.replace(BLOCK_M=64)
+    assert not SPEC.violations(tuned_for, config, torch.float16)
+    request = dataclasses.replace(PREFILL, lq=16, lk=64)  # 16 rows: BLOCK_M=64 is too large
+    assert SPEC.violations(request, config, torch.float16)
+    _write(config_dir, _document([_entry(tuned_for, config)]))
+
+    answer = runtime.lookup("attention", request, torch.float16, GPU)
+
+    assert answer.rung is Rung.DEFAULT
+    assert answer.config == SPEC.default_config(request, torch.float16)
+    seen = warnings_seen()
+    assert len(seen) == 1 and _search_command(request) in seen[0] and "block_m_exceeds_rows" in seen[0]
+    # The entry still serves its own problem.
+    assert runtime.lookup("attention", tuned_for, torch.float16, GPU).config == config
+
+
+def test_an_invalid_entry_does_not_spoil_the_rest_of_the_file(config_dir, warnings_seen):
+    far = dataclasses.replace(PREFILL, lq=8192, lk=8192)
+    _write(config_dir, {**_bad_block_m(), "entries": {**_bad_block_m()["entries"], **dict([_entry(far, OTHER)])}})
+    assert runtime.lookup("attention", far, torch.float16, GPU).config == OTHER
+    assert runtime.lookup("attention", PREFILL, torch.float16, GPU).rung is Rung.DEFAULT
+    assert len(warnings_seen()) == 1
+
+
+def test_a_bad_table_falls_through_to_the_next_directory(tmp_path, config_dir, monkeypatch, warnings_seen):
+    second = tmp_path / "second"
+    _write(config_dir, "{corrupt")
+    good = _write(second, _document([_entry(PREFILL, TUNED)]))
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", os.pathsep.join([str(config_dir), str(second)]))
+    answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    assert (answer.rung, answer.config, answer.source) == (Rung.EXACT, TUNED, good)
+    assert len(warnings_seen()) == 1
+
+
+def test_a_rewritten_bad_table_warns_again(config_dir, warnings_seen):
+    path = _write(config_dir, "{corrupt")
+    runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    path.write_text("{corrupt, and longer now")
+    runtime.lookup("attention", dataclasses.replace(PREFILL, b=3), torch.float16, GPU)
+    assert len(warnings_seen()) == 2
+
+
+# --- where tables come from ----------------------------------------------------------------------
+
+
+def test_config_dir_takes_precedence_over_shipped_tables(tmp_path, config_dir, monkeypatch):
+    package_dir = Path(omnitune.__file__).parent  # the fake one the fixture set up
+    repo_tables = package_dir.parent / "tuned_configs"
+    wheel_tables = package_dir / "tuned_configs"
+    third = Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
+    _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    repo_file = _write(repo_tables, _document([_entry(PREFILL, OTHER)]))
+    _write(wheel_tables, _document([_entry(PREFILL, third)]))
+    assert runtime.config_dirs() == [config_dir, repo_tables, wheel_tables]
+
+    assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == TUNED
+    monkeypatch.delenv("OMNITUNE_CONFIG_DIR")
+    assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == OTHER
+    repo_file.unlink()
+    runtime.clear_cache()
+    assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == third
+
+
+def test_an_exact_entry_in_a_later_directory_beats_a_nearest_one_in_an_earlier(tmp_path, config_dir, monkeypatch):
+    second = tmp_path / "second"
+    _write(config_dir, _document([_entry(dataclasses.replace(PREFILL, lq=1024, lk=1024), OTHER)]))
+    _write(second, _document([_entry(PREFILL, TUNED)]))
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", os.pathsep.join([str(config_dir), str(second)]))
+    answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    assert (answer.rung, answer.config) == (Rung.EXACT, TUNED)
+
+
+# --- caching -------------------------------------------------------------------------------------
+
+
+def test_repeated_lookups_are_cached(config_dir):
+    _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    runtime.get_config("attention", PREFILL, torch.float16, GPU)
+    start = time.perf_counter()
+    for _ in range(10_000):
+        runtime.get_config("attention", PREFILL, torch.float16, GPU)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_files_are_parsed_once_per_version(config_dir, monkeypatch):
+    from omnitune.runtime import _tables
+
+    parses = []
+    real_parse = _tables._parse
+    monkeypatch.setattr(_tables, "_parse", lambda *a: parses.append(a[0]) or real_parse(*a))
+    path = _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    for b in (1, 2, 3):
+        runtime.lookup("attention", dataclasses.replace(PREFILL, b=b), torch.float16, GPU)
+    assert parses == [path]
+
+    # Rewritten (another size): answers already given stay, new problems read the new version.
+    # (a longer exported_at, so that the size changes even where mtimes are coarse)
+    _write(config_dir, _document([_entry(PREFILL, OTHER)], exported_at="2026-12-01T00:00:00.000+00:00"))
+    assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == TUNED
+    assert runtime.lookup("attention", dataclasses.replace(PREFILL, b=4), torch.float16, GPU).config == OTHER
+    assert parses == [path, path]
+    runtime.clear_cache()
+    assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == OTHER
+
+
+# --- import discipline ---------------------------------------------------------------------------
+
+_FORBIDDEN = ("optuna", "pandas", "rich", "typer", "sqlite_utils",
+              "omnitune.report", "omnitune.export", "omnitune.store", "omnitune.cli")
+
+_CHECK = """
+import json, sys
+forbidden = {forbidden!r}
+def loaded():
+    return sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in forbidden))
+import torch
+import omnitune.runtime
+after_import = loaded()
+from omnitune.kernels.attention import AttentionProblem
+answer = omnitune.runtime.lookup("attention", AttentionProblem(**{problem!r}), torch.float16, {gpu!r})
+print(json.dumps({{"after_import": after_import, "after_lookup": loaded(), "rung": answer.rung.value}}))
+"""
+
+
+def test_runtime_imports_nothing_heavy(config_dir):
+    _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    code = _CHECK.format(forbidden=_FORBIDDEN, problem=dataclasses.asdict(PREFILL), gpu=GPU)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMNITUNE_CONFIG_DIR=str(config_dir))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["rung"] == "exact"  # the table was really read
+    assert report["after_import"] == []
+    assert report["after_lookup"] == []
+
+
+# --- omnitune lookup -----------------------------------------------------------------------------
+
+
+def test_lookup_command_shows_rung_file_and_key(config_dir):
+    path = _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    result = CliRunner().invoke(
+        app, ["lookup", "attention", "--shape", SPEC.problem_key(PREFILL), "--dtype", "fp16", "--device", GPU]
+    )
+    assert result.exit_code == 0, result.output
+    assert TUNED.label() in result.output
+    assert "rung: exact" in result.output
+    assert f"fp16|{SPEC.problem_key(PREFILL)}" in result.output
+    assert f"file: {path}" in result.output
+
+
+def test_lookup_command_default_rung(config_dir):
+    result = CliRunner().invoke(
+        app, ["lookup", "attention", "--shape", SPEC.problem_key(DECODE), "--dtype", "fp16", "--device", GPU]
+    )
+    assert result.exit_code == 0, result.output
+    assert "rung: default" in result.output
+    assert SPEC.default_config(DECODE, torch.float16).label() in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["lookup", "nope", "--shape", "b=1"], "unknown kernel 'nope'"),
+        (["lookup", "attention", "--shape", "b=1,h=8,hkv=2,lq=1,lk=4,d=64", "--dtype", "int3"], "unknown dtype"),
+        (["lookup", "attention", "--shape", "b=1,zz=3"], "no dimension 'zz'"),
+    ],
+)
+def test_lookup_command_errors_are_one_line(config_dir, args, message):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
