@@ -185,6 +185,10 @@ def summarize(samples: Sequence[Sample], energy_j: float | None, calls: int) -> 
     def present(name: str) -> list:
         return [getattr(s, name) for s in samples if getattr(s, name) is not None]
 
+    if energy_j is not None and energy_j <= 0:
+        # The counter refreshes every few tens of ms: a shorter window reads no change at all,
+        # which is "not measured", not "free".
+        energy_j = None
     seen = 0
     for mask in present("clock_event_reasons"):
         seen |= mask
