@@ -238,6 +238,10 @@ class KernelSpec:
     match: MatchPolicy = MatchPolicy()
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    known_good: tuple[Mapping[str, ParamValue], ...] = ()
+    """Partial configs, laid over the default, that were fast somewhere before: the search measures
+    them right after the default (those valid for the problem), so the sampler starts from a
+    good region instead of finding it by luck."""
     example_problem: Any = None
     sample_problems: tuple = ()
     """More small problems for the contract tests: together with example_problem they should
@@ -299,6 +303,17 @@ class KernelSpec:
         if missing and not partial_ok:
             raise ConfigError(f"{self.name} config lacks {', '.join(missing)}")
         return Config({k: self.param(k).coerce(v) for k, v in values.items()})
+
+    def known_good_configs(
+        self, problem: Any, dtype: torch.dtype, limits: DeviceLimits | None = None
+    ) -> list[Config]:
+        """The known-good configs valid for this problem, in order, without duplicates."""
+        found: list[Config] = []
+        for values in self.known_good:
+            cfg = self.complete_config(values, problem, dtype)
+            if cfg not in found and not self.violations(problem, cfg, dtype, limits):
+                found.append(cfg)
+        return found
 
     def complete_config(self, values: Mapping[str, Any], problem: Any, dtype: torch.dtype) -> Config:
         """A user's partial config laid over the default for this problem."""

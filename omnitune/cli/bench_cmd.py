@@ -95,7 +95,9 @@ def _tuned_and_default(spec, problem, dtype, device_name):
     except ImportError:
         return configs
     found = lookup(spec.name, problem, dtype=dtype, device_name=device_name)
-    if found.rung != "default" and found.config != configs["default"]:
+    if found.rung != "default":
+        if found.config == configs["default"]:
+            return {f"default = tuned/{found.rung}": found.config}
         configs = {f"tuned/{found.rung}": found.config, **configs}
     return configs
 

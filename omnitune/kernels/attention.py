@@ -661,6 +661,13 @@ SPEC = KernelSpec(
     bytes_moved=bytes_moved,
     match=MatchPolicy(exact=("d", "causal", "h", "hkv"), max_ratio=4.0),
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
+    # The fastest of a hand-picked list on the H200 for long prefill (543–567 TFLOP/s, bf16, D=128;
+    # benchmarks/results/attention_bench_h200.json), and the best small-tile TMA config there.
+    known_good=(
+        {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
+        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": True},
+        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
+    ),
     example_problem=AttentionProblem(b=2, h=4, hkv=2, lq=33, lk=47, d=64, causal=True),
     sample_problems=(
         AttentionProblem(b=1, h=2, hkv=2, lq=1, lk=20, d=80),

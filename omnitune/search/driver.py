@@ -289,9 +289,12 @@ class _Search:
             spec.valid_configs(problem, dtype, limits) if spec.space_size() <= ENUMERABLE_SPACE else None
         )
         self.enumerate_all = sampler is SamplerName.GRID or (self.valid is not None and len(self.valid) <= trials)
-        # Configs the driver proposes itself, in order: the default always first; with an
-        # enumeration, every valid config after it (grid: in the spec's deterministic order).
+        # Configs the driver proposes itself, in order: the default always first, then the spec's
+        # known-good configs; with an enumeration, every valid config after them (grid: in the
+        # spec's deterministic order).
         self.planned = [self.default_config]
+        self.known_good = [c for c in spec.known_good_configs(problem, dtype, limits) if c != self.default_config]
+        self.planned += self.known_good
         if self.enumerate_all:
             self.planned += [c for c in self.valid or () if c != self.default_config]
         self.measured_now = 0
@@ -346,6 +349,8 @@ class _Search:
             if config not in busy:
                 if config == self.default_config:
                     return config, "default"
+                if config in self.known_good:
+                    return config, "known-good"
                 return config, "grid" if self.sampler is SamplerName.GRID else "enumeration"
         if self.fruitless_proposals >= SAMPLER_PATIENCE:
             config = self._random_unmeasured(busy)
