@@ -20,7 +20,6 @@ from attention_shapes import SHAPES
 from omnitune.kernels.attention import SPEC
 from omnitune.profile.bench import run_bench, speedups
 from omnitune.profile.device import current_device_facts
-from omnitune.spec import Config
 
 PREFILL = [
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, USE_TMA=False),

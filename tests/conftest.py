@@ -55,3 +55,16 @@ def tmp_db(tmp_path, monkeypatch):
     path = tmp_path / "omnitune.db"
     monkeypatch.setenv("OMNITUNE_DB", str(path))
     return path
+
+
+def assert_registered_with_valid_defaults(spec, problems) -> None:
+    """A kernel's spec is in the registry under its name, and its default config is a valid
+    member of its space for each of these problems in every dtype."""
+    from omnitune.registry import get_spec, kernel_names
+
+    assert spec.name in kernel_names() and get_spec(spec.name) is spec
+    for problem in problems:
+        for dtype in spec.dtypes:
+            cfg = spec.default_config(problem, dtype)
+            assert spec.violations(problem, cfg, dtype) == [], (problem, dtype, cfg)
+            assert spec.coerce_config(cfg.as_dict()) == cfg

@@ -11,10 +11,10 @@ import torch
 from omnitune.errors import InputError
 from omnitune.kernels import kv_cache_write as kvw
 from omnitune.kernels.kv_cache_write import KVCacheWriteProblem, bitwise_mismatch, write_kv_cache
-from omnitune.registry import get_spec, kernel_names
 from omnitune.search.runner import Runner
 from omnitune.search.trial import TrialStatus
 from omnitune.spec import Config
+from conftest import assert_registered_with_valid_defaults
 
 SPEC = kvw.SPEC
 CPU_DTYPES = (torch.float32, torch.float16)
@@ -32,17 +32,8 @@ PROBLEMS = (
 # ------------------------------------------------------------------------------------------------
 
 
-def test_registered_under_its_name():
-    assert "kv_cache_write" in kernel_names()
-    assert get_spec("kv_cache_write") is SPEC
-
-
-@pytest.mark.parametrize("problem", PROBLEMS, ids=SPEC.problem_key)
-def test_default_config_is_valid(problem):
-    for dtype in SPEC.dtypes:
-        cfg = SPEC.default_config(problem, dtype)
-        assert SPEC.violations(problem, cfg, dtype) == []
-        assert SPEC.coerce_config(cfg.as_dict()) == cfg
+def test_registered_with_valid_default_configs():
+    assert_registered_with_valid_defaults(SPEC, PROBLEMS)
 
 
 def test_problem_parses_from_its_key_and_aliases():

@@ -12,8 +12,8 @@ import torch
 from omnitune.errors import InputError
 from omnitune.kernels import kv_compress as kvc
 from omnitune.kernels.kv_compress import KVCompressInputs, KVCompressProblem, Modality, compress_kv, select_tokens
-from omnitune.registry import get_spec, kernel_names
 from omnitune.spec import Config, DeviceLimits, relative_error
+from conftest import assert_registered_with_valid_defaults
 
 SPEC = kvc.SPEC
 CPU_DTYPES = (torch.float32, torch.float16)
@@ -30,17 +30,8 @@ PROBLEMS = (
 # ------------------------------------------------------------------------------------------------
 
 
-def test_registered_under_its_name():
-    assert "kv_compress" in kernel_names()
-    assert get_spec("kv_compress") is SPEC
-
-
-@pytest.mark.parametrize("problem", PROBLEMS, ids=SPEC.problem_key)
-def test_default_config_is_valid(problem):
-    for dtype in SPEC.dtypes:
-        cfg = SPEC.default_config(problem, dtype)
-        assert SPEC.violations(problem, cfg, dtype) == []
-        assert SPEC.coerce_config(cfg.as_dict()) == cfg
+def test_registered_with_valid_default_configs():
+    assert_registered_with_valid_defaults(SPEC, PROBLEMS)
 
 
 def test_problem_layout_and_impossible_shapes():

@@ -12,10 +12,10 @@ import torch
 from omnitune.errors import InputError
 from omnitune.kernels import paged_decode_attention as pda
 from omnitune.kernels.paged_decode_attention import PagedDecodeInputs, PagedDecodeProblem, paged_decode_attention
-from omnitune.registry import get_spec, kernel_names
 from omnitune.search.runner import Runner
 from omnitune.search.trial import TrialStatus
 from omnitune.spec import Config, relative_error
+from conftest import assert_registered_with_valid_defaults
 
 SPEC = pda.SPEC
 CPU_DTYPES = (torch.float32, torch.float16)
@@ -34,17 +34,8 @@ PROBLEMS = (
 # ------------------------------------------------------------------------------------------------
 
 
-def test_registered_under_its_name():
-    assert "paged_decode_attention" in kernel_names()
-    assert get_spec("paged_decode_attention") is SPEC
-
-
-@pytest.mark.parametrize("problem", PROBLEMS, ids=SPEC.problem_key)
-def test_default_config_is_valid(problem):
-    for dtype in SPEC.dtypes:
-        cfg = SPEC.default_config(problem, dtype)
-        assert SPEC.violations(problem, cfg, dtype) == []
-        assert SPEC.coerce_config(cfg.as_dict()) == cfg
+def test_registered_with_valid_default_configs():
+    assert_registered_with_valid_defaults(SPEC, PROBLEMS)
 
 
 def test_problem_parses_from_its_key_and_rejects_impossible_shapes():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omnitune.errors import ConfigError, ShapeError, UnknownKernelError
-from omnitune.kernels.attention import SPEC, AttentionProblem
+from omnitune.kernels.attention import SPEC
 from omnitune.registry import get_spec
 from omnitune.spec import Config, MatchPolicy, Param, parse_dtype, relative_error
 

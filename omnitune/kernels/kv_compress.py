@@ -315,7 +315,7 @@ def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, co
     """Steps 1–4. `out`, if given, is [2, B, Hkv, L, D] with L the longest kept length; otherwise
     it is allocated (one device sync to learn L)."""
     b, h, w, d = q_window.shape
-    hkv, n = k.shape[1], k.shape[2]
+    hkv = k.shape[1]
     block_d = triton.next_power_of_2(d)
     ieee = q_window.dtype == torch.float32
     common = dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
