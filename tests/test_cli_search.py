@@ -29,7 +29,10 @@ def search_args(db, *extra: str) -> list[str]:
     return ["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--db", str(db), *extra]
 
 
-def rows(db, where: str = "1") -> list[dict]:
+def rows(db, where: str = "1", retimings: bool = False) -> list[dict]:
+    """Catalogue rows; without the finalists' re-timings (on a GPU) unless asked."""
+    if not retimings:
+        where = f"({where}) AND extra_json NOT LIKE '%\"finalist\"%'"
     conn = sqlite3.connect(db)
     conn.row_factory = sqlite3.Row
     try:
@@ -124,7 +127,7 @@ def test_search_help_explains_every_option():
     result = invoke("search", "--help")
     assert result.exit_code == 0
     for option in ("--shape", "--dtype", "--trials", "--timeout", "--sampler", "--seed", "--db", "--storage",
-                   "--interpret"):
+                   "--finalists", "--profile-top", "--interpret"):
         assert option in result.stdout
 
 
@@ -159,3 +162,75 @@ def assert_user_error(result, message: str) -> None:
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+# --- after the search: finalists and Nsight Compute ---------------------------------------------
+
+
+def test_profile_top_without_ncu_says_so_in_one_line_and_the_search_succeeds(tmp_db, monkeypatch):
+    from omnitune.profile import ncu
+
+    monkeypatch.setattr(ncu, "find_ncu", lambda: None)
+    result = invoke(*search_args(tmp_db, "--trials", "1", "--profile-top", "2"))
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stdout.splitlines() if line.startswith("--profile-top:")]
+    assert len(said) == 1 and "Nsight Compute (ncu) is not installed" in said[0]
+    assert len(rows(tmp_db)) >= 1
+    conn = sqlite3.connect(tmp_db)
+    assert conn.execute("SELECT COUNT(*) FROM profiles").fetchone() == (0,)
+    conn.close()
+
+
+@pytest.mark.skipif(ON_GPU, reason="with a GPU, conftest imports the kernels compiled, so --interpret cannot apply")
+def test_finalists_and_profiles_are_skipped_under_the_interpreter_with_a_message(tmp_db, monkeypatch):
+    from omnitune.profile import ncu
+
+    monkeypatch.setattr(ncu, "find_ncu", lambda: "/opt/ncu/bin/ncu")  # present, but there is no GPU to profile
+    result = invoke(*search_args(tmp_db, "--trials", "1", "--finalists", "2", "--profile-top", "1"))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("finalists not re-timed under --interpret") for line in lines)
+    assert any(line.startswith("--profile-top: skipped under --interpret") for line in lines)
+    assert rows(tmp_db, retimings=True) == rows(tmp_db)  # nothing re-timed
+
+
+def test_profile_best_stores_one_profile_per_config_and_stops_at_an_ncu_failure(tmp_path, capsys):
+    from omnitune.cli.search_cmd import profile_best
+    from omnitune.profile.ncu import NcuError, NcuProfile
+    from omnitune.registry import get_spec
+    from omnitune.store import open_db
+
+    spec = get_spec("attention")
+    problem = spec.parse_shape(SHAPE)
+    default = spec.default_config(problem, torch.float32)
+    others = [c for c in spec.valid_configs(problem, torch.float32) if c != default][:2]
+    configs = [others[0], default, others[1]]
+    profiled = []
+
+    def fake_ncu(kernel_arg, spec_, problem_, dtype, config):
+        profiled.append(config)
+        l2 = 90.0 + len(profiled)
+        return NcuProfile(kernel_name="_attention_fwd", launches=3, duration_us=100.0 * len(profiled), l1_hit_pct=1.0,
+                          l2_hit_pct=l2, dram_pct_of_peak=10.0, achieved_occupancy_pct=12.0, metrics={"x": l2})
+
+    db = open_db(tmp_path / "results.db")
+    stored = profile_best(spec, "attention", problem, torch.float32, configs, database=db, device_key="NVIDIA_H200",
+                          profiler=fake_ncu)
+    assert stored == 3 and profiled == configs
+    found = [(r["config_label"], r["which"], r["l2_hit_pct"], r["device_key"]) for r in
+             db.query("SELECT * FROM profiles ORDER BY id")]
+    assert found == [
+        (others[0].label(), "tuned", 91.0, "NVIDIA_H200"),
+        (default.label(), "default", 92.0, "NVIDIA_H200"),
+        (others[1].label(), "custom", 93.0, "NVIDIA_H200"),
+    ]
+
+    def failing_ncu(*args):
+        raise NcuError("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM)")
+
+    capsys.readouterr()
+    assert profile_best(spec, "attention", problem, torch.float32, configs, database=db, device_key="NVIDIA_H200",
+                        profiler=failing_ncu) == 0
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "ERR_NVGPUCTRPERM" in said[0] and "results stand" in said[0]
+    assert db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0] == 3

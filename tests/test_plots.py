@@ -130,3 +130,65 @@ def test_importing_plots_does_not_import_matplotlib():
     code = "import sys, omnitune.profile.plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# --- convergence across shapes, labels, memory-only kernels ----------------------------------------
+
+
+def _two_shapes() -> pd.DataFrame:
+    """Two studies 40× apart, each starting at its default (trial 0); one pruned trial, no time."""
+    rows = []
+    for study, default_ms, series in (("small", 2.0, [2.0, 1.5, None, 1.0]), ("large", 80.0, [80.0, 60.0, 70.0])):
+        for number, t in enumerate(series):
+            rows.append({"study": study, "sampler": "tpe", "trial_number": number, "time_ms": t,
+                         "status": "ok" if t is not None else "pruned", "is_default": int(number == 0),
+                         "config_json": json.dumps({"BLOCK_M": 16 * (number + 1)})})
+    return pd.DataFrame(rows)
+
+
+def test_convergence_across_shapes_is_relative_to_each_default_and_skips_pruned_trials():
+    lines = plots.convergence_lines(_two_shapes(), group_by="study")
+    assert lines.relative and lines.defaults_ms == {"small": 2.0, "large": 80.0}
+    small = lines.curves[lines.curves["group"] == "small"]
+    assert small["position"].tolist() == [1, 2, 3]  # the pruned trial is not a measured config
+    assert small["y"].tolist() == pytest.approx([2.0 / 2.0, 1.5 / 2.0, 1.0 / 2.0])
+    large = lines.curves[lines.curves["group"] == "large"]
+    assert large["y"].tolist() == pytest.approx([1.0, 60.0 / 80.0, 60.0 / 80.0])
+    # One study, or a study without a default: plain milliseconds.
+    assert not plots.convergence_lines(_two_shapes().query("study == 'small'"), group_by="study").relative
+    no_default = _two_shapes().assign(is_default=0)
+    assert not plots.convergence_lines(no_default, group_by="study").relative
+    with pytest.raises(ValueError, match="default-config trial in every study"):
+        plots.convergence_lines(no_default, group_by="study", relative=True)
+
+
+def test_a_samplers_line_takes_its_default_from_the_study():
+    df = _two_shapes().query("study == 'small'").copy()
+    df.loc[df["trial_number"] > 0, "sampler"] = "grid"  # the default was measured by the other sampler
+    lines = plots.convergence_lines(pd.concat([df, _two_shapes().query("study == 'large'")]))
+    assert lines.defaults_ms["grid"] == 2.0
+
+
+@needs_matplotlib
+def test_relative_convergence_png(tmp_path):
+    _assert_png(plots.convergence(_two_shapes(), tmp_path / "relative.png", group_by="study"))
+
+
+def test_short_labels_drop_default_fields_and_move_the_common_ones_to_a_title():
+    keys = ["b=1,h=28,d=128,causal=1,spans=0,span_len=0", "b=2,h=28,d=128,causal=0,spans=16,span_len=324"]
+    labels, common = plots.short_problem_labels(keys, {"causal": "0", "spans": "0", "span_len": "0"})
+    assert labels == {keys[0]: "b=1 causal=1", keys[1]: "b=2 spans=16 span_len=324"}
+    assert common == "h=28 d=128"
+    alone, nothing_common = plots.short_problem_labels(keys[:1], {"spans": "0", "span_len": "0"})
+    assert alone == {keys[0]: "b=1 h=28 d=128 causal=1"} and nothing_common == ""
+    # Without defaults only the common fields go; the labels stay distinct.
+    labels, _ = plots.short_problem_labels(keys)
+    assert len(set(labels.values())) == 2 and all("h=28" not in label for label in labels.values())
+
+
+@needs_matplotlib
+def test_roofline_of_memory_only_kernels_is_a_bandwidth_chart(tmp_path):
+    cal = Calibration.from_metrics("NVIDIA_H200", {"copy_tbps": 4.23, "matmul_bf16_tflops": 793.0})
+    points = [point_on_device(cal, "bf16", 0, 4.7e8, 0.12, label="t=65536 hkv=8"),
+              point_on_device(cal, "bf16", 0, 2.3e5, 0.0044, label="t=64 hkv=4")]
+    _assert_png(plots.roofline(points, cal, tmp_path / "bandwidth.png", title="kv_cache_write"))

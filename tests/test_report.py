@@ -1,5 +1,6 @@
 """omnitune.report and `omnitune report`: a database populated here, every format checked against
-numbers computed from the rows put in."""
+numbers computed from the rows put in — the roofline fractions from the calibration put in, the
+ncu profiles, the finalists' re-timings, and the figures of --plot."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ from typer.testing import CliRunner
 from omnitune import report
 from omnitune.cli import app
 from omnitune.errors import StoreError
-from omnitune.store import TrialRecord, open_db, record_trials
+from omnitune.store import (
+    ProfileKind,
+    ProfileRecord,
+    TrialRecord,
+    open_db,
+    record_calibration,
+    record_profile,
+    record_trials,
+)
 from omnitune.kernels.attention import SPEC, AttentionProblem
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key
 from omnitune.spec import Config
@@ -35,7 +44,7 @@ WRONG = FAST.replace(BLOCK_N=64)
 
 
 def trial_row(number, problem, config, *, status="ok", time_ms=None, dtype="fp16", device=H200,
-              is_default=False, tflops=None, tbps=None, measured_at="2026-11-29T12:00:00+00:00"):
+              is_default=False, tflops=None, tbps=None, measured_at="2026-11-29T12:00:00+00:00", extra=None):
     """One row of the agreed `trials` schema; p20/p80 are set 5% either side of the median."""
     key, dkey = SPEC.problem_key(problem), device_key(device)
     ok = status == "ok"
@@ -48,7 +57,7 @@ def trial_row(number, problem, config, *, status="ok", time_ms=None, dtype="fp16
         "p20_ms": time_ms * 0.95 if ok else None, "p80_ms": time_ms * 1.05 if ok else None,
         "rel_error": 1e-4 if ok else None, "tflops": tflops, "tbps": tbps,
         "detail": "" if ok else f"{status}: because", "representative": device != INTERPRETER_DEVICE,
-        "is_default": is_default, "extra_json": "{}", "source_hash": "0123456789abcdef",
+        "is_default": is_default, "extra_json": json.dumps(extra or {}), "source_hash": "0123456789abcdef",
         "torch_version": "2.11.0", "triton_version": "3.6.0", "omnitune_version": "0.1.0",
         "measured_at": measured_at,
     }
@@ -157,19 +166,33 @@ def test_json(populated):
     assert interpreted["speedup_vs_default"] is None and interpreted["representative"] is False
 
 
+def markdown_rows(text: str, first_line: int = 0) -> list[dict[str, str]]:
+    """The rows of the Markdown table starting at first_line, as {header: cell}."""
+    lines = text.splitlines()[first_line:]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (c.strip() for c in line.strip("|").split("|")))))
+    return rows
+
+
 def test_markdown(populated):
     text = report.render_markdown(report.summarize(report.load_trials(populated)))
     lines = text.splitlines()
     assert lines[0].startswith("| kernel | problem | dtype | device | best config | ms |")
     assert set(lines[1]) <= set("|-: ")
-    best = next(line for line in lines if SPEC.problem_key(PREFILL) in line and H200 in line)
-    cells = [c.strip() for c in best.strip("|").split("|")]
-    assert cells[4] == FAST.label()
-    assert cells[5] == f"{FAST_MS:#.4g}"
-    assert cells[9] == f"{DEFAULT_MS:#.4g}"
-    assert cells[10] == f"{DEFAULT_MS / FAST_MS:.2f}×"
-    assert cells[12] == "pruned 2, mismatch 1"
-    assert cells[13] == ""
+    best = next(r for r in markdown_rows(text) if r["problem"] == SPEC.problem_key(PREFILL) and r["device"] == H200)
+    assert best["best config"] == FAST.label()
+    assert best["ms"] == f"{FAST_MS:#.4g}"
+    assert best["p20–p80 ms"] == f"{FAST_MS * 0.95:#.4g}–{FAST_MS * 1.05:#.4g}"
+    assert best["TFLOP/s"] == "160.0" and best["TB/s"] == "1.60"  # no calibration: no fractions
+    assert best["bound"] == "—" and best["CV"] == "—"
+    assert best["default ms"] == f"{DEFAULT_MS:#.4g}"
+    assert best["speedup"] == f"{DEFAULT_MS / FAST_MS:.2f}×"
+    assert best["failures"] == "pruned 2, mismatch 1"
+    assert best["note"] == ""
     assert report.NOT_REPRESENTATIVE_NOTE in text
     interpreted = next(line for line in lines if INTERPRETER_DEVICE in line)
     assert report.NOT_REPRESENTATIVE_MARK in interpreted
@@ -179,12 +202,12 @@ def test_rich_table(populated):
     console = Console(width=400, record=True, highlight=False)
     console.print(report.render_table(report.summarize(report.load_trials(populated)), title="results"))
     text = console.export_text()
-    h200 = text[text.index(f"attention on {H200}"):text.index(f"attention on {INTERPRETER_DEVICE}")]
+    h200 = text[text.index(f"attention on {H200}, fp16"):text.index(f"attention on {INTERPRETER_DEVICE}, fp32")]
     lines = h200.splitlines()
     first = next(i for i, line in enumerate(lines) if SPEC.problem_key(PREFILL) in line)
-    # Two lines per result: median, TFLOP/s, default time, trials; then spread, TB/s, speedup, failures.
+    # Two lines per result: median, TFLOP/s, bound, default time, trials; then spread, TB/s, speedup, failures.
     assert FAST.label() in lines[first]
-    assert lines[first].split()[-4:] == [f"{FAST_MS:#.4g}", "160.0", f"{DEFAULT_MS:#.4g}", "6"]
+    assert lines[first].split()[-5:] == [f"{FAST_MS:#.4g}", "160.0", "—", f"{DEFAULT_MS:#.4g}", "6"]
     assert lines[first + 1].split() == [
         f"{FAST_MS * 0.95:#.4g}–{FAST_MS * 1.05:#.4g}", "1.60", f"{DEFAULT_MS / FAST_MS:.2f}×",
         "pruned", "2,", "mismatch", "1",
@@ -243,3 +266,221 @@ def test_report_command_rejects_an_unknown_format(populated):
     result = CliRunner().invoke(app, ["report", "--db", str(populated), "--format", "xml"])
     assert result.exit_code == 2
     assert "xml" in result.output
+
+
+# --- the roofline --------------------------------------------------------------------------------
+
+COMPUTE = AttentionProblem(b=4, h=8, hkv=8, lq=1024, lk=1024, d=128)
+H100 = "NVIDIA H100"
+# A made-up calibration, so that every fraction below follows from these numbers by hand.
+COPY_TBPS, FP16_TFLOPS, BF16_TFLOPS = 2.0, 500.0, 1000.0
+
+
+def calibrate(path: Path, device: str = H200, **values: float) -> None:
+    db = open_db(path)
+    for metric, value in values.items():
+        record_calibration(db, device_key(device), metric, value, {"median_ms": 1.0})
+    db.conn.close()
+
+
+@pytest.fixture
+def calibrated(tmp_path) -> Path:
+    rows = [
+        trial_row(0, PREFILL, DEFAULT, time_ms=DEFAULT_MS, is_default=True, tflops=100.0, tbps=1.0),
+        trial_row(1, PREFILL, FAST, time_ms=FAST_MS, tflops=160.0, tbps=1.6),
+        trial_row(0, COMPUTE, FAST, time_ms=3.0, tflops=400.0, tbps=0.8),
+        trial_row(0, COMPUTE, FAST, time_ms=2.5, tflops=300.0, tbps=0.5, dtype="bf16"),
+        trial_row(0, CROSS, FAST, time_ms=0.5, tflops=50.0, tbps=1.0, device=H100),  # not calibrated
+        trial_row(0, CROSS, FAST, time_ms=0.75, device=INTERPRETER_DEVICE, dtype="fp32"),
+    ]
+    path = results_db(tmp_path / "calibrated.db", rows)
+    calibrate(path, copy_tbps=COPY_TBPS, matmul_fp16_tflops=FP16_TFLOPS, matmul_bf16_tflops=BF16_TFLOPS)
+    return path
+
+
+def _expected_place(tflops: float, tbps: float, peak_tflops: float) -> tuple[float, float, str]:
+    ridge = peak_tflops / COPY_TBPS
+    return tflops / peak_tflops, tbps / COPY_TBPS, "memory" if tflops / tbps < ridge else "compute"
+
+
+def test_each_best_is_placed_on_its_devices_roofline(calibrated):
+    summary = report.summarize(report.load_trials(calibrated), report.load_calibrations(calibrated))
+
+    def place(problem, dtype="fp16", device=H200):
+        row = summary[(summary["problem_key"] == SPEC.problem_key(problem)) & (summary["dtype"] == dtype)
+                      & (summary["device_key"] == device_key(device))].iloc[0]
+        return row["tflops_fraction_of_peak"], row["tbps_fraction_of_peak"], row["bound_by"]
+
+    # fp16 kernels are judged against the fp16 matmul rate, bf16 ones against the bf16 rate.
+    assert place(PREFILL) == pytest.approx(_expected_place(160.0, 1.6, FP16_TFLOPS))
+    assert place(PREFILL)[2] == "memory"
+    assert place(COMPUTE) == pytest.approx(_expected_place(400.0, 0.8, FP16_TFLOPS))
+    assert place(COMPUTE)[2] == "compute"
+    assert place(COMPUTE, "bf16") == pytest.approx(_expected_place(300.0, 0.5, BF16_TFLOPS))
+    for problem, device in ((CROSS, H100), (CROSS, INTERPRETER_DEVICE)):
+        tflops_fraction, tbps_fraction, bound = place(problem, "fp32" if device == INTERPRETER_DEVICE else "fp16",
+                                                      device)
+        assert pd.isna(tflops_fraction) and pd.isna(tbps_fraction) and bound is None
+    # Only the GPU lacks a calibration: the interpreter has no rates to judge.
+    assert report.uncalibrated_devices(summary, report.load_calibrations(calibrated)) == [H100]
+
+
+def test_the_fractions_are_rendered_beside_the_rates(calibrated):
+    summary = report.summarize(report.load_trials(calibrated), report.load_calibrations(calibrated))
+    rows = markdown_rows(report.render_markdown(summary))
+    prefill = next(r for r in rows if r["problem"] == SPEC.problem_key(PREFILL))
+    assert prefill["TFLOP/s"] == f"160.0 ({160.0 / FP16_TFLOPS:.0%})"
+    assert prefill["TB/s"] == f"1.60 ({1.6 / COPY_TBPS:.0%})"
+    assert prefill["bound"] == "memory"
+    csv = pd.read_csv(io.StringIO(report.render_csv(summary)))
+    compute = csv[(csv["problem_key"] == SPEC.problem_key(COMPUTE)) & (csv["dtype"] == "fp16")].iloc[0]
+    assert compute["tflops_fraction_of_peak"] == pytest.approx(400.0 / FP16_TFLOPS)
+    assert compute["bound_by"] == "compute"
+
+
+def test_report_without_a_calibration_says_so_once_and_succeeds(populated):
+    for output_format in ("table", "md"):
+        result = CliRunner().invoke(app, ["report", "--db", str(populated), "--format", output_format])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.count("run omnitune calibrate") == 1
+        assert f"no calibration for {H200}" in result.stdout
+    # Piped formats keep stdout to the data: the note goes to stderr.
+    result = CliRunner().invoke(app, ["report", "--db", str(populated), "--format", "json"])
+    assert result.exit_code == 0
+    assert len(json.loads(result.stdout)) == 3
+    assert result.stderr.count("run omnitune calibrate") == 1
+
+
+def test_report_with_a_calibration_shows_fractions_and_no_note(calibrated):
+    db = open_db(calibrated)
+    record_calibration(db, device_key(H100), "copy_tbps", COPY_TBPS)
+    record_calibration(db, device_key(H100), "matmul_fp16_tflops", FP16_TFLOPS)
+    db.conn.close()
+    result = CliRunner().invoke(app, ["report", "--db", str(calibrated), "--format", "md"])
+    assert result.exit_code == 0, result.output
+    assert "calibrate" not in result.stdout
+    assert f"({160.0 / FP16_TFLOPS:.0%})" in result.stdout
+
+
+# --- ncu profiles --------------------------------------------------------------------------------
+
+
+def add_profile(path: Path, problem, config, which: ProfileKind, *, l2_hit_pct: float, duration_us: float) -> None:
+    db = open_db(path)
+    record_profile(db, ProfileRecord(
+        kernel="attention", problem_key=SPEC.problem_key(problem), dtype="fp16", device_key=device_key(H200),
+        config=config.as_dict(), which=which, duration_us=duration_us, l1_hit_pct=1.5, l2_hit_pct=l2_hit_pct,
+        dram_pct_of_peak=40.0, achieved_occupancy_pct=12.5, raw={"launches": 3},
+    ))
+    db.conn.close()
+
+
+def test_profiles_are_shown_beside_the_result_and_in_their_own_table(populated):
+    add_profile(populated, PREFILL, DEFAULT, ProfileKind.DEFAULT, l2_hit_pct=91.0, duration_us=2000.0)
+    add_profile(populated, PREFILL, FAST, ProfileKind.CUSTOM, l2_hit_pct=97.5, duration_us=1250.0)
+    profiles = report.load_profiles(populated)
+    summary = report.summarize(report.load_trials(populated), {}, profiles)
+
+    # Beside the result: the profile of its best config, not the newest or the default's.
+    best = _row(summary, PREFILL)
+    assert (best["ncu_config"], best["ncu_which"]) == (FAST.label(), "custom")
+    assert (best["ncu_l2_hit_pct"], best["ncu_duration_us"]) == (97.5, 1250.0)
+    assert pd.isna(_row(summary, CROSS)["ncu_l2_hit_pct"])
+    assert json.loads(report.render_json(summary))[0]["ncu_l2_hit_pct"] == 97.5
+
+    # Their own table, in md and in the terminal: every profile of the keys shown.
+    shown = report.profiles_for(summary, profiles)
+    text = report.render_markdown(summary, profiles=shown)
+    lines = text.splitlines()
+    table = markdown_rows(text, lines.index("ncu profiles:") + 2)
+    assert [(r["config"], r["which"], r["L2 hit %"], r["µs"]) for r in table] == [
+        (DEFAULT.label(), "default", "91.0", "2000.0"), (FAST.label(), "custom", "97.5", "1250.0"),
+    ]
+    result = CliRunner().invoke(app, ["report", "--db", str(populated)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "ncu profiles" in result.stdout and "97.5" in result.stdout
+
+
+# --- the finalists' re-timing ----------------------------------------------------------------------
+
+
+def retimed_row(number, config, median_ms, *, session, cv, retime_of, is_default=False):
+    """A re-timing trial as the search driver stores it: the re-timed median as its time."""
+    extra = {"finalist": {"session": session, "retime_of": retime_of, "search_time_ms": 1.0, "median_ms": median_ms,
+                          "mean_ms": median_ms, "cv": cv, "noisy": cv > 0.02, "rounds": 30}}
+    return trial_row(number, PREFILL, config, time_ms=median_ms, is_default=is_default, tflops=160.0, tbps=1.6,
+                     extra=extra)
+
+
+def test_the_best_is_the_fastest_re_timed_median_of_the_latest_re_timing(tmp_path):
+    search_rows = [
+        trial_row(0, PREFILL, DEFAULT, time_ms=DEFAULT_MS, is_default=True),
+        trial_row(1, PREFILL, FAST, time_ms=FAST_MS),   # the search's fastest
+        trial_row(2, PREFILL, TIED, time_ms=1.3),
+        trial_row(3, PREFILL, PRUNED, status="pruned"),
+    ]
+    first = [  # TIED wins the re-timing, noisily; the default re-timed beside them
+        retimed_row(4, FAST, 1.40, session=1, cv=0.01, retime_of=1),
+        retimed_row(5, TIED, 1.32, session=1, cv=0.03, retime_of=2),
+        retimed_row(6, DEFAULT, 1.90, session=1, cv=0.005, retime_of=0, is_default=True),
+    ]
+    path = results_db(tmp_path / "retimed.db", search_rows + first)
+    best = _row(report.summarize(report.load_trials(path)), PREFILL)
+    # Not FAST at 1.25 (the search's time): the side-by-side medians decide.
+    assert (best["best_config"], best["time_ms"]) == (TIED.label(), 1.32)
+    assert best["cv"] == pytest.approx(0.03) and best["noisy"] is True
+    assert best["default_time_ms"] == 1.90 and best["speedup_vs_default"] == pytest.approx(1.90 / 1.32)
+    assert (best["trials"], best["ok_trials"], best["failures"]) == (4, 3, "pruned 1")  # re-timings not counted
+    cells = next(r for r in markdown_rows(report.render_markdown(report.summarize(report.load_trials(path)))))
+    assert cells["CV"] == "3.0% noisy" and cells["ms"] == "1.320"
+
+    # A later re-timing (of other finalists) supersedes the first; without the default in it,
+    # the default's time is the search's.
+    second = [retimed_row(7, FAST, 1.35, session=2, cv=0.004, retime_of=1),
+              retimed_row(8, TIED, 1.45, session=2, cv=0.006, retime_of=2)]
+    path = results_db(tmp_path / "retimed_twice.db", search_rows + first + second)
+    best = _row(report.summarize(report.load_trials(path)), PREFILL)
+    assert (best["best_config"], best["time_ms"], best["noisy"]) == (FAST.label(), 1.35, False)
+    assert best["default_time_ms"] == DEFAULT_MS
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+
+def _png_written(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 8_000
+
+
+def test_plot_writes_the_figures_of_each_kernel_and_prints_their_paths(calibrated, tmp_path):
+    out = tmp_path / "figures"
+    result = CliRunner().invoke(app, ["report", "--db", str(calibrated), "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    written = sorted(out.iterdir())
+    # The calibrated H200 gets a roofline; the uncalibrated H100 and the interpreter do not.
+    assert [p.name for p in written] == [
+        "attention_convergence.png", "attention_importance.png", "attention_roofline.png",
+    ]
+    assert all(_png_written(p) for p in written)
+    for path in written:
+        assert f"wrote {path}" in result.stdout
+    assert f"roofline figure skipped: no calibration for {H100}" in result.stdout
+
+
+def test_plot_without_a_calibration_skips_the_roofline_with_one_line(populated, tmp_path):
+    out = tmp_path / "figures"
+    result = CliRunner().invoke(app, ["report", "--db", str(populated), "--plot", str(out), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_csv(io.StringIO(result.stdout))) == 3  # stdout stays CSV
+    assert sorted(p.name for p in out.iterdir()) == ["attention_convergence.png", "attention_importance.png"]
+    skipped = [line for line in result.stderr.splitlines() if "roofline figure skipped" in line]
+    assert len(skipped) == 1 and "omnitune calibrate" in skipped[0]
+
+
+def test_plot_into_a_folder_that_cannot_be_made_is_one_line(populated, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(app, ["report", "--db", str(populated), "--format", "csv",
+                                      "--plot", str(blocker / "figures")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: cannot write the figures to") and len(lines) == 2  # the note, the error

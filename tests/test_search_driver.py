@@ -132,9 +132,11 @@ def storage_url(tmp_path) -> str:
 
 
 def search(runner: FakeRunner, storage_url: str, trials: int, **kwargs):
+    """A search without the finalists' re-timing (tests/test_finalists.py covers it) unless asked."""
+    settings = {"finalists": 0} | kwargs
     return run_search(
         TOY_SPEC, PROBLEM, torch.float32, runner_factory=lambda: runner, device=DEVICE,
-        trials=trials, storage_url=storage_url, **kwargs,
+        trials=trials, storage_url=storage_url, **settings,
     )
 
 
@@ -360,7 +362,7 @@ def test_the_runner_is_built_only_when_something_needs_measuring(storage_url):
     built = []
     outcome = run_search(
         TOY_SPEC, PROBLEM, torch.float32, runner_factory=lambda: built.append(1) or FakeRunner(),
-        device=DEVICE, trials=3, storage_url=storage_url,
+        device=DEVICE, trials=3, storage_url=storage_url, finalists=0,
     )
     assert built == [] and outcome.stop_reason is StopReason.BUDGET
 

@@ -24,11 +24,13 @@ from omnitune.cli.common import (
     parse_problems,
 )
 from omnitune.errors import DeviceError
+from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
 if TYPE_CHECKING:
+    from omnitune.profile.ncu import NcuProfile
     from omnitune.search.driver import SearchOutcome, SearchProgress
     from omnitune.search.trial import TrialResult
-    from omnitune.spec import KernelSpec
+    from omnitune.spec import Config, KernelSpec
 
 RESUME_HINT = "rerun the same command to resume: finished trials are kept and not measured again"
 
@@ -68,12 +70,24 @@ def search(
         "hosts. \\[default: sqlite file <db stem>.optuna.db beside --db]",
         show_default=False,
     ),
+    finalists: int = typer.Option(
+        DEFAULT_FINALISTS, "--finalists", min=0,
+        help=f"Before declaring a winner, re-time the K fastest configs (and the default) against each other, "
+        f"interleaved over {DEFAULT_ROUNDS} rounds; the best re-timed median wins, and a CV over "
+        f"{NOISY_CV:.0%} is flagged noisy. 0: no re-timing. Skipped under --interpret.",
+    ),
+    profile_top: int = typer.Option(
+        0, "--profile-top", min=0,
+        help="After the search, profile the K best configs with Nsight Compute (ncu) and store their "
+        "counters (see omnitune report). Needs ncu and a GPU; without them the search still succeeds.",
+    ),
     interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
 ) -> None:
     """Search a kernel's launch configs for the fastest one that matches the reference.
 
     Every candidate is checked against the reference before it is timed: a wrong config never wins.
     Configs that break a constraint are rejected without touching the GPU.
+    The fastest few are then re-timed against each other (--finalists) before one is declared the winner.
     Results go to the results database (see `omnitune report`).
     Ctrl-C keeps every finished trial; rerunning the same command resumes.
     """
@@ -90,12 +104,34 @@ def search(
             "no CUDA GPU here; search measures on a GPU — run it on one, or add --interpret to check "
             "configs on the CPU (timings not representative)"
         )
+    if finalists and interpret:
+        console.print("finalists not re-timed under --interpret (the interpreter's times mean nothing); "
+                      "--finalists applies on a GPU", soft_wrap=True)
+        finalists = 0
+    profile_top = _profile_top_possible(profile_top, interpret)
     try:
         _search_all(spec, problems, torch_dtype, trials=trials, timeout_s=timeout, sampler=sampler_name.value,
-                    seed=seed, db=db, storage=storage, interpret=interpret)
+                    seed=seed, db=db, storage=storage, interpret=interpret, finalists=finalists,
+                    profile_top=profile_top, kernel_arg=kernel)
     except KeyboardInterrupt:
         err_console.print(f"interrupted; {RESUME_HINT}")
         raise typer.Exit(130) from None
+
+
+def _profile_top_possible(count: int, interpret: bool) -> int:
+    """--profile-top as it can run here: 0, with one line saying why, without ncu or a GPU."""
+    if not count:
+        return 0
+    from omnitune.profile.ncu import ncu_available
+
+    if not ncu_available():
+        console.print("--profile-top: Nsight Compute (ncu) is not installed here, so nothing is profiled; "
+                      "put ncu on PATH (it ships with the CUDA toolkit)", soft_wrap=True)
+        return 0
+    if interpret:
+        console.print("--profile-top: skipped under --interpret (ncu profiles kernels on a GPU)", soft_wrap=True)
+        return 0
+    return count
 
 
 def _dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.dtype:
@@ -111,7 +147,8 @@ def _dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.dtype:
 
 def _search_all(
     spec: KernelSpec, problems: list, dtype: torch.dtype, *, trials: int, timeout_s: float | None,
-    sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool,
+    sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
+    profile_top: int = 0, kernel_arg: str = "",
 ) -> None:
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
@@ -149,19 +186,91 @@ def _search_all(
                 outcome = run_search(
                     spec, problem, dtype, runner_factory=make_runner, device=device, trials=trials,
                     storage_url=storage_url, db=database, sampler=sampler, seed=seed, timeout_s=remaining_s,
-                    limits=limits, progress=view.update,
+                    limits=limits, progress=view.update, finalists=finalists,
                 )
         except SearchInterrupted as stop:
             console.print(_summary(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
             err_console.print(f"interrupted; {RESUME_HINT}")
             raise typer.Exit(130) from None
         console.print(_summary(spec, problem, dtype, outcome, interpret), soft_wrap=True)
+        for line in _finalist_lines(outcome, spec.default_config(problem, dtype)):
+            console.print(line, soft_wrap=True)
         if outcome.stop_reason is StopReason.CONTEXT_LOST:
             err_console.print(
                 "[red]error:[/] a config crashed the GPU (illegal memory access), and this process can no "
                 f"longer use it; it is recorded as crashed — {RESUME_HINT}"
             )
             raise typer.Exit(1)
+        if profile_top:
+            profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
+                         database=database, device_key=device.key)
+
+
+# --- Nsight Compute after the search ------------------------------------------------------------
+
+
+def ncu_profile(kernel_arg: str, spec: KernelSpec, problem, dtype: torch.dtype, config: Config,
+                launches: int = 3) -> NcuProfile:
+    """One config's ncu counters, taken as `omnitune profile` takes them: ncu wraps a separate
+    process (omnitune.profile.ncu_target) that launches the kernel, filtered by its kernel names."""
+    import json
+    import os
+    import re
+    import sys
+
+    from omnitune.errors import OmnituneError
+    from omnitune.profile.compiled import kernel_names
+    from omnitune.profile.ncu import profile_with_ncu
+    from omnitune.spec import dtype_name
+
+    names = kernel_names(sys.modules[spec.module]) if spec.module in sys.modules else []
+    if not names:
+        raise OmnituneError(f"kernel module {spec.module or kernel_arg!r} defines no @triton.jit function to profile")
+    command = [sys.executable, "-m", "omnitune.profile.ncu_target", kernel_arg, spec.problem_key(problem),
+               dtype_name(dtype), json.dumps(config.as_dict(), sort_keys=True), "--launches", str(launches)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return profile_with_ncu(command, "|".join(re.escape(n) for n in names), env=env)
+
+
+def profile_best(
+    spec: KernelSpec, kernel_arg: str, problem, dtype: torch.dtype, configs, *, database, device_key: str,
+    profiler=ncu_profile,
+) -> int:
+    """Profile `configs` (best first) with ncu and store each: the first as 'tuned', the kernel's
+    default config as 'default', the others as 'custom'. An ncu failure is one line and ends the
+    profiling, never the search. Returns how many were stored."""
+    from omnitune.profile.ncu import NcuError
+    from omnitune.spec import dtype_name
+    from omnitune.store import ProfileKind, ProfileRecord, record_profile
+
+    default = spec.default_config(problem, dtype)
+    stored = 0
+    for rank, config in enumerate(configs):
+        which = ProfileKind.TUNED if rank == 0 else ProfileKind.DEFAULT if config == default else ProfileKind.CUSTOM
+        try:
+            with console.status(f"profiling {escape(config.label())} under ncu…"):
+                profile = profiler(kernel_arg, spec, problem, dtype, config)
+        except NcuError as exc:
+            err_console.print(f"  --profile-top: {escape(str(exc))}; the search's results stand", soft_wrap=True)
+            break
+        record_profile(database, ProfileRecord(
+            kernel=spec.name, problem_key=spec.problem_key(problem), dtype=dtype_name(dtype), device_key=device_key,
+            config=config.as_dict(), which=which, duration_us=profile.duration_us, l1_hit_pct=profile.l1_hit_pct,
+            l2_hit_pct=profile.l2_hit_pct, dram_pct_of_peak=profile.dram_pct_of_peak,
+            achieved_occupancy_pct=profile.achieved_occupancy_pct, raw=profile.raw(),
+        ))
+        stored += 1
+        console.print(f"  ncu {which.value}: {escape(config.label())}: {_profile_figures(profile)}", soft_wrap=True)
+    return stored
+
+
+def _profile_figures(profile: NcuProfile) -> str:
+    def pct(value: float | None) -> str:
+        return "—" if value is None else f"{value:.1f}%"
+
+    duration = "—" if profile.duration_us is None else f"{profile.duration_us:.1f} µs"
+    return (f"{duration}, L1 hit {pct(profile.l1_hit_pct)}, L2 hit {pct(profile.l2_hit_pct)}, "
+            f"DRAM {pct(profile.dram_pct_of_peak)} of peak, occupancy {pct(profile.achieved_occupancy_pct)}")
 
 
 # --- what the user sees -------------------------------------------------------------------------
@@ -220,6 +329,28 @@ def _summary(spec: KernelSpec, problem, dtype: torch.dtype, outcome: SearchOutco
     )
     marker = " [yellow](interpreter: timings not representative)[/]" if interpret else ""
     return f"[bold]{title}[/]: {head}; {tail}{marker}"
+
+
+def _finalist_lines(outcome: SearchOutcome, default: Config) -> list[str]:
+    """Below the summary: the re-timed finalists, fastest first, or why they were not re-timed."""
+    from omnitune.search.driver import RetimeStatus
+
+    if outcome.retime_status is RetimeStatus.FAILED:
+        return [f"  finalists not re-timed ({escape(outcome.retime_detail)}); the search's times stand"]
+    if not outcome.finalists:
+        return []
+    rounds = outcome.finalists[0].rounds
+    how = ("as re-timed by an earlier run (the finalists are unchanged)"
+           if outcome.retime_status is RetimeStatus.REUSED
+           else f"re-timed against each other, interleaved, {rounds} rounds")
+    lines = [f"  finalists {how}; the best median wins:"]
+    for timing in outcome.finalists:
+        cv = f"CV {timing.cv:.1%}" + (" noisy" if timing.noisy else "")
+        cv = f"{cv:<14}"  # padded before the colour, so that the configs line up
+        cv = f"[yellow]{cv}[/]" if timing.noisy else cv
+        mark = " (default)" if timing.config == default else ""
+        lines.append(f"    {_ms(timing.median_ms):>10}  {cv}  {escape(timing.config.label())}{mark}")
+    return lines
 
 
 class _LiveView:

@@ -4,6 +4,7 @@ shipped tables, and from the tables to the config a call would get."""
 from __future__ import annotations
 
 import enum
+import importlib.util
 import json
 from pathlib import Path
 
@@ -50,12 +51,19 @@ def report(
         ReportFormat.TABLE, "--format", case_sensitive=False,
         help="table (for people), or csv, md, json to stdout for piping.",
     ),
+    plot: Path = typer.Option(
+        None, "--plot", metavar="DIR", file_okay=False,
+        help="Also write PNG figures per kernel to DIR: search convergence, launch-parameter importance, "
+        "and the best results on the device's roofline (needs omnitune calibrate).",
+    ),
 ) -> None:
     """Show the best config found per kernel × problem × dtype × device.
 
-    Median time and p20–p80 spread, TFLOP/s, TB/s, the default config's time, the speedup.
+    Median time and p20–p80 spread (the re-timed median and its CV where the finalists were re-timed),
+    TFLOP/s and TB/s with their fraction of the device's measured roofline and which bounds the
+    kernel, the default config's time, the speedup.
 
-    Also how many trials ran and which failed, by status."""
+    Also how many trials ran and which failed, by status; and the ncu profiles stored for each key."""
     from omnitune import report as rpt
 
     path = db_path(db)
@@ -63,16 +71,48 @@ def report(
     if not _has_results(trials, path, kernel):
         typer.echo(_nothing_measured(path))
         return
-    summary = rpt.summarize(trials)
+    calibrations = rpt.load_calibrations(path)
+    stored_profiles = rpt.load_profiles(path, kernel)
+    summary = rpt.summarize(trials, calibrations, stored_profiles)
+    profiles = rpt.profiles_for(summary, stored_profiles)
+    note = rpt.calibration_note(summary, calibrations)
+    notes = (note,) if note else ()
+    # Piped formats keep stdout to the data: notes and the figures' paths go to stderr.
+    piped = output_format in (ReportFormat.CSV, ReportFormat.JSON)
     if output_format is ReportFormat.TABLE:
-        console.print(rpt.render_table(summary, title=f"omnitune results in {path}"))
-        return
-    renderers = {
-        ReportFormat.CSV: rpt.render_csv,
-        ReportFormat.MD: rpt.render_markdown,
-        ReportFormat.JSON: rpt.render_json,
-    }
-    typer.echo(renderers[output_format](summary), nl=False)
+        console.print(rpt.render_table(summary, title=f"omnitune results in {path}", profiles=profiles, notes=notes))
+    elif output_format is ReportFormat.MD:
+        typer.echo(rpt.render_markdown(summary, profiles=profiles, notes=notes), nl=False)
+    else:
+        render = rpt.render_csv if output_format is ReportFormat.CSV else rpt.render_json
+        typer.echo(render(summary), nl=False)
+        for line in notes:
+            typer.echo(line, err=True)
+    if plot is not None:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise OmnituneError("--plot needs matplotlib: pip install 'omnitune[plot]' (or matplotlib)")
+        try:
+            figures = rpt.write_figures(trials, summary, calibrations, plot, problem_defaults=_problem_defaults)
+        except OSError as exc:
+            raise OmnituneError(f"cannot write the figures to {plot}: {exc.strerror or exc}") from None
+        for written in figures.paths:
+            typer.echo(f"wrote {written}", err=piped)
+        for line in figures.notes:
+            typer.echo(line, err=piped)
+
+
+def _problem_defaults(kernel: str) -> dict[str, str]:
+    """A kernel's problem fields that have defaults, as the problem key writes them; {} when its
+    spec cannot be loaded here (a user's kernel module that is not importable)."""
+    from omnitune.report import problem_defaults_of
+
+    try:
+        from omnitune.registry import get_spec
+
+        spec = get_spec(kernel)
+    except (OmnituneError, ImportError):
+        return {}
+    return problem_defaults_of(spec.problem_type)
 
 
 @app.command()

@@ -4,12 +4,15 @@ Warm-up first (compilation, autotuning caches and allocator growth stay out of t
 each repetition is timed alone between two events, with the L2 cache flushed *before* the start
 event so that every repetition reads its inputs from HBM, as a real model layer does. The
 median is the figure; p20 and p80 give the spread.
+
+`time_interleaved` times several candidates round-robin instead, so that they can be ranked
+against each other without drift between them passing for a difference (the search's finalists).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -109,3 +112,60 @@ def tflops(flop_count: float, time_ms: float) -> float:
 
 def tbps(byte_count: float, time_ms: float) -> float:
     return byte_count / (time_ms * 1e-3) / 1e12 if time_ms > 0 else 0.0
+
+
+def interleaved_order(count: int, rounds: int) -> list[int]:
+    """The index of the callable timed at each step of an interleaved run: every round times each
+    callable once (A B C), and each round starts one further along (A B C, B C A, C A B, …), so
+    that no callable always runs first after a synchronize or always after the same neighbour."""
+    if count < 1 or rounds < 1:
+        raise ValueError(f"need at least one callable and one round, got {count} and {rounds}")
+    return [(start + i) % count for start in range(rounds) for i in range(count)]
+
+
+def time_interleaved(
+    fns: Sequence[Callable[[], object]],
+    *,
+    rounds: int = 30,
+    warmup: int = 2,
+    max_seconds: float = 2.0,
+    flush_l2: bool = True,
+    flusher: L2Flusher | None = None,
+) -> list[list[float]]:
+    """Time several callables against each other: round-robin (interleaved_order), each call
+    alone between two CUDA events with the L2 flushed before it. Returns, per callable, one
+    sample in ms per round.
+
+    Timing candidates one after another lets clock and temperature drift between them pass for a
+    difference; interleaved, every candidate sees the same drift. Stops after the round in which
+    `max_seconds` of kernel time have passed (at least 5 rounds)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_interleaved needs a CUDA device")
+    order = interleaved_order(len(fns), rounds)
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    flusher = flusher if flusher is not None else (L2Flusher() if flush_l2 else None)
+    samples: list[list[float]] = [[] for _ in fns]
+    spent_ms = 0.0
+    per_round = len(fns)
+    for first in range(0, len(order), per_round):
+        events = []
+        for index in order[first:first + per_round]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if flusher is not None:
+                flusher()
+            start.record()
+            fns[index]()
+            end.record()
+            events.append((index, start, end))
+        torch.cuda.synchronize()  # once per round: cheap, and bounds the time spent
+        for index, start, end in events:
+            elapsed_ms = start.elapsed_time(end)
+            samples[index].append(elapsed_ms)
+            spent_ms += elapsed_ms
+        rounds_done = first // per_round + 1
+        if spent_ms > max_seconds * 1000 and rounds_done >= 5:
+            break
+    return samples

@@ -9,6 +9,12 @@ it with the runner → store it (trial user attrs, tell, catalogue row) before t
 So a search can always be resumed: rerunning it reopens the study, marks trials abandoned by a
 killed process as failed (their configs become measurable again), and goes on until the study
 holds `trials` measured configs. The budget is the total for the study, not for one run.
+
+After the loop, the finalists (omnitune.search.finalists) are re-timed against each other and the
+winner is the best re-timed median. Optuna cannot change a finished trial, so each re-timing is
+a trial of its own: the same config, chosen_by "finalist", its figures under extra["finalist"]
+(session, the trial it re-times, median, CV, noisy) — stored, rebuilt and catalogued like every
+other trial. A rerun that would re-time the same finalists reuses the stored re-timing.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import optuna
@@ -34,6 +40,16 @@ from optuna.trial import TrialState
 
 from omnitune.errors import OmnituneError
 from omnitune.profile.device import INTERPRETER_DEVICE, DeviceFacts
+from omnitune.search.finalists import (
+    DEFAULT_FINALISTS,
+    DEFAULT_ROUNDS,
+    FINALIST_KEY,
+    FinalistTiming,
+    finalist_facts,
+    pick_finalists,
+    ranked,
+    retime_finalists,
+)
 from omnitune.search.space import ConfigSpace
 from omnitune.search.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, DeviceLimits, KernelSpec, dtype_name
@@ -86,9 +102,22 @@ class StopReason(str, enum.Enum):
     CONTEXT_LOST = "context_lost"  # a config poisoned the CUDA context; rerun to resume
 
 
+class RetimeStatus(str, enum.Enum):
+    """What became of the finalists' re-timing after the search loop."""
+
+    RETIMED = "retimed"            # timed against each other now
+    REUSED = "reused"              # the same finalists were re-timed by an earlier run: kept
+    DISABLED = "disabled"          # finalists=0
+    INTERPRETER = "interpreter"    # times under Triton's interpreter mean nothing
+    NO_OK_CONFIG = "no_ok_config"  # nothing to re-time
+    CONTEXT_LOST = "context_lost"  # the GPU is unusable in this process
+    FAILED = "failed"              # timing raised; the search's own times stand (see detail)
+
+
 class MeasuresConfigs(Protocol):
     """What the driver needs of a runner (omnitune.search.runner.Runner is one). A runner may
-    also set `context_lost = True` once its process can no longer use the GPU."""
+    also set `context_lost = True` once its process can no longer use the GPU. Re-timing the
+    finalists also needs its `time_interleaved` (omnitune.search.finalists.TimesInterleaved)."""
 
     def measure(self, config: Config) -> TrialResult: ...
 
@@ -113,13 +142,17 @@ class SearchProgress:
 @dataclass(frozen=True)
 class SearchOutcome:
     study_name: str
-    best: TrialResult | None           # the fastest correct config, None if none worked
+    best: TrialResult | None           # the fastest correct config (re-timed when finalists were), None if none worked
     default: TrialResult | None        # the kernel's default config (None if never measured)
     measured_now: int                  # configs measured by this run
     measured_total: int                # configs measured in the study, this run included
     failures: Mapping[TrialStatus, int]  # over the whole study, constraint prunes included
     wall_s: float
     stop_reason: StopReason
+    finalists: tuple[FinalistTiming, ...] = ()  # re-timed (or reused), fastest median first
+    retime_status: RetimeStatus = RetimeStatus.DISABLED
+    retime_detail: str = ""            # why re-timing failed
+    ranking: tuple[Config, ...] = ()   # every ok config, best first: the finalists by re-timed median, then the rest
 
     @property
     def speedup_over_default(self) -> float | None:
@@ -152,9 +185,13 @@ def run_search(
     timeout_s: float | None = None,
     limits: DeviceLimits | None = None,
     progress: Callable[[SearchProgress], None] | None = None,
+    finalists: int = DEFAULT_FINALISTS,
+    finalist_rounds: int = DEFAULT_ROUNDS,
 ) -> SearchOutcome:
     """Search `spec`'s config space for `problem` in `dtype` until the study holds `trials`
-    measured configs, every valid config is measured, or `timeout_s` has passed.
+    measured configs, every valid config is measured, or `timeout_s` has passed; then re-time the
+    `finalists` fastest ok configs (and the default) interleaved, `finalist_rounds` rounds, and
+    declare the best re-timed median the winner (finalists=0: the search's fastest wins).
 
     `runner_factory` is called once, when the first config needs measuring (a resumed search
     that has nothing left to do never builds inputs). `device` names the study's device and
@@ -166,7 +203,7 @@ def run_search(
         spec, problem, dtype,
         runner_factory=runner_factory, device=device, trials=trials, storage_url=storage_url, db=db,
         sampler=parse_sampler(sampler), seed=seed, timeout_s=timeout_s,
-        limits=limits or DeviceLimits(), progress=progress,
+        limits=limits or DeviceLimits(), progress=progress, finalists=finalists, finalist_rounds=finalist_rounds,
     )
     return search.run()
 
@@ -240,8 +277,13 @@ class _Ledger:
 
     @property
     def best(self) -> TrialResult | None:
+        ok = self.ranked_ok()
+        return ok[0].result if ok else None
+
+    def ranked_ok(self) -> list[_Finished]:
+        """The ok configs, fastest search time first (ties: the earlier trial)."""
         ok = [f for f in self.finished.values() if f.result.status is TrialStatus.OK]
-        return min(ok, key=lambda f: (f.result.time_ms, f.number)).result if ok else None
+        return sorted(ok, key=lambda f: (f.result.time_ms, f.number))
 
     @property
     def failures(self) -> dict[TrialStatus, int]:
@@ -252,17 +294,35 @@ class _Ledger:
         return PENALTY_FACTOR * max(ok_times) if ok_times else PENALTY_BEFORE_ANY_OK_MS
 
 
+@dataclass(frozen=True)
+class _Retiming:
+    """The finalists' re-timing as the outcome reports it: the timings (fastest first) and the
+    re-timing trials' results by config."""
+
+    status: RetimeStatus
+    timings: tuple[FinalistTiming, ...] = ()
+    results: Mapping[Config, TrialResult] = field(default_factory=dict)
+    session: int = 0
+    detail: str = ""
+
+
 class _Search:
     def __init__(
         self, spec: KernelSpec, problem: Any, dtype: torch.dtype, *,
         runner_factory: Callable[[], MeasuresConfigs], device: DeviceFacts, trials: int,
         storage_url: str, db: sqlite_utils.Database | None, sampler: SamplerName, seed: int,
         timeout_s: float | None, limits: DeviceLimits, progress: Callable[[SearchProgress], None] | None,
+        finalists: int = DEFAULT_FINALISTS, finalist_rounds: int = DEFAULT_ROUNDS,
     ):
         if trials < 1:
             raise SearchError(f"the trial budget must be at least 1, got {trials}")
         if timeout_s is not None and timeout_s <= 0:
             raise SearchError(f"the timeout must be positive, got {timeout_s} s")
+        if finalists < 0:
+            raise SearchError(f"the number of finalists must be 0 (no re-timing) or more, got {finalists}")
+        if finalist_rounds < 2:
+            raise SearchError(f"re-timing needs at least 2 rounds, got {finalist_rounds}")
+        self.finalists, self.finalist_rounds = finalists, finalist_rounds
         self.spec, self.problem, self.dtype = spec, problem, dtype
         self.runner_factory = runner_factory
         self.runner: MeasuresConfigs | None = None
@@ -312,9 +372,10 @@ class _Search:
             record_trials(self.db, study_records(self.facts, self.study.get_trials(deepcopy=False)))
         try:
             reason = self._loop()
+            retiming = self._retime_finalists(reason)
         except KeyboardInterrupt:
             raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
-        return self._outcome(reason)
+        return self._outcome(reason, retiming)
 
     def _loop(self) -> StopReason:
         while True:
@@ -440,6 +501,89 @@ class _Search:
         except Exception:  # noqa: BLE001 — never mask the exception that got us here
             log.warning("could not mark trial %d of %s failed", number, self.facts.name, exc_info=True)
 
+    # --- the finalists --------------------------------------------------------------------------
+
+    def _retime_finalists(self, reason: StopReason) -> _Retiming:
+        """Re-time the finalists against each other and store each re-timing as a trial; or say
+        why not. A re-timing that raises leaves the search's own times standing."""
+        if self.finalists == 0:
+            return _Retiming(RetimeStatus.DISABLED)
+        if not self.representative:
+            return _Retiming(RetimeStatus.INTERPRETER)
+        if reason is StopReason.CONTEXT_LOST:
+            return _Retiming(RetimeStatus.CONTEXT_LOST)
+        ranked_ok = [f.result.config for f in self.ledger.ranked_ok()]
+        if not ranked_ok:
+            return _Retiming(RetimeStatus.NO_OK_CONFIG)
+        configs = pick_finalists(ranked_ok, self.finalists, self.default_config)
+        stored = self._latest_retiming()
+        if stored is not None and set(stored.results) == set(configs):
+            return stored
+        if self.runner is None:
+            self.runner = self.runner_factory()
+        try:
+            timings = retime_finalists(self.runner, configs, rounds=self.finalist_rounds)
+        except OmnituneError:
+            raise
+        except Exception as exc:  # noqa: BLE001 — the search's results stand without the re-timing
+            detail = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            log.warning("re-timing the finalists of %s failed: %s", self.facts.name, detail)
+            return _Retiming(RetimeStatus.FAILED, detail=detail[:300])
+        session = (stored.session if stored is not None else 0) + 1
+        results = {t.config: self._store_retiming(t, session) for t in timings}
+        return _Retiming(RetimeStatus.RETIMED, tuple(ranked(timings)), results, session)
+
+    def _store_retiming(self, timing: FinalistTiming, session: int) -> TrialResult:
+        """Add one finalist's re-timing to the study as a finished trial (and to the catalogue)."""
+        original = self.ledger.finished[timing.config]
+        searched = original.result
+        scale = searched.time_ms / timing.median_ms  # the rates follow the re-timed median
+        result = TrialResult(
+            timing.config, TrialStatus.OK, time_ms=timing.median_ms, p20_ms=timing.p20_ms,
+            p80_ms=timing.p80_ms, rel_error=searched.rel_error, tflops=searched.tflops * scale,
+            tbps=searched.tbps * scale, representative=searched.representative,
+            extra={FINALIST_KEY: timing.as_extra(session=session, retime_of=original.number,
+                                                 search_time_ms=searched.time_ms)},
+        )
+        attrs = finished_trial_attrs(
+            result, is_default=timing.config == self.default_config, sampler=self.sampler.value,
+            provenance=self.provenance, measured_at=utc_now(), chosen_by="finalist",
+        )
+        self.study.add_trial(optuna.trial.create_trial(
+            params=self.space.encode(timing.config), distributions=self.space.distributions,
+            value=timing.median_ms, user_attrs=attrs,
+        ))
+        if self.db is not None:
+            # add_trial does not return the trial; find it (newest first: it is at the end).
+            for trial in reversed(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
+                stored = result_from_attrs(trial.user_attrs)
+                facts = finalist_facts(stored.extra) if stored is not None else None
+                if facts is not None and facts["session"] == session and stored.config == timing.config:
+                    record = catalogue_record(self.facts, trial.number, trial.user_attrs)
+                    if record is not None:
+                        record_trial(self.db, record)
+                    break
+        return result
+
+    def _latest_retiming(self) -> _Retiming | None:
+        """The study's most recent re-timing (the highest session), as stored; None if none."""
+        sessions: dict[int, dict[Config, tuple[TrialResult, FinalistTiming]]] = {}
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            result = result_from_attrs(trial.user_attrs)
+            facts = finalist_facts(result.extra) if result is not None else None
+            if facts is None:
+                continue
+            timing = FinalistTiming.from_extra(result.config, result.p20_ms, result.p80_ms, facts)
+            sessions.setdefault(int(facts["session"]), {})[result.config] = (result, timing)
+        if not sessions:
+            return None
+        session = max(sessions)
+        latest = sessions[session]
+        return _Retiming(
+            RetimeStatus.REUSED, tuple(ranked([timing for _, timing in latest.values()])),
+            {config: result for config, (result, _) in latest.items()}, session,
+        )
+
     # --- the study ------------------------------------------------------------------------------
 
     def _open_study(self) -> optuna.Study:
@@ -479,11 +623,19 @@ class _Search:
             failures=self.ledger.failures, elapsed_s=time.monotonic() - self.started,
         )
 
-    def _outcome(self, reason: StopReason) -> SearchOutcome:
+    def _outcome(self, reason: StopReason, retiming: _Retiming | None = None) -> SearchOutcome:
+        retiming = retiming or _Retiming(RetimeStatus.DISABLED)
+        searched = [f.result.config for f in self.ledger.ranked_ok()]
+        finalists = [t.config for t in retiming.timings]
+        ranking = tuple(finalists + [c for c in searched if c not in finalists])
+        best = retiming.results[finalists[0]] if finalists else self.ledger.best
+        default = retiming.results.get(self.default_config) or self._default_result()
         return SearchOutcome(
-            study_name=self.facts.name, best=self.ledger.best, default=self._default_result(),
+            study_name=self.facts.name, best=best, default=default,
             measured_now=self.measured_now, measured_total=self.ledger.measured_total,
             failures=self.ledger.failures, wall_s=time.monotonic() - self.started, stop_reason=reason,
+            finalists=retiming.timings, retime_status=retiming.status, retime_detail=retiming.detail,
+            ranking=ranking,
         )
 
 

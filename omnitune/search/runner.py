@@ -20,7 +20,7 @@ import torch
 
 from omnitune.errors import OmnituneError
 from omnitune.profile.compiled import CompileWatch, compiled_facts
-from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda
+from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda, time_interleaved
 from omnitune.search.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, DeviceLimits, KernelSpec
 
@@ -191,3 +191,19 @@ class Runner:
             tbps=tbps(self.bytes_moved, timing.median_ms),
             extra=extra,
         )
+
+    def time_interleaved(self, configs: Sequence[Config], rounds: int) -> list[list[float]]:
+        """Per config, one time in ms per round, the configs timed round-robin against each other
+        (omnitune.profile.timing.time_interleaved). For configs already measured ok: nothing is
+        checked again. Needs a GPU; under the interpreter there is nothing worth timing."""
+        if self.interpret:
+            raise OmnituneError("interleaved timing needs a GPU; the interpreter's times mean nothing")
+        if self._flusher is None:
+            self._flusher = L2Flusher()
+        launches = []
+        for config in configs:
+            out = self.spec.new_output(self.inputs)
+            launches.append(lambda config=config, out=out: self.spec.launch(self.inputs, out, config))
+        # Each config gets the kernel-time budget it had in the search.
+        return time_interleaved(launches, rounds=rounds, warmup=self.settings.warmup,
+                                max_seconds=self.settings.max_seconds * len(launches), flusher=self._flusher)
