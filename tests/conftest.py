@@ -68,3 +68,16 @@ def assert_registered_with_valid_defaults(spec, problems) -> None:
             cfg = spec.default_config(problem, dtype)
             assert spec.violations(problem, cfg, dtype) == [], (problem, dtype, cfg)
             assert spec.coerce_config(cfg.as_dict()) == cfg
+
+
+def assert_constraint_case(spec, cases, name, limits=None) -> None:
+    """cases[name] = (problem, a config that breaks constraint `name`): the constraint rejects
+    that config, and does not reject the kernel's default for the same problem. Every constraint
+    of the spec must have a case."""
+    import torch
+
+    assert set(cases) == {c.name for c in spec.constraints}
+    problem, bad = cases[name]
+    assert name in [n for n, _ in spec.violations(problem, bad, torch.float16, limits)]
+    good = spec.default_config(problem, torch.float16)
+    assert name not in [n for n, _ in spec.violations(problem, good, torch.float16)]

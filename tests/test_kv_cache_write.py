@@ -14,7 +14,7 @@ from omnitune.kernels.kv_cache_write import KVCacheWriteProblem, bitwise_mismatc
 from omnitune.search.runner import Runner
 from omnitune.search.trial import TrialStatus
 from omnitune.spec import Config
-from conftest import assert_registered_with_valid_defaults
+from conftest import assert_constraint_case, assert_registered_with_valid_defaults
 
 SPEC = kvw.SPEC
 CPU_DTYPES = (torch.float32, torch.float16)
@@ -131,17 +131,9 @@ CONSTRAINT_CASES = {
 }
 
 
-def test_every_constraint_has_a_case():
-    assert set(CONSTRAINT_CASES) == {c.name for c in SPEC.constraints}
-
-
 @pytest.mark.parametrize("name", sorted(CONSTRAINT_CASES))
 def test_constraint_rejects_what_it_should(name):
-    problem, bad = CONSTRAINT_CASES[name]
-    names = [n for n, _ in SPEC.violations(problem, bad, torch.float16)]
-    assert name in names
-    good = SPEC.default_config(problem, torch.float16)
-    assert name not in [n for n, _ in SPEC.violations(problem, good, torch.float16)]
+    assert_constraint_case(SPEC, CONSTRAINT_CASES, name)
 
 
 def test_compare_is_bitwise():

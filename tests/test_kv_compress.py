@@ -13,7 +13,7 @@ from omnitune.errors import InputError
 from omnitune.kernels import kv_compress as kvc
 from omnitune.kernels.kv_compress import KVCompressInputs, KVCompressProblem, Modality, compress_kv, select_tokens
 from omnitune.spec import Config, DeviceLimits, relative_error
-from conftest import assert_registered_with_valid_defaults
+from conftest import assert_constraint_case, assert_registered_with_valid_defaults
 
 SPEC = kvc.SPEC
 CPU_DTYPES = (torch.float32, torch.float16)
@@ -105,17 +105,9 @@ CONSTRAINT_CASES = {
 }
 
 
-def test_every_constraint_has_a_case():
-    assert set(CONSTRAINT_CASES) == {c.name for c in SPEC.constraints}
-
-
 @pytest.mark.parametrize("name", sorted(CONSTRAINT_CASES))
 def test_constraint_rejects_what_it_should(name):
-    problem, bad = CONSTRAINT_CASES[name]
-    limits = DeviceLimits(shared_memory_per_block_bytes=48 * 1024)
-    assert name in [n for n, _ in SPEC.violations(problem, bad, torch.float16, limits)]
-    good = SPEC.default_config(problem, torch.float16)
-    assert name not in [n for n, _ in SPEC.violations(problem, good, torch.float16)]
+    assert_constraint_case(SPEC, CONSTRAINT_CASES, name, limits=DeviceLimits(shared_memory_per_block_bytes=48 * 1024))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,9 +4,6 @@ counters through Nsight Compute."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import sys
 from typing import Any
 
 import torch
@@ -16,7 +13,7 @@ from rich.table import Table
 
 from omnitune.cli import app
 from omnitune.cli.common import console, db_path, load_spec, parse_config_option, parse_dtype_option, parse_problems
-from omnitune.errors import ConfigError, DeviceError, OmnituneError
+from omnitune.errors import ConfigError, DeviceError
 from omnitune.spec import Config, KernelSpec, dtype_name
 
 _DB_HELP = "Results database (default: $OMNITUNE_DB or ./omnitune.db)."
@@ -128,10 +125,9 @@ def profile_cmd(
     torch_dtype = parse_dtype_option(spec, dtype)
     problem = parse_problems(spec, [shape])[0]
     _require_gpu("profiling")
-    from omnitune.profile.compiled import kernel_names
     from omnitune.profile.device import device_key
-    from omnitune.profile.ncu import NcuError, ncu_available, profile_with_ncu
-    from omnitune.store import ProfileKind, ProfileRecord, open_db, record_profile
+    from omnitune.profile.ncu import NcuError, ncu_available, profile_config, profile_record
+    from omnitune.store import open_db, record_profile
 
     if not ncu_available():
         raise NcuError("Nsight Compute (ncu) is not installed here: put ncu on PATH (it ships with the CUDA toolkit)")
@@ -143,22 +139,12 @@ def profile_cmd(
         name, reason = violations[0]
         raise ConfigError(f"config {chosen.label()} breaks {name}: {reason}")
 
-    names = kernel_names(sys.modules[spec.module]) if spec.module in sys.modules else []
-    if not names:
-        raise OmnituneError(f"kernel module {spec.module or kernel!r} defines no @triton.jit function to profile")
-    command = [sys.executable, "-m", "omnitune.profile.ncu_target", kernel, spec.problem_key(problem),
-               dtype_name(torch_dtype), json.dumps(chosen.as_dict(), sort_keys=True), "--launches", str(launches)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     with console.status(f"profiling {spec.name} under ncu…"):
-        profile = profile_with_ncu(command, "|".join(re.escape(n) for n in names), env=env)
+        profile = profile_config(kernel, spec, problem, torch_dtype, chosen, launches)
 
     key = device_key(device_name)
-    record_profile(database, ProfileRecord(
-        kernel=spec.name, problem_key=spec.problem_key(problem), dtype=dtype_name(torch_dtype), device_key=key,
-        config=chosen.as_dict(), which=ProfileKind(which), duration_us=profile.duration_us,
-        l1_hit_pct=profile.l1_hit_pct, l2_hit_pct=profile.l2_hit_pct, dram_pct_of_peak=profile.dram_pct_of_peak,
-        achieved_occupancy_pct=profile.achieved_occupancy_pct, raw=profile.raw(),
-    ))
+    record_profile(database, profile_record(profile, spec=spec, problem=problem, dtype=torch_dtype,
+                                            device_key=key, config=chosen, which=which))
     table = Table(title=f"[bold]{escape(spec.name)}[/] {escape(spec.problem_key(problem))} {dtype_name(torch_dtype)} "
                   f"on {escape(device_name)}", title_justify="left")
     for column in ("config", "which", "kernel", "launches", "duration µs", "L1 hit %", "L2 hit %",

@@ -211,25 +211,10 @@ def _search_all(
 
 def ncu_profile(kernel_arg: str, spec: KernelSpec, problem, dtype: torch.dtype, config: Config,
                 launches: int = 3) -> NcuProfile:
-    """One config's ncu counters, taken as `omnitune profile` takes them: ncu wraps a separate
-    process (omnitune.profile.ncu_target) that launches the kernel, filtered by its kernel names."""
-    import json
-    import os
-    import re
-    import sys
+    """One config's ncu counters, taken as `omnitune profile` takes them."""
+    from omnitune.profile.ncu import profile_config
 
-    from omnitune.errors import OmnituneError
-    from omnitune.profile.compiled import kernel_names
-    from omnitune.profile.ncu import profile_with_ncu
-    from omnitune.spec import dtype_name
-
-    names = kernel_names(sys.modules[spec.module]) if spec.module in sys.modules else []
-    if not names:
-        raise OmnituneError(f"kernel module {spec.module or kernel_arg!r} defines no @triton.jit function to profile")
-    command = [sys.executable, "-m", "omnitune.profile.ncu_target", kernel_arg, spec.problem_key(problem),
-               dtype_name(dtype), json.dumps(config.as_dict(), sort_keys=True), "--launches", str(launches)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return profile_with_ncu(command, "|".join(re.escape(n) for n in names), env=env)
+    return profile_config(kernel_arg, spec, problem, dtype, config, launches)
 
 
 def profile_best(
@@ -240,8 +225,8 @@ def profile_best(
     default config as 'default', the others as 'custom'. An ncu failure is one line and ends the
     profiling, never the search. Returns how many were stored."""
     from omnitune.profile.ncu import NcuError
-    from omnitune.spec import dtype_name
-    from omnitune.store import ProfileKind, ProfileRecord, record_profile
+    from omnitune.profile.ncu import profile_record
+    from omnitune.store import ProfileKind, record_profile
 
     default = spec.default_config(problem, dtype)
     stored = 0
@@ -253,12 +238,8 @@ def profile_best(
         except NcuError as exc:
             err_console.print(f"  --profile-top: {escape(str(exc))}; the search's results stand", soft_wrap=True)
             break
-        record_profile(database, ProfileRecord(
-            kernel=spec.name, problem_key=spec.problem_key(problem), dtype=dtype_name(dtype), device_key=device_key,
-            config=config.as_dict(), which=which, duration_us=profile.duration_us, l1_hit_pct=profile.l1_hit_pct,
-            l2_hit_pct=profile.l2_hit_pct, dram_pct_of_peak=profile.dram_pct_of_peak,
-            achieved_occupancy_pct=profile.achieved_occupancy_pct, raw=profile.raw(),
-        ))
+        record_profile(database, profile_record(profile, spec=spec, problem=problem, dtype=dtype,
+                                                device_key=device_key, config=config, which=which))
         stored += 1
         console.print(f"  ncu {which.value}: {escape(config.label())}: {_profile_figures(profile)}", soft_wrap=True)
     return stored

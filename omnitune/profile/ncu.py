@@ -260,3 +260,38 @@ def profile_with_ncu(
             f"(exit {done.returncode}; last output: {_last_line(done.stderr or done.stdout)})"
         )
     return profile
+
+
+def profile_config(kernel_arg: str, spec, problem, dtype, config, launches: int = 3) -> NcuProfile:
+    """One config's counters: ncu wraps a separate process (omnitune.profile.ncu_target) that
+    launches the kernel `launches` times; only the kernel module's own @triton.jit kernels count.
+    `kernel_arg` is the name the user gave (a built-in name, module path or file), so the target
+    process can load the same spec."""
+    import json
+    import sys
+
+    from omnitune.errors import OmnituneError
+    from omnitune.profile.compiled import kernel_names
+    from omnitune.spec import dtype_name
+
+    names = kernel_names(sys.modules[spec.module]) if spec.module in sys.modules else []
+    if not names:
+        raise OmnituneError(f"kernel module {spec.module or kernel_arg!r} defines no @triton.jit function to profile")
+    command = [sys.executable, "-m", "omnitune.profile.ncu_target", kernel_arg, spec.problem_key(problem),
+               dtype_name(dtype), json.dumps(config.as_dict(), sort_keys=True), "--launches", str(launches)]
+    # The target must compile for the GPU even when this process interprets.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return profile_with_ncu(command, "|".join(re.escape(n) for n in names), env=env)
+
+
+def profile_record(profile: NcuProfile, *, spec, problem, dtype, device_key: str, config, which):
+    """The results-database row (omnitune.store.ProfileRecord) of one profile."""
+    from omnitune.spec import dtype_name
+    from omnitune.store import ProfileKind, ProfileRecord
+
+    return ProfileRecord(
+        kernel=spec.name, problem_key=spec.problem_key(problem), dtype=dtype_name(dtype), device_key=device_key,
+        config=config.as_dict(), which=ProfileKind(which), duration_us=profile.duration_us,
+        l1_hit_pct=profile.l1_hit_pct, l2_hit_pct=profile.l2_hit_pct, dram_pct_of_peak=profile.dram_pct_of_peak,
+        achieved_occupancy_pct=profile.achieved_occupancy_pct, raw=profile.raw(),
+    )
