@@ -234,3 +234,44 @@ def test_profile_best_stores_one_profile_per_config_and_stops_at_an_ncu_failure(
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "ERR_NVGPUCTRPERM" in said[0] and "results stand" in said[0]
     assert db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0] == 3
+
+
+# --- --model: every problem of a model preset ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["search", "attention", "--shape", SHAPE, "--model", "qwen2.5-omni-7b"], "not both"),
+        (["search"], "give at least one --shape (with a KERNEL) or a --model preset"),
+        (["search", "--model", "llama-9"], "unknown model 'llama-9'; choose one of qwen2.5-omni-7b"),
+        (["search", "--model", "qwen2.5-omni-7b", "--kernels", "attention,matmul"], "no traffic for kernel 'matmul'"),
+        (["search", "attention", "--model", "qwen2.5-omni-7b", "--kernels", "attention"], "not both"),
+        (["search", "--shape", SHAPE], "--shape needs a KERNEL"),
+    ],
+    ids=["shape-and-model", "neither", "unknown-model", "unknown-kernel", "kernel-twice", "shape-no-kernel"],
+)
+def test_model_mistakes_exit_2_with_one_line(args, message, tmp_db):
+    assert_user_error(invoke(*args, *MODE, "--db", str(tmp_db)), message)
+    assert not tmp_db.exists()
+
+
+def test_search_model_searches_every_preset_problem_of_the_chosen_kernels(tmp_db, monkeypatch):
+    from omnitune.cli import search_cmd
+    from omnitune.presets import get_preset, preset_problems
+
+    searched = []
+    monkeypatch.setattr(search_cmd, "_search_all",
+                        lambda spec, problems, dtype, **kw: searched.append((spec.name, problems, kw["kernel_arg"])))
+    result = invoke("search", "--model", "qwen2.5-omni-3b", "--kernels", "paged_decode_attention,kv_cache_write",
+                    *MODE, "--db", str(tmp_db))
+    assert result.exit_code == 0, result.output
+    preset = get_preset("qwen2.5-omni-3b")
+    assert searched == [
+        (k, [p.problem for p in preset_problems(preset, k)], k) for k in ("paged_decode_attention", "kv_cache_write")
+    ]
+    searched.clear()
+    result = invoke("search", "--model", "qwen-image-dit", *MODE, "--db", str(tmp_db))
+    assert result.exit_code == 0, result.output
+    assert [name for name, *_ in searched] == ["attention"]  # a DiT has no KV cache
+    assert "kv_cache_write: " in result.output and "skipped" in result.output

@@ -68,6 +68,7 @@ from omnitune.cli import bench_cmd, info_cmd  # noqa: E402,F401
 from omnitune.cli import tables_cmd  # noqa: E402,F401
 from omnitune.cli import profile_cmd  # noqa: E402,F401
 from omnitune.cli import search_cmd  # noqa: E402,F401
+from omnitune.cli import plan_cmd  # noqa: E402,F401
 
 
 def main() -> None:

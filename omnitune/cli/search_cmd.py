@@ -4,6 +4,7 @@ shape, with a live view of the search and a one-line summary per shape."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +24,7 @@ from omnitune.cli.common import (
     parse_dtype_option,
     parse_problems,
 )
-from omnitune.errors import DeviceError
+from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
 if TYPE_CHECKING:
@@ -37,11 +38,24 @@ RESUME_HINT = "rerun the same command to resume: finished trials are kept and no
 
 @app.command()
 def search(
-    kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
+    kernel: str = typer.Argument(
+        None, help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC. With --model: "
+        "search only this kernel (same as --kernels KERNEL).", show_default=False,
+    ),
     shape: list[str] = typer.Option(
         [], "--shape", "-s",
         help="Problem to tune for, e.g. b=1,h=28,hkv=4,lq=8192,lk=8192,d=128,causal=1. "
-        "Repeatable: one study per shape.",
+        "Repeatable: one study per shape. Give --shape or --model, not both.",
+    ),
+    model: str = typer.Option(
+        None, "--model",
+        help="Search every problem a model preset's traffic gives each kernel (see `omnitune plan --model`), "
+        "instead of --shape.", show_default=False,
+    ),
+    kernels: str = typer.Option(
+        None, "--kernels",
+        help="With --model: the kernels to search, comma-separated. \\[default: every kernel of the preset]",
+        show_default=False,
     ),
     dtype: str = typer.Option(
         None, "--dtype", help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret]", show_default=False,
@@ -81,6 +95,16 @@ def search(
         help="After the search, profile the K best configs with Nsight Compute (ncu) and store their "
         "counters (see omnitune report). Needs ncu and a GPU; without them the search still succeeds.",
     ),
+    isolate: bool = typer.Option(
+        False, "--isolate",
+        help="Measure every candidate in a persistent worker process: a config that crashes it (illegal "
+        "memory access, segfault, abort) or hangs past --trial-timeout is recorded as crashed or timeout, "
+        "the worker is replaced, and the search goes on.",
+    ),
+    trial_timeout: float = typer.Option(
+        120.0, "--trial-timeout", min=0.1,
+        help="With --isolate: seconds one trial may take (compile, check and timing) before its worker is killed.",
+    ),
     interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
 ) -> None:
     """Search a kernel's launch configs for the fastest one that matches the reference.
@@ -91,9 +115,7 @@ def search(
     Results go to the results database (see `omnitune report`).
     Ctrl-C keeps every finished trial; rerunning the same command resumes.
     """
-    spec = load_spec(kernel, interpret)
-    torch_dtype = _dtype(spec, dtype, interpret)
-    problems = parse_problems(spec, shape)
+    targets = _targets(kernel, shape, model, kernels, dtype, interpret)
     # Imports Optuna: not at module level, so that `omnitune --help` stays quick.
     from omnitune.search.driver import make_sampler, parse_sampler
 
@@ -109,13 +131,61 @@ def search(
                       "--finalists applies on a GPU", soft_wrap=True)
         finalists = 0
     profile_top = _profile_top_possible(profile_top, interpret)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        _search_all(spec, problems, torch_dtype, trials=trials, timeout_s=timeout, sampler=sampler_name.value,
-                    seed=seed, db=db, storage=storage, interpret=interpret, finalists=finalists,
-                    profile_top=profile_top, kernel_arg=kernel)
+        for target in targets:
+            # The timeout covers every kernel together; a kernel reached after it still says so.
+            remaining_s = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
+            _search_all(target.spec, target.problems, target.dtype, trials=trials, timeout_s=remaining_s,
+                        sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
+                        finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
+                        isolate_timeout_s=trial_timeout if isolate else None)
     except KeyboardInterrupt:
         err_console.print(f"interrupted; {RESUME_HINT}")
         raise typer.Exit(130) from None
+
+
+@dataclass(frozen=True)
+class _SearchTarget:
+    """One kernel to search, and the problems to search it on."""
+
+    kernel_arg: str
+    spec: KernelSpec
+    dtype: torch.dtype
+    problems: list
+
+
+def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: str | None,
+             dtype: str | None, interpret: bool) -> list[_SearchTarget]:
+    """What to search: the kernel's --shape problems, or every problem of a model preset."""
+    from omnitune.presets import get_preset, parse_kernels, preset_problems
+
+    if shapes and model:
+        raise OmnituneError("give --shape (with a KERNEL) or --model (a model preset), not both")
+    if not shapes and not model:
+        raise OmnituneError(
+            "give at least one --shape (with a KERNEL) or a --model preset, e.g. omnitune search attention "
+            "--shape b=1,h=28,hkv=4,lq=1,lk=4096,d=128 or omnitune search --model qwen2.5-omni-7b"
+        )
+    if shapes:
+        if kernel is None:
+            raise OmnituneError("--shape needs a KERNEL, e.g. omnitune search attention --shape ...")
+        if kernels is not None:
+            raise OmnituneError("--kernels goes with --model; with --shape name the KERNEL")
+        spec = load_spec(kernel, interpret)
+        return [_SearchTarget(kernel, spec, _dtype(spec, dtype, interpret), parse_problems(spec, shapes))]
+    preset = get_preset(model)
+    if kernel is not None and kernels is not None:
+        raise OmnituneError("name the kernels either as KERNEL or with --kernels, not both")
+    targets = []
+    for name in parse_kernels(kernel or kernels):
+        spec = load_spec(name, interpret)  # before the presets build problems: --interpret must apply first
+        problems = [p.problem for p in preset_problems(preset, name)]
+        if not problems:
+            console.print(f"{name}: {preset.description} never runs it; skipped", soft_wrap=True)
+            continue
+        targets.append(_SearchTarget(name, spec, _dtype(spec, dtype, interpret), problems))
+    return targets
 
 
 def _profile_top_possible(count: int, interpret: bool) -> int:
@@ -148,7 +218,7 @@ def _dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.dtype:
 def _search_all(
     spec: KernelSpec, problems: list, dtype: torch.dtype, *, trials: int, timeout_s: float | None,
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
-    profile_top: int = 0, kernel_arg: str = "",
+    profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
 ) -> None:
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
@@ -177,8 +247,20 @@ def _search_all(
             console.print(f"{title}: not started, the timeout has passed; rerun to continue", soft_wrap=True)
             continue
 
+        runners = []
+
         def make_runner(problem=problem):
-            return Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
+            if isolate_timeout_s is None:
+                runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
+            else:
+                from omnitune.search.worker import IsolatedRunner
+
+                # The worker loads the kernel by the name the user gave, so files and modules work too.
+                runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
+                                        observer_factories=[] if interpret else [NvmlSampler],
+                                        timeout_s=isolate_timeout_s)
+            runners.append(runner)
+            return runner
 
         view = _LiveView(spec, problem, dtype, trials, sampler, interpret)
         try:
@@ -189,9 +271,11 @@ def _search_all(
                     limits=limits, progress=view.update, finalists=finalists,
                 )
         except SearchInterrupted as stop:
+            _close(runners)
             console.print(_summary(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
             err_console.print(f"interrupted; {RESUME_HINT}")
             raise typer.Exit(130) from None
+        _close(runners)
         console.print(_summary(spec, problem, dtype, outcome, interpret), soft_wrap=True)
         for line in _finalist_lines(outcome, spec.default_config(problem, dtype)):
             console.print(line, soft_wrap=True)
@@ -204,6 +288,14 @@ def _search_all(
         if profile_top:
             profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
                          database=database, device_key=device.key)
+
+
+def _close(runners: list) -> None:
+    """Stop isolated workers; an in-process Runner has nothing to close."""
+    for runner in runners:
+        close = getattr(runner, "close", None)
+        if close is not None:
+            close()
 
 
 # --- Nsight Compute after the search ------------------------------------------------------------

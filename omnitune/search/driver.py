@@ -1,8 +1,10 @@
 """The search driver: one Optuna study per kernel × problem × dtype × device, driven through
 Optuna's ask/tell interface so that omnitune owns the measuring loop.
 
-Each iteration: choose a config (the kernel's default first; then the enumeration, the sampler,
-or — when the sampler keeps proposing configs already measured — a random unmeasured one) →
+Each iteration: choose a config (the kernel's default first; then its known-good configs and the
+winners of the nearest tuned problems in the exported tables (warm start); then the enumeration,
+the sampler, or — when the sampler keeps proposing configs already measured — a random unmeasured
+one) →
 skip it if it was measured before → prune it if a constraint rejects it (no GPU time) → measure
 it with the runner → store it (trial user attrs, tell, catalogue row) before the next begins.
 
@@ -81,6 +83,8 @@ PENALTY_BEFORE_ANY_OK_MS = 1e6
 SAMPLER_PATIENCE = 8
 # Past this many configs the valid ones are not listed up front (the check is per config).
 ENUMERABLE_SPACE = 200_000
+# Tuned configs of nearby problems measured right after the known-good ones (a warm start).
+WARM_START_CONFIGS = 3
 
 
 class SearchError(OmnituneError):
@@ -224,6 +228,39 @@ def make_sampler(name: SamplerName | str, seed: int) -> optuna.samplers.BaseSamp
     return optuna.samplers.RandomSampler(seed=seed)
 
 
+def warm_start_configs(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, device_key: str, limits: DeviceLimits | None = None,
+    *, most: int = WARM_START_CONFIGS,
+) -> list[Config]:
+    """The tuned configs of the problems nearest to `problem` in the exported tables that
+    omnitune.runtime reads (same kernel, dtype and device; within the spec's MatchPolicy; the
+    exact problem itself included), nearest first: at most `most` distinct configs, each valid
+    for `problem`. A missing or unreadable table contributes nothing."""
+    from omnitune.runtime import config_dirs
+    from omnitune.runtime._format import search_command, table_path
+    from omnitune.runtime._tables import load_table
+
+    gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
+    candidates: list[tuple[float, int, str, Config]] = []
+    for precedence, config_dir in enumerate(config_dirs()):
+        table = load_table(table_path(config_dir, spec.name, device_key), spec, gap)
+        if table is None:
+            continue
+        for entry in table.entries.values():
+            if entry.dtype != dtype:
+                continue
+            distance = spec.match.distance(problem, entry.problem)
+            if distance is not None:
+                candidates.append((distance, precedence, entry.key, entry.config))
+    chosen: list[Config] = []
+    for *_, config in sorted(candidates, key=lambda c: c[:3]):
+        if len(chosen) >= most:
+            break
+        if config not in chosen and not spec.violations(problem, config, dtype, limits):
+            chosen.append(config)
+    return chosen
+
+
 def parse_sampler(name: SamplerName | str) -> SamplerName:
     """The sampler a name (as given to --sampler) stands for; SearchError listing the choices."""
     try:
@@ -350,11 +387,16 @@ class _Search:
         )
         self.enumerate_all = sampler is SamplerName.GRID or (self.valid is not None and len(self.valid) <= trials)
         # Configs the driver proposes itself, in order: the default always first, then the spec's
-        # known-good configs; with an enumeration, every valid config after them (grid: in the
-        # spec's deterministic order).
+        # known-good configs, then the winners of the nearest tuned problems (warm start); with an
+        # enumeration, every valid config after them (grid: in the spec's deterministic order).
         self.planned = [self.default_config]
         self.known_good = [c for c in spec.known_good_configs(problem, dtype, limits) if c != self.default_config]
         self.planned += self.known_good
+        self.warm_start = [
+            c for c in warm_start_configs(spec, problem, dtype, device.key, limits)
+            if c not in self.planned
+        ]
+        self.planned += self.warm_start
         if self.enumerate_all:
             self.planned += [c for c in self.valid or () if c != self.default_config]
         self.measured_now = 0
@@ -412,6 +454,8 @@ class _Search:
                     return config, "default"
                 if config in self.known_good:
                     return config, "known-good"
+                if config in self.warm_start:
+                    return config, "warm-start"
                 return config, "grid" if self.sampler is SamplerName.GRID else "enumeration"
         if self.fruitless_proposals >= SAMPLER_PATIENCE:
             config = self._random_unmeasured(busy)

@@ -1,0 +1,251 @@
+"""Offline replay of search strategies over a stored exhaustive sweep: how many trials each needs
+to come within 2% of the best config, without a GPU.
+
+Given one problem's table of config → measured time (every valid config measured), each strategy
+is run as the driver runs it — Optuna's ask/tell with the same integer encoding of the space,
+configs a constraint rejects told a penalty without counting as a trial, a config measured before
+told its stored value again, failed configs told PENALTY_FACTOR × the slowest ok time so far, and
+a random unmeasured config after SAMPLER_PATIENCE fruitless proposals — except that "measuring"
+looks the time up. Strategies: TPE cold, TPE warm-started (the spec's default and known-good
+configs first, as the driver does), random, grid (valid configs in the spec's order), CMA-ES
+(the space is integer indices, so it applies), and, for attention, the autotune list of Triton's
+fused-attention tutorial (BLOCK_M 64/128 × BLOCK_N 32/64/128 × 3/4 stages × 4/8 warps, no GQA
+packing, no TMA; the tutorial's 7-stage configs are beyond this kernel's stage choices): 24
+configs that Triton's @autotune would all time, so its count is fixed and it may never reach 2%.
+
+    python benchmarks/replay.py [--trials-json PATH | --db PATH] [--kernel K --problem KEY]
+                                [--seeds 50] [--out benchmarks/results/replay_decode_like.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sqlite3
+import statistics
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import optuna
+import torch
+
+from omnitune.registry import get_spec
+from omnitune.search.driver import PENALTY_BEFORE_ANY_OK_MS, PENALTY_FACTOR, SAMPLER_PATIENCE, make_sampler
+from omnitune.search.space import ConfigSpace
+from omnitune.spec import Config, KernelSpec, parse_dtype
+
+TOLERANCE = 0.02
+DEFAULT_TRIALS_JSON = Path(__file__).parent / "results" / "search_trials_h200.json"
+DECODE_LIKE_PROBLEM = "b=64,h=28,hkv=4,lq=1,lk=4096,d=128,causal=0,spans=0,span_len=0"
+TRITON_TUTORIAL_ATTENTION = tuple(
+    Config(BLOCK_M=bm, BLOCK_N=bn, num_stages=s, num_warps=w, PACK_GQA=False, USE_TMA=False)
+    for bm in (64, 128) for bn in (32, 64, 128) for s in (3, 4) for w in (4, 8)
+)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One problem's exhaustive sweep: every measured config's time (None: it failed)."""
+
+    spec: KernelSpec
+    problem: object
+    dtype: torch.dtype
+    times_ms: Mapping[Config, float | None]
+
+    @property
+    def best_ms(self) -> float:
+        return min(t for t in self.times_ms.values() if t is not None)
+
+    def good_enough(self, config: Config) -> bool:
+        t = self.times_ms.get(config)
+        return t is not None and t <= self.best_ms * (1 + TOLERANCE)
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    strategy: str
+    runs: int
+    median_trials: float
+    p90_trials: float
+    never_reached: int  # runs that measured everything they would without coming within 2%
+    best_ratio: float   # the strategy's best found / the exhaustive best (1.0 when it reaches 2%)
+
+
+def sweep_from_rows(rows: Sequence[Mapping], kernel: str, problem_key: str, dtype: str) -> Sweep:
+    """A sweep from catalogue rows (the trials JSON's or a results db's `trials` table)."""
+    spec = get_spec(kernel)
+    problem = spec.parse_shape(problem_key)
+    times: dict[Config, float | None] = {}
+    for row in rows:
+        if row["kernel"] != kernel or row["problem_key"] != problem_key or row["dtype"] != dtype:
+            continue
+        if row["status"] == "pruned":
+            continue  # the constraints reject it: the replay prunes it the same way
+        config = spec.coerce_config(json.loads(row["config_json"]))
+        time_ms = row["time_ms"] if row["status"] == "ok" else None
+        if config not in times or times[config] is None:
+            times[config] = time_ms  # the first measurement, as the search saw it (not a re-timing)
+    valid = spec.valid_configs(problem, parse_dtype(dtype))
+    missing = [c for c in valid if c not in times]
+    if missing or not any(t is not None for t in times.values()):
+        raise SystemExit(f"{kernel} {problem_key}: not an exhaustive sweep ({len(missing)} of {len(valid)} "
+                         "valid configs unmeasured)")
+    return Sweep(spec, problem, parse_dtype(dtype), times)
+
+
+def load_rows(trials_json: Path | None, db: Path | None) -> list[dict]:
+    if db is not None:
+        with sqlite3.connect(db) as con:
+            con.row_factory = sqlite3.Row
+            return [dict(r) for r in con.execute(
+                "SELECT kernel, problem_key, dtype, config_json, status, time_ms FROM trials")]
+    return json.loads(Path(trials_json or DEFAULT_TRIALS_JSON).read_text())["trials"]
+
+
+def trials_to_good(sweep: Sweep, propose: Callable[[], Config], tell: Callable[[Config, float], None],
+                   rng: random.Random, first: Sequence[Config] = ()) -> int | None:
+    """Measured trials until a config within 2% of the best is measured; None if every valid
+    config was measured without one (impossible for an exhaustive sweep, kept for safety)."""
+    measured: dict[Config, float] = {}
+    ok_times: list[float] = []
+    fruitless = 0
+    queue = list(first)
+    valid = [c for c in sweep.times_ms]
+    while len(measured) < len(valid):
+        if queue:
+            config = queue.pop(0)
+        elif fruitless >= SAMPLER_PATIENCE:
+            config = rng.choice([c for c in valid if c not in measured])
+            fruitless = SAMPLER_PATIENCE - 2
+        else:
+            config = propose()
+        if config in measured:
+            tell(config, measured[config])
+            fruitless += 1
+            continue
+        penalty = PENALTY_FACTOR * max(ok_times) if ok_times else PENALTY_BEFORE_ANY_OK_MS
+        if config not in sweep.times_ms:  # a constraint rejects it: no GPU time, no trial
+            tell(config, penalty)
+            fruitless += 1
+            continue
+        time_ms = sweep.times_ms[config]
+        value = time_ms if time_ms is not None else penalty
+        if time_ms is not None:
+            ok_times.append(time_ms)
+        measured[config] = value
+        tell(config, value)
+        fruitless = 0
+        if sweep.good_enough(config):
+            return len(measured)
+    return None
+
+
+def run_optuna(sweep: Sweep, sampler_name: str, seed: int, warm: bool) -> int | None:
+    """One seeded run of an Optuna sampler over the sweep."""
+    space = ConfigSpace(sweep.spec)
+    study = optuna.create_study(sampler=make_sampler(sampler_name, seed))
+    pending: dict[Config, list] = {}
+
+    def propose() -> Config:
+        trial = study.ask(space.distributions)
+        config = space.decode(trial.params)
+        pending.setdefault(config, []).append(trial)
+        return config
+
+    def tell(config: Config, value: float) -> None:
+        if pending.get(config):
+            study.tell(pending[config].pop(), value)
+        else:  # a config the replay chose itself: the sampler learns it as an enqueued trial
+            study.enqueue_trial(space.encode(config))
+            study.tell(study.ask(space.distributions), value)
+
+    first = warm_configs(sweep) if warm else []
+    return trials_to_good(sweep, propose, tell, random.Random(seed), first)
+
+
+def warm_configs(sweep: Sweep) -> list[Config]:
+    """The driver's first configs: the default, then the known-good ones valid here."""
+    default = sweep.spec.default_config(sweep.problem, sweep.dtype)
+    known = sweep.spec.known_good_configs(sweep.problem, sweep.dtype)
+    return [default] + [c for c in known if c != default]
+
+
+def grid_order(sweep: Sweep) -> int | None:
+    """The valid configs in the spec's enumeration order."""
+    for position, config in enumerate((c for c in sweep.spec.all_configs() if c in sweep.times_ms), 1):
+        if sweep.good_enough(config):
+            return position
+    return None
+
+
+def summarize(strategy: str, counts: Sequence[int | None], best_ratio: float = 1.0) -> StrategyResult:
+    reached = sorted(c for c in counts if c is not None)
+    never = len(counts) - len(reached)
+    if not reached:
+        return StrategyResult(strategy, len(counts), math.nan, math.nan, never, best_ratio)
+    p90 = reached[min(len(reached) - 1, math.ceil(0.9 * len(reached)) - 1)]
+    return StrategyResult(strategy, len(counts), statistics.median(reached), float(p90), never, best_ratio)
+
+
+def replay(sweep: Sweep, seeds: int) -> list[StrategyResult]:
+    """Every strategy over the sweep, the seeded ones `seeds` times."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    results = []
+    for label, sampler, warm in (("tpe (cold)", "tpe", False), ("tpe (warm: default + known-good)", "tpe", True),
+                                 ("random", "random", False), ("cmaes", "cmaes", False)):
+        results.append(summarize(label, [run_optuna(sweep, sampler, seed, warm) for seed in range(seeds)]))
+    results.append(summarize("grid (spec order)", [grid_order(sweep)]))
+    if sweep.spec.name == "attention":
+        tutorial = [c for c in TRITON_TUTORIAL_ATTENTION if c in sweep.times_ms]
+        times = [sweep.times_ms[c] for c in tutorial if sweep.times_ms[c] is not None]
+        best = min(times) / sweep.best_ms if times else math.inf
+        reaches = any(sweep.good_enough(c) for c in tutorial)
+        # @autotune times its whole list, valid or not, before the first call returns.
+        results.append(summarize(f"triton tutorial autotune list ({len(tutorial)}/24 valid here)",
+                                 [len(TRITON_TUTORIAL_ATTENTION) if reaches else None], best))
+    return results
+
+
+def table_text(sweep: Sweep, results: Sequence[StrategyResult]) -> str:
+    lines = [f"{sweep.spec.name} {sweep.spec.problem_key(sweep.problem)}: {len(sweep.times_ms)} valid configs, "
+             f"best {sweep.best_ms:.4g} ms; trials to come within {TOLERANCE:.0%} of it",
+             f"{'strategy':<48} {'runs':>5} {'median':>7} {'p90':>6} {'never':>6} {'best/opt':>9}"]
+    for r in results:
+        lines.append(f"{r.strategy:<48} {r.runs:>5} {r.median_trials:>7.1f} {r.p90_trials:>6.1f} "
+                     f"{r.never_reached:>6} {r.best_ratio:>9.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials-json", type=Path, default=None)
+    parser.add_argument("--db", type=Path, default=None, help="a results database instead of the JSON")
+    parser.add_argument("--kernel", default="attention")
+    parser.add_argument("--problem", default=DECODE_LIKE_PROBLEM)
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    sweep = sweep_from_rows(load_rows(args.trials_json, args.db), args.kernel, args.problem, args.dtype)
+    results = replay(sweep, args.seeds)
+    print(table_text(sweep, results))
+    if args.out is not None:
+        doc = {"kernel": args.kernel, "problem_key": args.problem, "dtype": args.dtype,
+               "valid_configs": len(sweep.times_ms), "best_ms": sweep.best_ms, "tolerance": TOLERANCE,
+               "seeds": args.seeds, "strategies": [_finite(asdict(r)) for r in results]}
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _finite(row: dict) -> dict:
+    """NaN and inf (a strategy that never reached 2%, or had no valid config) as JSON null."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

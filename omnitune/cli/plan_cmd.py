@@ -1,0 +1,111 @@
+"""`omnitune plan`: what `omnitune search --model` would do, before any GPU time is spent — the
+problems of a model preset per kernel, each one's config space after pruning, the trials that
+will run, an estimated time, and the tables `omnitune export` would then write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import typer
+from rich.markup import escape
+
+from omnitune.cli import app
+from omnitune.cli.common import console
+
+# Seconds per measured trial, measured in this project's H200 searches (compile, reference check,
+# CUDA-event timing; the trials are in benchmarks/results/search_trials_h200.json).
+SECONDS_PER_TRIAL = 1.2
+# Seconds per problem besides its trials (an estimate): building inputs and the reference, opening
+# the study, and re-timing the finalists against each other.
+SETUP_S_PER_PROBLEM = 20.0
+
+
+@dataclass(frozen=True)
+class PlannedProblem:
+    """One problem of a plan: its key, what traffic it stands for, and its budget."""
+
+    problem_key: str
+    role: str
+    valid_configs: int
+    trials: int
+
+    @property
+    def estimate_s(self) -> float:
+        return self.trials * SECONDS_PER_TRIAL + SETUP_S_PER_PROBLEM
+
+
+def plan_kernel(kernel: str, problems, dtype: torch.dtype, trials: int) -> list[PlannedProblem]:
+    """The plan for one kernel's preset problems: valid configs after the constraints (checked
+    against H100/H200 limits, as without a GPU) and min(valid, trials) trials each."""
+    from omnitune.registry import get_spec
+
+    spec = get_spec(kernel)
+    planned = []
+    for p in problems:
+        valid = len(spec.valid_configs(p.problem, dtype))
+        planned.append(PlannedProblem(spec.problem_key(p.problem), p.role, valid, min(valid, trials)))
+    return planned
+
+
+@app.command()
+def plan(
+    model: str = typer.Option(..., "--model", help="A model preset, e.g. qwen2.5-omni-7b."),
+    kernels: str = typer.Option(
+        None, "--kernels", help="Comma-separated kernels. \\[default: every kernel of the preset]", show_default=False,
+    ),
+    trials: int = typer.Option(50, "--trials", "-n", min=1, help="Trial budget per problem, as for search."),
+    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32 (constraints depend on it)."),
+) -> None:
+    """Show what `omnitune search --model` would search, how long it should take, and which tables
+    `omnitune export` would write. Touches no GPU."""
+    from omnitune.presets import get_preset, parse_kernels, preset_problems
+    from omnitune.profile.device import device_key
+    from omnitune.runtime._format import table_path
+    from omnitune.spec import dtype_name, parse_dtype
+
+    preset = get_preset(model)
+    names = parse_kernels(kernels)
+    torch_dtype = parse_dtype(dtype)
+    key = device_key(torch.cuda.get_device_name()) if torch.cuda.is_available() else "<device_key>"
+    console.print(
+        f"[bold]{escape(preset.description)}[/]: hidden {preset.hidden}, {preset.heads} heads / "
+        f"{preset.kv_heads} kv heads × {preset.head_dim}, {preset.layers} layers; image tokens "
+        f"448²: {preset.image_tokens_448}, 512²: {preset.image_tokens_512}"
+        + (f"; {preset.audio_tokens_per_s:g} audio tokens/s" if preset.audio_tokens_per_s else ""),
+        soft_wrap=True,
+    )
+    total_s = 0.0
+    files = []
+    for name in names:
+        problems = preset_problems(preset, name)
+        if not problems:
+            console.print(f"\n[bold]{name}[/]: not used by this model", soft_wrap=True)
+            continue
+        planned = plan_kernel(name, problems, torch_dtype, trials)
+        kernel_s = sum(p.estimate_s for p in planned)
+        total_s += kernel_s
+        files.append(str(table_path("tuned_configs", name, key)))
+        console.print(f"\n[bold]{name}[/] ({dtype_name(torch_dtype)}): {len(planned)} problems, "
+                      f"{sum(p.trials for p in planned)} trials, ~{_duration(kernel_s)}", soft_wrap=True)
+        for p in planned:
+            console.print(f"  {escape(p.problem_key)}  [dim]{escape(p.role)}[/]", soft_wrap=True)
+            console.print(f"      {p.valid_configs} valid configs, {p.trials} trials, ~{_duration(p.estimate_s)}",
+                          soft_wrap=True)
+    console.print(
+        f"\ntotal ~{_duration(total_s)}: {SECONDS_PER_TRIAL:g} s per trial (measured on the H200 in this "
+        f"project) + ~{SETUP_S_PER_PROBLEM:g} s per problem (inputs, reference, finalists; an estimate)",
+        soft_wrap=True,
+    )
+    if files:
+        console.print("then `omnitune export` writes: " + ", ".join(files)
+                      + ("" if torch.cuda.is_available() else "  (<device_key>: the GPU's name, e.g. NVIDIA_H200)"),
+                      soft_wrap=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

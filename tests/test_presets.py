@@ -1,0 +1,151 @@
+"""Model presets: dimensions, problem lists, and that the runtime's nearest-match rule covers the
+traffic between the preset problems."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from omnitune.errors import OmnituneError
+from omnitune.kernels.attention import AttentionProblem
+from omnitune.kernels.kv_cache_write import KVCacheWriteProblem
+from omnitune.kernels.paged_decode_attention import PagedDecodeProblem
+from omnitune.presets import (
+    KERNELS,
+    PRESETS,
+    ModelKind,
+    get_preset,
+    parse_kernels,
+    preset_problems,
+)
+from omnitune.registry import get_spec
+
+LANGUAGE_MODELS = [p for p in PRESETS.values() if p.kind is ModelKind.LANGUAGE]
+
+
+def test_dimensions_match_the_design_table():
+    omni7 = get_preset("Qwen2.5-Omni-7B")
+    assert (omni7.hidden, omni7.heads, omni7.kv_heads, omni7.head_dim, omni7.layers) == (3584, 28, 4, 128, 28)
+    assert (omni7.image_tokens_448, omni7.image_tokens_512, omni7.audio_tokens_per_s) == (256, 324, 25)
+    qwen3 = get_preset("qwen3-omni-30b-a3b")
+    assert (qwen3.heads, qwen3.kv_heads, qwen3.layers) == (32, 4, 48)
+    assert (qwen3.image_tokens_448, qwen3.image_tokens_512, qwen3.audio_tokens_per_s) == (196, 256, 13)
+    assert get_preset("qwen2.5-vl-7b").audio_tokens(10) == 0
+    dit = get_preset("qwen-image-dit")
+    assert dit.image_tokens(1024) == 4096 and dit.kv_heads == dit.heads == 24
+
+
+def test_unknown_model_lists_the_presets():
+    with pytest.raises(OmnituneError, match="qwen2.5-omni-7b") as info:
+        get_preset("llama")
+    assert "\n" not in str(info.value)
+
+
+def test_parse_kernels():
+    assert parse_kernels(None) == KERNELS
+    assert parse_kernels("paged_decode_attention, attention") == ("paged_decode_attention", "attention")
+    with pytest.raises(OmnituneError, match="kv_cache_write"):
+        parse_kernels("attention,matmul")
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_problem_lists_are_small_distinct_and_have_valid_defaults(name):
+    preset = PRESETS[name]
+    for kernel in KERNELS:
+        problems = preset_problems(preset, kernel)
+        spec = get_spec(kernel)
+        if preset.kind is ModelKind.DIT and kernel != "attention":
+            assert problems == []  # a DiT has no KV cache
+            continue
+        assert 2 <= len(problems) <= 12
+        assert len({spec.problem_key(p.problem) for p in problems}) == len(problems)
+        for p in problems:
+            assert isinstance(p.problem, spec.problem_type) and p.role
+            assert p.problem.h == preset.heads if hasattr(p.problem, "h") else p.problem.hkv == preset.kv_heads
+            assert not spec.violations(p.problem, spec.default_config(p.problem, torch.bfloat16), torch.bfloat16)
+
+
+def _nearest(spec, problem, presets) -> float | None:
+    """The runtime's rule: the smallest MatchPolicy distance among the preset problems."""
+    distances = [d for d in (spec.match.distance(problem, p) for p in presets) if d is not None]
+    return min(distances) if distances else None
+
+
+def _traffic(preset) -> dict[str, list]:
+    """Realistic problems between (and beyond) the preset points, built independently of the presets'
+    own choice of points."""
+    h, hkv, d = preset.heads, preset.kv_heads, preset.head_dim
+    if preset.kind is ModelKind.DIT:
+        return {"attention": [
+            AttentionProblem(b=b, h=h, hkv=hkv, lq=n, lk=n, d=d)
+            for b, side, text in itertools.product((1, 2, 4), (512, 640, 768, 1024), (32, 256, 1024))
+            for n in [preset.image_tokens(side) + text]
+        ]}
+    attention = []
+    for b, text, side, audio_s, images in itertools.product(
+        (1, 2, 4), (32, 200, 900, 2500, 6000, 12000, 31000), (448, 512), (0, 2, 30), (1, 2, 4)
+    ):
+        span = preset.image_tokens(side)
+        n = text + images * span + preset.audio_tokens(audio_s)
+        if n <= 32768:
+            attention.append(AttentionProblem(b=b, h=h, hkv=hkv, lq=n, lk=n, d=d, causal=True,
+                                              spans=images, span_len=span))
+    for b, text, side in itertools.product((1, 2, 4), (32, 100, 300, 700, 2000, 4096), (448, 512)):
+        attention.append(AttentionProblem(b=b, h=h, hkv=hkv, lq=text, lk=preset.image_tokens(side), d=d))
+    decode = list(itertools.product((1, 2, 3, 8, 12, 24, 48, 100, 150, 256), (1024, 1500, 3000, 6000, 9000, 20000, 32768)))
+    attention += [AttentionProblem(b=b, h=h, hkv=hkv, lq=1, lk=ctx, d=d) for b, ctx in decode]
+    paged = [PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=1, ctx=ctx, d=d) for b, ctx in decode]
+    writes = [KVCacheWriteProblem(t=t, hkv=hkv, d=d) for t in (1, 2, 7, 16, 33, 100, 256, 300, 1000, 2500, 5000,
+                                                               9000, 20000, 40000, 65536)]
+    return {"attention": attention, "paged_decode_attention": paged, "kv_cache_write": writes}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_the_match_policy_covers_realistic_traffic_between_the_preset_problems(name):
+    preset = PRESETS[name]
+    for kernel, traffic in _traffic(preset).items():
+        spec = get_spec(kernel)
+        presets = [p.problem for p in preset_problems(preset, kernel)]
+        uncovered = [spec.problem_key(t) for t in traffic if _nearest(spec, t, presets) is None]
+        assert not uncovered, f"{name} {kernel}: no preset problem within policy for {uncovered[:5]}"
+
+
+def test_coverage_check_can_fail():
+    # Traffic outside the covered range is reported as uncovered: a 128k-token decode context.
+    preset = get_preset("qwen2.5-omni-7b")
+    spec = get_spec("paged_decode_attention")
+    presets = [p.problem for p in preset_problems(preset, "paged_decode_attention")]
+    far = PagedDecodeProblem(b=1, h=28, hkv=4, lq=1, ctx=131072, d=128)
+    assert _nearest(spec, far, presets) is None
+
+
+def test_plan_prints_problems_space_trials_time_and_files():
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app
+    from omnitune.cli.plan_cmd import SECONDS_PER_TRIAL, plan_kernel
+
+    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30"])
+    assert result.exit_code == 0, result.output
+    preset = get_preset("qwen2.5-omni-7b")
+    spec = get_spec("kv_cache_write")
+    planned = plan_kernel("kv_cache_write", preset_problems(preset, "kv_cache_write"), torch.bfloat16, 30)
+    for p, problem in zip(planned, preset_problems(preset, "kv_cache_write")):
+        assert p.valid_configs == len(spec.valid_configs(problem.problem, torch.bfloat16))
+        assert p.trials == min(p.valid_configs, 30)
+        assert p.problem_key in result.output and f"{p.valid_configs} valid configs, {p.trials} trials" in result.output
+    assert any(p.trials < 30 for p in planned)  # a small space is measured whole, not 30 times
+    assert f"{SECONDS_PER_TRIAL:g} s per trial (measured on the H200" in result.output
+    assert "tuned_configs/kv_cache_write/" in result.output and "attention" not in result.output
+
+
+def test_plan_unknown_model_is_one_line():
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--model", "gpt-9"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0 and "choose one of qwen2.5-omni-7b" in result.stderr

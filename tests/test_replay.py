@@ -1,0 +1,74 @@
+"""benchmarks/replay.py on a small synthetic sweep whose answers are known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from omnitune.registry import get_spec
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "replay.py"
+_spec = importlib.util.spec_from_file_location("replay", _PATH)
+replay = importlib.util.module_from_spec(_spec)
+sys.modules["replay"] = replay  # dataclasses look their module up while the file is executed
+_spec.loader.exec_module(replay)
+
+KERNEL = "kv_cache_write"
+PROBLEM_KEY = "t=4,hkv=2,d=64,block_size=16"
+
+
+def _rows(best_at: int, failed_at: int) -> tuple[list[dict], list]:
+    """Catalogue rows for every valid config of a tiny problem: the config at grid position
+    `best_at` (1-based) is fastest, the one at `failed_at` failed; the rest are slow."""
+    spec = get_spec(KERNEL)
+    problem = spec.parse_shape(PROBLEM_KEY)
+    order = [c for c in spec.all_configs() if c in set(spec.valid_configs(problem, torch.float16))]
+    rows = []
+    for position, config in enumerate(order, 1):
+        status = "mismatch" if position == failed_at else "ok"
+        time_ms = 1.0 if position == best_at else 5.0 + position
+        rows.append({"kernel": KERNEL, "problem_key": PROBLEM_KEY, "dtype": "fp16", "status": status,
+                     "config_json": json.dumps(config.as_dict()), "time_ms": time_ms})
+    rows.append({"kernel": "attention", "problem_key": "b=1", "dtype": "fp16", "status": "ok",
+                 "config_json": "{}", "time_ms": 0.001})  # another problem: ignored
+    return rows, order
+
+
+def test_grid_order_finds_the_best_at_its_position():
+    rows, order = _rows(best_at=7, failed_at=2)
+    sweep = replay.sweep_from_rows(rows, KERNEL, PROBLEM_KEY, "fp16")
+    assert len(sweep.times_ms) == len(order) and sweep.best_ms == 1.0
+    assert sweep.times_ms[order[1]] is None
+    assert replay.grid_order(sweep) == 7
+
+
+def test_seeded_samplers_reach_the_best_within_the_space_and_warm_start_helps_when_the_default_is_best():
+    rows, order = _rows(best_at=len(_rows(1, 2)[1]), failed_at=1)
+    sweep = replay.sweep_from_rows(rows, KERNEL, PROBLEM_KEY, "fp16")
+    for sampler in ("tpe", "random"):
+        counts = [replay.run_optuna(sweep, sampler, seed, warm=False) for seed in range(3)]
+        assert all(1 <= c <= len(order) for c in counts)
+    # Make the default the best: a warm start then needs exactly one trial.
+    default = sweep.spec.default_config(sweep.problem, sweep.dtype)
+    times = dict(sweep.times_ms)
+    times[default] = 0.5
+    warm = replay.Sweep(sweep.spec, sweep.problem, sweep.dtype, times)
+    assert replay.run_optuna(warm, "tpe", 0, warm=True) == 1
+
+
+def test_summary_is_median_and_p90_and_counts_misses():
+    result = replay.summarize("x", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, None])
+    assert (result.median_trials, result.p90_trials, result.never_reached, result.runs) == (5.5, 9.0, 1, 11)
+    assert math.isnan(replay.summarize("y", [None]).median_trials)
+
+
+def test_an_incomplete_sweep_is_refused():
+    rows, _ = _rows(best_at=1, failed_at=2)
+    with pytest.raises(SystemExit, match="not an exhaustive sweep"):
+        replay.sweep_from_rows(rows[3:], KERNEL, PROBLEM_KEY, "fp16")
