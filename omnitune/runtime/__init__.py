@@ -35,7 +35,7 @@ import torch
 import omnitune
 from omnitune.errors import InputError, ShapeError
 from omnitune.runtime import _tables
-from omnitune.runtime._chain import Lookup, Rung, resolve
+from omnitune.runtime._chain import Lookup, Rung, ranked_entries, resolve
 from omnitune.runtime._format import CONFIG_DIR_ENV, SCHEMA_VERSION, search_command, table_path
 from omnitune.spec import DTYPE_NAMES, Config, DeviceLimits, KernelSpec, dtype_name
 
@@ -48,6 +48,7 @@ __all__ = [
     "config_dirs",
     "get_config",
     "lookup",
+    "nearest_configs",
 ]
 
 _results: dict[tuple, Lookup] = {}
@@ -130,14 +131,36 @@ def _lookup_uncached(kernel: str, problem: Any, dtype: torch.dtype | None, devic
     if device_name is None:
         return Lookup(spec.default_config(problem, dtype), Rung.DEFAULT)
 
+    tables = _tables_for(spec, problem, dtype, device_key(device_name))
+    return resolve(spec, problem, dtype, tables, _device_limits())
+
+
+def nearest_configs(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, device_key: str, limits: DeviceLimits | None = None,
+    *, most: int = 3,
+) -> list[Config]:
+    """The tuned configs of the exported problems nearest to `problem` (same kernel, dtype and
+    device, within the spec's MatchPolicy, the exact problem included), nearest first: at most
+    `most` distinct configs, each valid for `problem`. What a search warm-starts from."""
+    chosen: list[Config] = []
+    for _, _, entry in ranked_entries(spec, problem, dtype, _tables_for(spec, problem, dtype, device_key)):
+        if len(chosen) >= most:
+            break
+        if entry.config not in chosen and not spec.violations(problem, entry.config, dtype, limits):
+            chosen.append(entry.config)
+    return chosen
+
+
+def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str) -> list:
+    """The readable tables for one kernel and device, in precedence order; a bad file warns once,
+    naming the search that would fill the gap, and is skipped."""
     gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
-    key = device_key(device_name)
     tables = []
     for config_dir in config_dirs():
         table = _tables.load_table(table_path(config_dir, spec.name, key), spec, gap)
         if table is not None:
             tables.append(table)
-    return resolve(spec, problem, dtype, tables, _device_limits())
+    return tables
 
 
 def _as_problem(spec: KernelSpec, problem: Any) -> Any:

@@ -55,20 +55,29 @@ def resolve(
         if entry is not None and _fits(spec, table, entry, problem, dtype, limits):
             return Lookup(entry.config, Rung.EXACT, table.path, key, 0.0)
 
+    for distance, table, entry in ranked_entries(spec, problem, dtype, tables, include_exact=False):
+        if _fits(spec, table, entry, problem, dtype, limits):
+            return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+
+    return Lookup(spec.default_config(problem, dtype), Rung.DEFAULT)
+
+
+def ranked_entries(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, tables: Sequence[Table], *, include_exact: bool = True
+) -> list[tuple[float, Table, TableEntry]]:
+    """Every entry of the same dtype that the spec's MatchPolicy lets `problem` use, nearest first
+    (ties: the earlier table, then the key), as (distance, table, entry)."""
+    key = entry_key(dtype_name(dtype), spec.problem_key(problem))
     candidates: list[tuple[float, int, str, Table, TableEntry]] = []
     for precedence, table in enumerate(tables):
         for entry in table.entries.values():
-            if entry.dtype != dtype or entry.key == key:
+            if entry.dtype != dtype or (entry.key == key and not include_exact):
                 continue
             distance = spec.match.distance(problem, entry.problem)
             if distance is not None:
                 candidates.append((distance, precedence, entry.key, table, entry))
     candidates.sort(key=lambda c: c[:3])
-    for distance, _, _, table, entry in candidates:
-        if _fits(spec, table, entry, problem, dtype, limits):
-            return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
-
-    return Lookup(spec.default_config(problem, dtype), Rung.DEFAULT)
+    return [(distance, table, entry) for distance, _, _, table, entry in candidates]
 
 
 def _fits(

@@ -232,33 +232,11 @@ def warm_start_configs(
     spec: KernelSpec, problem: Any, dtype: torch.dtype, device_key: str, limits: DeviceLimits | None = None,
     *, most: int = WARM_START_CONFIGS,
 ) -> list[Config]:
-    """The tuned configs of the problems nearest to `problem` in the exported tables that
-    omnitune.runtime reads (same kernel, dtype and device; within the spec's MatchPolicy; the
-    exact problem itself included), nearest first: at most `most` distinct configs, each valid
-    for `problem`. A missing or unreadable table contributes nothing."""
-    from omnitune.runtime import config_dirs
-    from omnitune.runtime._format import search_command, table_path
-    from omnitune.runtime._tables import load_table
+    """The winners of the tuned problems nearest to `problem` in the exported tables that
+    omnitune.runtime reads, nearest first (see omnitune.runtime.nearest_configs)."""
+    from omnitune.runtime import nearest_configs
 
-    gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
-    candidates: list[tuple[float, int, str, Config]] = []
-    for precedence, config_dir in enumerate(config_dirs()):
-        table = load_table(table_path(config_dir, spec.name, device_key), spec, gap)
-        if table is None:
-            continue
-        for entry in table.entries.values():
-            if entry.dtype != dtype:
-                continue
-            distance = spec.match.distance(problem, entry.problem)
-            if distance is not None:
-                candidates.append((distance, precedence, entry.key, entry.config))
-    chosen: list[Config] = []
-    for *_, config in sorted(candidates, key=lambda c: c[:3]):
-        if len(chosen) >= most:
-            break
-        if config not in chosen and not spec.violations(problem, config, dtype, limits):
-            chosen.append(config)
-    return chosen
+    return nearest_configs(spec, problem, dtype, device_key, limits, most=most)
 
 
 def parse_sampler(name: SamplerName | str) -> SamplerName:
