@@ -128,7 +128,6 @@ def test_any_strides():
 
 
 def test_public_function_uses_default_without_tables(monkeypatch, tmp_path):
-    pytest.importorskip("omnitune.runtime", exc_type=ImportError)
     monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(tmp_path))
     q = torch.randn(1, 2, 9, 64, device=DEVICE, dtype=torch.float16)
     k = torch.randn(1, 2, 9, 64, device=DEVICE, dtype=torch.float16)

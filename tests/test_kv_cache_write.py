@@ -209,9 +209,6 @@ def test_all_padding_and_empty_batch_write_nothing(device):
 
 
 def test_default_lookup_through_runtime(device):
-    runtime = pytest.importorskip("omnitune.runtime")
-    if not hasattr(runtime, "get_config"):
-        pytest.skip("omnitune.runtime.get_config is not there yet")
     key, value, kc, vc, slots = _case(t=5, hkv=2, d=32, num_blocks=3, block_size=4, dtype=torch.float16, device=device)
     want_k, want_v = _expected(key, value, kc, vc, slots)
     write_kv_cache(key, value, kc, vc, slots)

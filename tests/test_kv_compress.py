@@ -238,9 +238,6 @@ def test_ragged_batch_with_recent_window_matches_reference(dtype, device):
 
 
 def test_default_lookup_through_runtime(device):
-    runtime = pytest.importorskip("omnitune.runtime")
-    if not hasattr(runtime, "get_config"):
-        pytest.skip("omnitune.runtime.get_config is not there yet")
     q, k, v, modality = _hand_built(torch.float32, device)
     out = compress_kv(q, k, v, modality, keep_ratio={"image": 0.25, "audio": 0.5})
     assert out.positions[0, 0].tolist() == [0, 1, 2, 6, *range(8, 16)]

@@ -232,9 +232,6 @@ def test_strided_q_tile_spanning_pages_and_custom_scale(device):
 
 
 def test_default_lookup_through_runtime(device):
-    runtime = pytest.importorskip("omnitune.runtime")
-    if not hasattr(runtime, "get_config"):
-        pytest.skip("omnitune.runtime.get_config is not there yet")
     q, kc, vc, tables, ctx = _paged_case([21, 9], 4, 2, 1, 32, 8, torch.float16, device, seed=3)
     out = paged_decode_attention(q, kc, vc, tables, ctx)
     assert relative_error(out.cpu(), _naive(q, kc, vc, tables, ctx, 1 / math.sqrt(32))) <= TOL[torch.float16]
