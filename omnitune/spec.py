@@ -16,6 +16,7 @@ import hashlib
 import inspect
 import itertools
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from omnitune.errors import ConfigError, ShapeError
+from omnitune.errors import ConfigError, InputError, ShapeError
 
 ParamValue = int | bool | str
 
@@ -207,6 +208,18 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if denom == 0.0:
         return 0.0 if num == 0.0 else math.inf
     return num / denom
+
+
+def element_bytes(dtype: torch.dtype) -> int:
+    """Bytes per element of a dtype, for byte models and shared-memory estimates."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def require_runnable_device(t: torch.Tensor) -> None:
+    """A Triton kernel runs on a CUDA tensor, or on a CPU tensor only under Triton's interpreter
+    (TRITON_INTERPRET=1, set before the kernel module was imported)."""
+    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
 
 
 def poisoned(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

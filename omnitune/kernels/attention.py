@@ -48,7 +48,9 @@ from omnitune.spec import (
     KernelSpec,
     MatchPolicy,
     Param,
+    element_bytes,
     poisoned,
+    require_runnable_device,
 )
 
 LOG2E = 1.4426950408889634
@@ -309,14 +311,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise InputError(f"q heads ({h}) must be a multiple of k/v heads ({hkv})")
     if q.shape[2] == 0 or k.shape[2] == 0:
         raise InputError("sequence lengths must be ≥ 1")
-    if q.device.type == "cpu" and not _interpreting():
-        raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    require_runnable_device(q)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -507,7 +502,7 @@ def flops(problem: AttentionProblem) -> float:
 
 def bytes_moved(problem: AttentionProblem, dtype: torch.dtype) -> float:
     p = problem
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     return float((2 * p.b * p.h * p.lq + 2 * p.b * p.hkv * p.lk) * p.d * elt)
 
 
@@ -523,7 +518,7 @@ def _shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch
     # Q tile, plus K and V tiles for each pipeline stage. Matches the Triton FA2 kernel measured
     # on the H200 (2026-11-29): the 4 configs of a 36-config grid this model puts over 227 KiB
     # (BLOCK_N=128, 4 stages, D=128, bf16) were exactly the ones that failed to launch.
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     bd = _block_d(problem)
     return elt * (int(config["BLOCK_M"]) * bd + int(config["num_stages"]) * 2 * int(config["BLOCK_N"]) * bd)
 

@@ -30,7 +30,6 @@ their slot.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,17 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.spec import Config, Constraint, DeviceLimits, KernelSpec, MatchPolicy, Param, relative_error
+from omnitune.spec import (
+    Config,
+    Constraint,
+    DeviceLimits,
+    KernelSpec,
+    MatchPolicy,
+    Param,
+    element_bytes,
+    relative_error,
+    require_runnable_device,
+)
 
 SLOT_DTYPES = (torch.int32, torch.int64)
 # Fraction of the factory's tokens that are padding (slot −1): 1 in PAD_EVERY.
@@ -128,10 +137,6 @@ class KVCacheWriteInputs:
     slot_mapping: torch.Tensor    # [T], int64; −1 = padding
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _check_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Everything that can be checked about the tensors, before anything is written. The slot
     range check costs one reduction over slot_mapping and one device-to-host sync (.item())."""
@@ -175,8 +180,7 @@ def _check_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
         raise InputError(
             f"slot_mapping must be 1-D with one slot per token ({t}), got shape {list(slot_mapping.shape)}"
         )
-    if key.device.type == "cpu" and not _interpreting():
-        raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
+    require_runnable_device(key)
     if t == 0:
         return
     capacity = num_blocks * block_size
@@ -308,7 +312,7 @@ def flops(problem: KVCacheWriteProblem) -> float:
 
 def bytes_moved(problem: KVCacheWriteProblem, dtype: torch.dtype) -> float:
     p = problem
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     written = p.t - p.padded_tokens
     slot_bytes = 8 * p.t  # the factory's int64 slot_mapping
     return float(4 * written * p.hkv * p.d * elt + slot_bytes)
@@ -335,7 +339,7 @@ def _check_block_h(problem, config, dtype, limits):
 def _check_registers(problem, config, dtype, limits):
     # Key and value tiles are both held in registers between load and store; past 128 32-bit
     # registers per thread for them the compiler spills to local memory.
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     threads = int(config["num_warps"]) * 32
     per_thread = 2 * _tile_elements(problem, config) * elt // (4 * threads)
     if per_thread > 128:
@@ -346,7 +350,7 @@ def _check_registers(problem, config, dtype, limits):
 def _check_idle_threads(problem, config, dtype, limits):
     # More than one warp for a tile that does not give each thread one 16-byte vector only adds
     # idle threads (one warp is always allowed: tiny problems have no other choice).
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     vectors = _tile_elements(problem, config) * elt // 16
     threads = int(config["num_warps"]) * 32
     if int(config["num_warps"]) > 1 and vectors < threads:

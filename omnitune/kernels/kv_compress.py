@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -51,7 +50,17 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.spec import Config, Constraint, DeviceLimits, KernelSpec, MatchPolicy, Param, poisoned
+from omnitune.spec import (
+    Config,
+    Constraint,
+    DeviceLimits,
+    KernelSpec,
+    MatchPolicy,
+    Param,
+    element_bytes,
+    poisoned,
+    require_runnable_device,
+)
 
 LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -356,10 +365,6 @@ def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, co
 # ------------------------------------------------------------------------------------------------
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _modality_of(key) -> Modality:
     if isinstance(key, Modality):
         return key
@@ -426,8 +431,7 @@ def _check_inputs(q_window, k, v, modality, recent) -> None:
         )
     if not isinstance(recent, int) or not 0 <= recent <= n:
         raise InputError(f"recent={recent!r}; use an integer in 0..{n}")
-    if q_window.device.type == "cpu" and not _interpreting():
-        raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
+    require_runnable_device(q_window)
     bad_value, window_not_text = torch.stack([
         ((modality < 0) | (modality > max(Modality))).any(), (modality[:, n - w:] != Modality.TEXT).any()
     ]).tolist()
@@ -706,7 +710,7 @@ def flops(problem: KVCompressProblem) -> float:
 
 def bytes_moved(problem: KVCompressProblem, dtype: torch.dtype) -> float:
     p = problem
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     return float((p.b * p.h * p.window + 4 * p.b * p.hkv * p.n + 2 * p.b * p.hkv * p.kept) * p.d * elt)
 
 
@@ -725,7 +729,7 @@ def _check_window_registers(problem, config, dtype, limits):
 
 
 def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     block_m = max(16, triton.next_power_of_2(problem.window))
     need = elt * _block_d(problem) * (block_m + int(config["num_stages"]) * int(config["BLOCK_N"]))
     merge = 4 * _block_d(problem) * (int(config["BLOCK_E"]) + int(config["num_stages"]) * int(config["BLOCK_K"]))

@@ -38,7 +38,6 @@ left out, so a config that splits too finely shows as lower TB/s.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +45,17 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.spec import Config, Constraint, DeviceLimits, KernelSpec, MatchPolicy, Param, poisoned
+from omnitune.spec import (
+    Config,
+    Constraint,
+    DeviceLimits,
+    KernelSpec,
+    MatchPolicy,
+    Param,
+    element_bytes,
+    poisoned,
+    require_runnable_device,
+)
 
 LOG2E = 1.4426950408889634
 MAX_QUERY_TOKENS = 16
@@ -252,10 +261,6 @@ class PagedDecodeInputs:
     sm_scale: float
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _check_inputs(q, key_cache, value_cache, block_tables, context_lens) -> int:
     """Validate everything before launching; returns the longest context. The value checks
     (block table entries in use < num_blocks, Lq ≤ context_lens ≤ capacity) cost a few reductions
@@ -304,8 +309,7 @@ def _check_inputs(q, key_cache, value_cache, block_tables, context_lens) -> int:
         )
     if context_lens.dtype != torch.int32 or context_lens.dim() != 1 or context_lens.shape[0] != b:
         raise InputError(f"context_lens must be int32 [B={b}], got {context_lens.dtype} {list(context_lens.shape)}")
-    if q.device.type == "cpu" and not _interpreting():
-        raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
+    require_runnable_device(q)
 
     max_blocks = block_tables.shape[1]
     capacity = max_blocks * block_size
@@ -521,7 +525,7 @@ def flops(problem: PagedDecodeProblem) -> float:
 
 def bytes_moved(problem: PagedDecodeProblem, dtype: torch.dtype) -> float:
     p = problem
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     kv = 2 * p.b * p.hkv * p.ctx * p.d * elt
     q_and_out = 2 * p.b * p.h * p.lq * p.d * elt
     return float(kv + q_and_out + 4 * p.b * p.pages_per_sequence)
@@ -533,7 +537,7 @@ def _rows(problem: PagedDecodeProblem, config: Config) -> int:
 
 def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
     # Q tile plus K and V tiles for each pipeline stage, as in the attention kernel's model.
-    elt = torch.empty((), dtype=dtype).element_size()
+    elt = element_bytes(dtype)
     bd = triton.next_power_of_2(problem.d)
     need = elt * bd * (_block_m(_rows(problem, config)) + int(config["num_stages"]) * 2 * int(config["BLOCK_N"]))
     have = limits.shared_memory_per_block_bytes
