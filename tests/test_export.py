@@ -16,15 +16,14 @@ import omnitune.runtime as runtime
 from omnitune import export
 from omnitune.cli import app
 from omnitune.errors import StoreError
-from omnitune.store import TrialRecord, open_db, record_device, record_trials
 from omnitune.kernels.attention import SPEC, AttentionProblem
 from omnitune.profile.device import INTERPRETER_DEVICE, DeviceFacts, device_key
 from omnitune.spec import Config
+from trial_rows import H200, results_db, trial_row
 
 PREFILL = AttentionProblem(b=1, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
 CROSS = AttentionProblem(b=2, h=8, hkv=8, lq=128, lk=1024, d=128)
 UNTOUCHED = AttentionProblem(b=1, h=8, hkv=2, lq=8192, lk=8192, d=64, causal=True)
-H200 = "NVIDIA H200"
 DEFAULT = SPEC.default_config(PREFILL, torch.float16)
 FAST = Config(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
 SLOWER = FAST.replace(num_stages=3)
@@ -37,41 +36,12 @@ H200_FACTS = DeviceFacts(
 )
 
 
-def trial_row(number, problem, config, *, status="ok", time_ms=None, dtype="fp16", device=H200,
-              is_default=False, measured_at="2026-11-29T12:00:00+00:00", source_hash="0123456789abcdef"):
-    """One row of the agreed `trials` schema."""
-    key, dkey = SPEC.problem_key(problem), device_key(device)
-    return {
-        "study": f"attention|{key}|{dtype}|{dkey}", "trial_number": number, "kernel": "attention",
-        "problem_key": key, "problem_json": json.dumps(dataclasses.asdict(problem), sort_keys=True),
-        "dtype": dtype, "device_key": dkey, "device_name": device, "sampler": "tpe",
-        "config_json": json.dumps(config.as_dict(), sort_keys=True), "config_label": config.label(),
-        "status": status, "time_ms": time_ms,
-        "p20_ms": time_ms * 0.95 if time_ms else None, "p80_ms": time_ms * 1.05 if time_ms else None,
-        "rel_error": 2e-4 if status == "ok" else 0.3, "tflops": 150.0 if time_ms else None,
-        "tbps": 1.5 if time_ms else None, "detail": "", "representative": device != INTERPRETER_DEVICE,
-        "is_default": is_default, "extra_json": "{}", "source_hash": source_hash,
-        "torch_version": "2.11.0", "triton_version": "3.6.0", "omnitune_version": "0.1.0",
-        "measured_at": measured_at,
-    }
-
-
-def results_db(path: Path, rows: list[dict], devices: list[DeviceFacts] = ()) -> Path:
-    """A results database made by omnitune.store, holding `rows` and `devices`."""
-    db = open_db(path)
-    record_trials(db, [TrialRecord(**row) for row in rows])
-    for facts in devices:
-        record_device(db, facts)
-    db.conn.close()
-    return path
-
-
 @pytest.fixture
 def populated(tmp_path) -> Path:
     rows = [
         trial_row(0, PREFILL, DEFAULT, time_ms=DEFAULT_MS, is_default=True),
-        trial_row(1, PREFILL, FAST, time_ms=FAST_MS, measured_at="2026-11-29T13:00:00+00:00",
-                  source_hash="fedcba9876543210"),
+        trial_row(1, PREFILL, FAST, time_ms=FAST_MS, tflops=150.0, tbps=1.5, rel_error=2e-4,
+                  measured_at="2026-11-29T13:00:00+00:00", source_hash="fedcba9876543210"),
         trial_row(2, PREFILL, SLOWER, time_ms=FAST_MS * 1.5),
         trial_row(3, PREFILL, WRONG, status="mismatch", time_ms=FAST_MS / 2),  # faster, but wrong
         trial_row(4, PREFILL, FAST.replace(BLOCK_N=128, num_stages=4), status="pruned"),

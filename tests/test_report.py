@@ -4,7 +4,6 @@ ncu profiles, the finalists' re-timings, and the figures of --plot."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 from pathlib import Path
@@ -20,19 +19,17 @@ from omnitune.errors import StoreError
 from omnitune.store import (
     ProfileKind,
     ProfileRecord,
-    TrialRecord,
     open_db,
     record_calibration,
     record_profile,
-    record_trials,
 )
 from omnitune.kernels.attention import SPEC, AttentionProblem
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key
 from omnitune.spec import Config
+from trial_rows import H200, results_db, trial_row
 
 PREFILL = AttentionProblem(b=1, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
 CROSS = AttentionProblem(b=2, h=8, hkv=8, lq=128, lk=1024, d=128)
-H200 = "NVIDIA H200"
 DEFAULT = SPEC.default_config(PREFILL, SPEC.dtypes[0])
 FAST = Config(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
 TIED = FAST.replace(USE_TMA=False)
@@ -41,34 +38,6 @@ WRONG = FAST.replace(BLOCK_N=64)
 
 
 # --- a results database --------------------------------------------------------------------------
-
-
-def trial_row(number, problem, config, *, status="ok", time_ms=None, dtype="fp16", device=H200,
-              is_default=False, tflops=None, tbps=None, measured_at="2026-11-29T12:00:00+00:00", extra=None):
-    """One row of the agreed `trials` schema; p20/p80 are set 5% either side of the median."""
-    key, dkey = SPEC.problem_key(problem), device_key(device)
-    ok = status == "ok"
-    return {
-        "study": f"attention|{key}|{dtype}|{dkey}", "trial_number": number, "kernel": "attention",
-        "problem_key": key, "problem_json": json.dumps(dataclasses.asdict(problem), sort_keys=True),
-        "dtype": dtype, "device_key": dkey, "device_name": device, "sampler": "tpe",
-        "config_json": json.dumps(config.as_dict(), sort_keys=True), "config_label": config.label(),
-        "status": status, "time_ms": time_ms if ok else None,
-        "p20_ms": time_ms * 0.95 if ok else None, "p80_ms": time_ms * 1.05 if ok else None,
-        "rel_error": 1e-4 if ok else None, "tflops": tflops, "tbps": tbps,
-        "detail": "" if ok else f"{status}: because", "representative": device != INTERPRETER_DEVICE,
-        "is_default": is_default, "extra_json": json.dumps(extra or {}), "source_hash": "0123456789abcdef",
-        "torch_version": "2.11.0", "triton_version": "3.6.0", "omnitune_version": "0.1.0",
-        "measured_at": measured_at,
-    }
-
-
-def results_db(path: Path, rows: list[dict]) -> Path:
-    """A results database made by omnitune.store, holding `rows`."""
-    db = open_db(path)
-    record_trials(db, [TrialRecord(**row) for row in rows])
-    db.conn.close()
-    return path
 
 
 DEFAULT_MS, FAST_MS = 2.0, 1.25
