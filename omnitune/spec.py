@@ -296,6 +296,15 @@ class KernelSpec:
                 found.append((c.name, reason))
         return found
 
+    def require_valid(
+        self, problem: Any, config: Config, dtype: torch.dtype, limits: DeviceLimits | None = None
+    ) -> None:
+        """ConfigError naming the first constraint a user-given config breaks for this problem."""
+        broken = self.violations(problem, config, dtype, limits)
+        if broken:
+            name, reason = broken[0]
+            raise ConfigError(f"config {config.label()} breaks constraint {name}: {reason}")
+
     def valid_configs(
         self, problem: Any, dtype: torch.dtype, limits: DeviceLimits | None = None
     ) -> list[Config]:

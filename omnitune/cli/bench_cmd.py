@@ -77,15 +77,11 @@ def bench(
 
 
 def _reject_violations(spec, problem, dtype, configs, interpret):
-    from omnitune.errors import ConfigError
     from omnitune.spec import DeviceLimits
 
     limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
-    for label, cfg in configs.items():
-        broken = spec.violations(problem, cfg, dtype, limits)
-        if broken:
-            name, reason = broken[0]
-            raise ConfigError(f"--config {cfg.label()} breaks constraint {name}: {reason}")
+    for cfg in configs.values():
+        spec.require_valid(problem, cfg, dtype, limits)
 
 
 def _tuned_and_default(spec, problem, dtype, device_name):

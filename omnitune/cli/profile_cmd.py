@@ -134,10 +134,7 @@ def profile_cmd(
     database = open_db(db_path(db))
     device_name = torch.cuda.get_device_name()
     chosen, which = resolve_config(spec, problem, torch_dtype, config, database, device_name)
-    violations = spec.violations(problem, chosen, torch_dtype)
-    if violations:
-        name, reason = violations[0]
-        raise ConfigError(f"config {chosen.label()} breaks {name}: {reason}")
+    spec.require_valid(problem, chosen, torch_dtype)
 
     with console.status(f"profiling {spec.name} under ncu…"):
         profile = profile_config(kernel, spec, problem, torch_dtype, chosen, launches)

@@ -39,10 +39,7 @@ def run(kernel: str, shape: str, dtype_text: str, config_json: str, launches: in
     except json.JSONDecodeError as exc:
         raise ConfigError(f"CONFIG_JSON is not valid JSON ({exc.msg} at position {exc.pos})") from None
     config = spec.complete_config(values, problem, dtype)
-    violations = spec.violations(problem, config, dtype)
-    if violations:
-        name, reason = violations[0]
-        raise ConfigError(f"config {config.label()} breaks {name}: {reason}")
+    spec.require_valid(problem, config, dtype)
     inputs = spec.make_inputs(problem, dtype, "cuda", 0)
     out = spec.new_output(inputs)
     for _ in range(launches):
