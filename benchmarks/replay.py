@@ -34,10 +34,11 @@ from pathlib import Path
 import optuna
 import torch
 
+from omnitune.errors import OmnituneError
 from omnitune.registry import get_spec
 from omnitune.search.driver import PENALTY_BEFORE_ANY_OK_MS, PENALTY_FACTOR, SAMPLER_PATIENCE, make_sampler
 from omnitune.search.space import ConfigSpace
-from omnitune.spec import Config, KernelSpec, parse_dtype
+from omnitune.spec import Config, KernelSpec, MatchPolicy, dtype_name, parse_dtype
 
 TOLERANCE = 0.02
 DEFAULT_TRIALS_JSON = Path(__file__).parent / "results" / "search_trials_h200.json"
@@ -145,8 +146,8 @@ def trials_to_good(sweep: Sweep, propose: Callable[[], Config], tell: Callable[[
     return None
 
 
-def run_optuna(sweep: Sweep, sampler_name: str, seed: int, warm: bool) -> int | None:
-    """One seeded run of an Optuna sampler over the sweep."""
+def run_optuna(sweep: Sweep, sampler_name: str, seed: int, first: Sequence[Config] = ()) -> int | None:
+    """One seeded run of an Optuna sampler over the sweep, measuring `first` before asking it."""
     space = ConfigSpace(sweep.spec)
     study = optuna.create_study(sampler=make_sampler(sampler_name, seed))
     pending: dict[Config, list] = {}
@@ -164,7 +165,6 @@ def run_optuna(sweep: Sweep, sampler_name: str, seed: int, warm: bool) -> int | 
             study.enqueue_trial(space.encode(config))
             study.tell(study.ask(space.distributions), value)
 
-    first = warm_configs(sweep) if warm else []
     return trials_to_good(sweep, propose, tell, random.Random(seed), first)
 
 
@@ -173,6 +173,26 @@ def warm_configs(sweep: Sweep) -> list[Config]:
     default = sweep.spec.default_config(sweep.problem, sweep.dtype)
     known = sweep.spec.known_good_configs(sweep.problem, sweep.dtype)
     return [default] + [c for c in known if c != default]
+
+
+def neighbour_winners(sweep: Sweep, others: Sequence[Sweep], most: int = 3) -> list[Config]:
+    """The best configs of the other sweeps of the same kernel and dtype, nearest problem first,
+    leave-one-out: what the driver's warm start would try had those problems been tuned before.
+    Nearness is the spec's MatchPolicy distance without its ratio cap (the presets' problems are
+    deliberately more than 4x apart); problems it cannot compare at all come last."""
+    relaxed = MatchPolicy(exact=sweep.spec.match.exact, max_ratio=math.inf)
+    ranked = []
+    for other in others:
+        if other is sweep or other.spec.name != sweep.spec.name or other.dtype != sweep.dtype:
+            continue
+        distance = relaxed.distance(sweep.problem, other.problem)
+        winner = min((c for c, t in other.times_ms.items() if t is not None), key=lambda c: other.times_ms[c])
+        ranked.append((math.inf if distance is None else distance, winner))
+    chosen: list[Config] = []
+    for _, winner in sorted(ranked, key=lambda pair: pair[0]):
+        if winner in sweep.times_ms and winner not in chosen and len(chosen) < most:
+            chosen.append(winner)
+    return chosen
 
 
 def grid_order(sweep: Sweep) -> int | None:
@@ -192,14 +212,21 @@ def summarize(strategy: str, counts: Sequence[int | None], best_ratio: float = 1
     return StrategyResult(strategy, len(counts), statistics.median(reached), float(p90), never, best_ratio)
 
 
-def replay(sweep: Sweep, seeds: int) -> list[StrategyResult]:
-    """Every strategy over the sweep, the seeded ones `seeds` times."""
+def replay(sweep: Sweep, seeds: int, others: Sequence[Sweep] = ()) -> list[StrategyResult]:
+    """Every strategy over the sweep, the seeded ones `seeds` times. `others`: the other sweeps,
+    whose winners warm-start one strategy."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    driver_first = warm_configs(sweep)
+    strategies = [("tpe (cold)", "tpe", []), ("tpe (warm: default + known-good)", "tpe", driver_first)]
+    neighbours = neighbour_winners(sweep, others)
+    if neighbours:
+        first = driver_first + [c for c in neighbours if c not in driver_first]
+        strategies.append(("tpe (warm: + other problems' winners)", "tpe", first))
+    strategies += [("random", "random", []), ("cmaes", "cmaes", [])]
     results = []
-    for label, sampler, warm in (("tpe (cold)", "tpe", False), ("tpe (warm: default + known-good)", "tpe", True),
-                                 ("random", "random", False), ("cmaes", "cmaes", False)):
-        results.append(summarize(label, [run_optuna(sweep, sampler, seed, warm) for seed in range(seeds)]))
+    for label, sampler, first in strategies:
+        results.append(summarize(label, [run_optuna(sweep, sampler, seed, first) for seed in range(seeds)]))
     results.append(summarize("grid (spec order)", [grid_order(sweep)]))
     if sweep.spec.name == "attention":
         tutorial = [c for c in TRITON_TUTORIAL_ATTENTION if c in sweep.times_ms]
@@ -222,24 +249,103 @@ def table_text(sweep: Sweep, results: Sequence[StrategyResult]) -> str:
     return "\n".join(lines)
 
 
+def exhaustive_sweeps(rows: Sequence[Mapping]) -> list[Sweep]:
+    """Every (kernel, problem, dtype) in the rows whose valid configs were all measured."""
+    found = []
+    for kernel, problem_key, dtype in sorted({(r["kernel"], r["problem_key"], r["dtype"]) for r in rows}):
+        try:
+            found.append(sweep_from_rows(rows, kernel, problem_key, dtype))
+        except (SystemExit, OmnituneError):
+            continue  # a search, not a sweep (or a problem this version's spec no longer parses)
+    return found
+
+
+def sweep_doc(sweep: Sweep, results: Sequence[StrategyResult], seeds: int) -> dict:
+    return {"kernel": sweep.spec.name, "problem_key": sweep.spec.problem_key(sweep.problem),
+            "dtype": dtype_name(sweep.dtype), "valid_configs": len(sweep.times_ms), "best_ms": sweep.best_ms,
+            "tolerance": TOLERANCE, "seeds": seeds, "strategies": [_finite(asdict(r)) for r in results]}
+
+
+def plot(docs: Sequence[dict], path: Path) -> None:
+    """Median trials to within 2% per strategy and sweep (p90 as the whisker), as a share of the
+    sweep's valid configs, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strategies = list(dict.fromkeys(r["strategy"].split(" (")[0] if r["strategy"].startswith("triton") else r["strategy"]
+                                    for d in docs for r in d["strategies"]))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(docs)), 4.8))
+    width = 0.8 / len(strategies)
+    for i, name in enumerate(strategies):
+        xs, med, lo, hi = [], [], [], []
+        for j, doc in enumerate(docs):
+            for r in doc["strategies"]:
+                if (r["strategy"].split(" (")[0] if r["strategy"].startswith("triton") else r["strategy"]) != name:
+                    continue
+                if r["median_trials"] is None:
+                    continue
+                share = 100.0 / doc["valid_configs"]
+                xs.append(j + (i - (len(strategies) - 1) / 2) * width)
+                med.append(r["median_trials"] * share)
+                lo.append(0.0)
+                hi.append((r["p90_trials"] - r["median_trials"]) * share)
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, label=name)
+    ax.axhline(10, color="gray", linestyle="--", linewidth=1)
+    ax.text(len(docs) - 0.5, 10.5, "10% of the space", ha="right", va="bottom", fontsize=8, color="gray")
+    ax.set_yscale("log")
+    ax.set_ylabel("trials to within 2% of the best (% of valid configs)\nbar: median, whisker: p90")
+    ax.set_xticks(range(len(docs)))
+    ax.set_xticklabels([f"{d['kernel']}\n{_short(d['problem_key'])}\n{d['valid_configs']} configs" for d in docs],
+                       fontsize=7)
+    ax.set_title("Search efficiency replayed over exhaustive H200 sweeps")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _short(problem_key: str) -> str:
+    """The fields of a problem key that differ from their usual values, for an axis label."""
+    skip = {"d=128", "causal=0", "spans=0", "span_len=0", "h=28", "hkv=4", "block_size=16"}
+    return ",".join(p for p in problem_key.split(",") if p not in skip)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials-json", type=Path, default=None)
-    parser.add_argument("--db", type=Path, default=None, help="a results database instead of the JSON")
+    parser.add_argument("--trials-json", type=Path, action="append", default=None)
+    parser.add_argument("--db", type=Path, action="append", default=None, help="results databases to read too")
+    parser.add_argument("--all", action="store_true", help="replay every exhaustive sweep found")
     parser.add_argument("--kernel", default="attention")
     parser.add_argument("--problem", default=DECODE_LIKE_PROBLEM)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of the --all results")
     args = parser.parse_args(argv)
-    sweep = sweep_from_rows(load_rows(args.trials_json, args.db), args.kernel, args.problem, args.dtype)
+    rows: list[dict] = []
+    for path in args.trials_json or ([] if args.db else [None]):
+        rows += load_rows(path, None)
+    for path in args.db or []:
+        rows += load_rows(None, path)
+    if args.all:
+        sweeps = exhaustive_sweeps(rows)
+        docs = []
+        for sweep in sweeps:
+            results = replay(sweep, args.seeds, sweeps)
+            print(table_text(sweep, results) + "\n", flush=True)
+            docs.append(sweep_doc(sweep, results, args.seeds))
+        if args.out is not None:
+            args.out.write_text(json.dumps({"sweeps": docs}, indent=1) + "\n")
+        if args.plot is not None and docs:
+            plot(docs, args.plot)
+        return
+    sweep = sweep_from_rows(rows, args.kernel, args.problem, args.dtype)
     results = replay(sweep, args.seeds)
     print(table_text(sweep, results))
     if args.out is not None:
-        doc = {"kernel": args.kernel, "problem_key": args.problem, "dtype": args.dtype,
-               "valid_configs": len(sweep.times_ms), "best_ms": sweep.best_ms, "tolerance": TOLERANCE,
-               "seeds": args.seeds, "strategies": [_finite(asdict(r)) for r in results]}
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        args.out.write_text(json.dumps(sweep_doc(sweep, results, args.seeds), indent=1) + "\n")
 
 
 def _finite(row: dict) -> dict:

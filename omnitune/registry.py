@@ -22,6 +22,9 @@ BUILTIN_KERNELS: dict[str, str] = {
     "paged_decode_attention": "omnitune.kernels.paged_decode_attention",
 }
 
+# Module name under which a kernel given as a .py file is imported: <prefix><file stem>.
+USER_FILE_MODULE_PREFIX = "omnitune_user_kernel_"
+
 _loaded: dict[str, KernelSpec] = {}
 
 
@@ -60,7 +63,7 @@ def all_specs() -> list[KernelSpec]:
 def _import_file(path: Path):
     if not path.is_file():
         raise UnknownKernelError(f"kernel file {str(path)!r} does not exist")
-    mod_name = f"omnitune_user_kernel_{path.stem}"
+    mod_name = f"{USER_FILE_MODULE_PREFIX}{path.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise UnknownKernelError(f"cannot import kernel file {str(path)!r}")

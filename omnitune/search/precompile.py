@@ -1,0 +1,157 @@
+"""Compile many candidate configs in parallel before they are measured one at a time.
+
+A search spends most of its time compiling: about 1.2 s per trial on the H200, of which the
+timing itself is a small part, while every CPU core but one sits idle. Triton keeps each compiled
+kernel in its on-disk cache (TRITON_CACHE_DIR, ~/.triton/cache by default), keyed by source,
+constexprs, specialization and options — not by process. So worker processes that launch each
+config once on the same problem fill the cache, and the measuring process then loads each binary
+from disk (milliseconds) instead of compiling it.
+
+Precompiling is only an optimisation: whatever goes wrong in a worker (a compile error, a crash
+that takes the worker down, a hang past the deadline) is reported and otherwise ignored — the
+measuring process meets the same config later and records the failure as a trial status there.
+Workers are started with the "spawn" context (a fresh interpreter: CUDA cannot be forked) and
+inherit the environment, so TRITON_INTERPRET and TRITON_CACHE_DIR agree with the parent's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnitune.spec import Config, KernelSpec
+
+# Leave a core for the measuring process and one for the system.
+_RESERVED_CORES = 2
+
+
+@dataclass(frozen=True)
+class PrecompileReport:
+    compiled: int
+    failed: dict[Config, str]
+    seconds: float
+    workers: int
+
+    def summary(self) -> str:
+        text = f"precompiled {self.compiled} configs in {self.seconds:.1f} s with {self.workers} workers"
+        if self.failed:
+            text += f"; {len(self.failed)} did not compile or launch (they are measured, and fail, later)"
+        return text
+
+
+def default_workers() -> int:
+    return max(1, min(32, (os.cpu_count() or 2) - _RESERVED_CORES))
+
+
+def precompile(
+    spec: KernelSpec,
+    problem: Any,
+    dtype: torch.dtype,
+    configs: Sequence[Config],
+    *,
+    device: str = "cuda",
+    workers: int | None = None,
+    deadline_s: float = 600.0,
+    on_done: Callable[[int, int], None] | None = None,
+) -> PrecompileReport:
+    """Launch every config once in a pool of worker processes so that Triton's disk cache holds
+    its binary. `on_done(done, total)` reports progress."""
+    start = time.perf_counter()
+    configs = list(dict.fromkeys(configs))
+    workers = max(1, min(workers or default_workers(), len(configs) or 1))
+    failed: dict[Config, str] = {}
+    if not configs:
+        return PrecompileReport(0, failed, 0.0, 0)
+    context = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_set_problem,
+        # The problem travels as its key: a user kernel's problem class cannot be unpickled by name.
+        initargs=(_importable_name(spec), spec.problem_key(problem), dtype, device),
+    )
+    futures = {pool.submit(_launch_once, cfg.as_dict()): cfg for cfg in configs}
+    done_count = 0
+    try:
+        for future in concurrent.futures.as_completed(futures, timeout=deadline_s):
+            cfg = futures[future]
+            try:
+                error = future.result()
+            except Exception as exc:  # the worker died (e.g. an illegal address): the pool is broken
+                error = f"worker lost: {type(exc).__name__}"
+            if error:
+                failed[cfg] = error
+            done_count += 1
+            if on_done:
+                on_done(done_count, len(configs))
+    except concurrent.futures.TimeoutError:
+        for future, cfg in futures.items():
+            if not future.done():
+                failed[cfg] = f"not compiled within {deadline_s:.0f} s"
+    finally:
+        # A hung worker must not hold the search: cancel what has not started, do not wait.
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+    return PrecompileReport(len(configs) - len(failed), failed, time.perf_counter() - start, workers)
+
+
+def _importable_name(spec: KernelSpec) -> str:
+    """How a fresh process finds the spec: a built-in by name, anything else by its module."""
+    from omnitune.registry import BUILTIN_KERNELS, USER_FILE_MODULE_PREFIX
+
+    if spec.name in BUILTIN_KERNELS:
+        return spec.name
+    if spec.module.startswith(USER_FILE_MODULE_PREFIX):
+        # Loaded from a .py file: a fresh process must load the same file again.
+        return sys.modules[spec.module].__file__
+    return spec.module
+
+
+# --- in the worker process ------------------------------------------------------------------
+
+_problem_state: dict[str, Any] = {}
+
+
+def _set_problem(kernel: str, problem_key: str, dtype: torch.dtype, device: str) -> None:
+    _problem_state.update(kernel=kernel, problem_key=problem_key, dtype=dtype, device=device)
+
+
+def _inputs_and_spec() -> tuple[KernelSpec, Any]:
+    # Inputs are made on first use, once per worker: a worker that only ever sees failing configs
+    # still pays for them only once.
+    from omnitune.registry import get_spec
+
+    if "inputs" not in _problem_state:
+        spec = get_spec(_problem_state["kernel"])
+        device = _problem_state["device"]
+        if device == "cuda" and torch.cuda.is_available():
+            torch.cuda.set_device(0)
+        _problem_state["spec"] = spec
+        problem = spec.parse_shape(_problem_state["problem_key"])
+        _problem_state["inputs"] = spec.make_inputs(problem, _problem_state["dtype"], device, 0)
+    return _problem_state["spec"], _problem_state["inputs"]
+
+
+def _launch_once(values: dict) -> str | None:
+    """None when the config compiled and launched; otherwise a one-line reason."""
+    try:
+        spec, inputs = _inputs_and_spec()
+        out = spec.new_output(inputs)
+        spec.launch(inputs, out, Config(values))
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        if spec.restore_inputs is not None:
+            spec.restore_inputs(inputs)
+        return None
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {text}"[:300]

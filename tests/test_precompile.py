@@ -1,0 +1,49 @@
+"""Parallel precompilation: worker processes launch each config once (filling Triton's cache);
+failures are reported, never raised, and the measuring process is untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from omnitune.registry import get_spec
+from omnitune.search.precompile import _importable_name, precompile
+from omnitune.spec import Config
+
+FAULT_KERNEL = str(Path(__file__).with_name("fault_kernel.py"))
+
+
+def test_healthy_configs_all_compile_and_progress_is_reported():
+    spec = get_spec("kv_cache_write")
+    problem = spec.parse_shape("t=9,hkv=2,d=16,block_size=4")
+    configs = spec.valid_configs(problem, torch.float16)[:3]
+    seen = []
+    report = precompile(spec, problem, torch.float16, configs + configs[:1], device="cpu", workers=2,
+                        on_done=lambda done, total: seen.append((done, total)))
+    assert report.compiled == 3 and not report.failed  # the duplicate is launched once
+    assert seen[-1] == (3, 3)
+    assert "precompiled 3 configs" in report.summary()
+
+
+def test_failing_configs_are_reported_not_raised():
+    spec = get_spec(FAULT_KERNEL)
+    problem = spec.parse_shape("n=40")
+    healthy = Config(FAULT="none", BLOCK=32)
+    faulty = [Config(FAULT="raise_resources", BLOCK=16), Config(FAULT="compile_error", BLOCK=16)]
+    report = precompile(spec, problem, torch.float32, [healthy, *faulty], device="cpu", workers=2)
+    assert report.compiled == 1
+    assert set(report.failed) == set(faulty)
+    assert "OutOfResources" in report.failed[faulty[0]]
+    assert "CompilationError" in report.failed[faulty[1]]
+
+
+def test_a_file_kernel_is_found_again_by_its_path():
+    assert _importable_name(get_spec(FAULT_KERNEL)) == FAULT_KERNEL
+    assert _importable_name(get_spec("attention")) == "attention"
+
+
+def test_nothing_to_compile():
+    spec = get_spec("kv_cache_write")
+    report = precompile(spec, spec.example_problem, torch.float16, [], device="cpu")
+    assert report.compiled == 0 and report.workers == 0
