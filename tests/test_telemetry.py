@@ -197,3 +197,28 @@ def test_real_nvml_on_the_device():
     assert result["samples"] >= 2
     assert result["sm_clock_mhz_median"] > 0
     assert result["power_w_max"] > 0
+
+
+# --- energy per call (omnitune.profile.energy) ----------------------------------------------
+
+def test_energy_per_call_divides_the_counter_over_back_to_back_calls(monkeypatch):
+    from omnitune.profile.energy import energy_per_call
+
+    _install(monkeypatch, fake_pynvml(energy_mj=(5_000, 5_000 + 2_000)))  # 2 J over the window
+    calls = []
+    result = energy_per_call(lambda: calls.append(1), min_window_s=0.01, synchronize=lambda: None)
+    window_calls = result["calls"]
+    assert window_calls >= 10 and len(calls) > window_calls  # the probe ran first
+    assert result["energy_per_call_mj"] == pytest.approx(2_000 / window_calls)
+    assert result["power_w_mean"] == pytest.approx(2.0 / result["window_s"])
+
+
+def test_energy_without_nvml_or_without_a_counter_change(monkeypatch):
+    from omnitune.profile.energy import energy_per_call
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert energy_per_call(lambda: None, min_window_s=0.001, synchronize=lambda: None) == {"energy": "not available"}
+    telemetry._opened.clear()
+    _install(monkeypatch, fake_pynvml(energy_mj=(7_000, 7_000)))
+    result = energy_per_call(lambda: None, min_window_s=0.001, synchronize=lambda: None)
+    assert result["energy"] == "not measured" and result["calls"] >= 10

@@ -35,6 +35,7 @@ def bench(
     dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32."),
     config: list[str] = typer.Option([], "--config", "-c", help="Launch config as JSON (or a JSON file); missing keys take the default's values. Repeatable. Without it: the tuned config (if any) and the default."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Time the spec's baselines (e.g. every SDPA backend) too."),
+    energy: bool = typer.Option(True, "--energy/--no-energy", help="Also measure the energy each row draws per call: NVML's energy counter over ≥0.5 s of back-to-back calls (L2 warm). About 1 s per row."),
     json_out: Path = typer.Option(None, "--json", help="Also write every row, with device facts, to this JSON file."),
     interpret: bool = interpret_option(" Only the correctness part runs."),
 ) -> None:
@@ -62,7 +63,8 @@ def bench(
         _reject_violations(spec, problem, torch_dtype, configs, interpret)
         if not configs:
             configs = _tuned_and_default(spec, problem, torch_dtype, facts.name if facts else None)
-        rows = run_bench(spec, problem, torch_dtype, configs, interpret=interpret, baselines=baselines)
+        rows = run_bench(spec, problem, torch_dtype, configs, interpret=interpret, baselines=baselines,
+                         energy=energy and not interpret)
         _print_rows(spec, problem, dtype, rows, interpret)
         records.append({
             "kernel": spec.name, "problem": spec.problem_dict(problem), "problem_key": spec.problem_key(problem),
@@ -98,12 +100,23 @@ def _tuned_and_default(spec, problem, dtype, device_name):
     return configs
 
 
+def _energy_cells(energy: dict | None) -> list[str]:
+    """mJ per call and mean watts; the reason instead where there is no figure."""
+    if not energy:
+        return ["—", "—"]
+    if "energy_per_call_mj" not in energy:
+        return [energy.get("energy", "—"), "—"]
+    return [_fmt(energy["energy_per_call_mj"], ".3f"), _fmt(energy["power_w_mean"], ".0f")]
+
+
 def _print_rows(spec, problem, dtype, rows, interpret):
     title = f"[bold]{spec.name}[/] {spec.problem_key(problem)} {dtype}"
     if interpret:
         title += "  [yellow](interpreter: correctness only)[/]"
     table = Table(title=title, title_justify="left")
-    for col in ("", "status", "ms (p20–p80)", "TFLOP/s", "TB/s", "rel err"):
+    show_energy = any(r.energy for r in rows)
+    columns = ["", "status", "ms (p20–p80)", "TFLOP/s", "TB/s", "rel err"] + (["mJ/call", "W"] if show_energy else [])
+    for col in columns:
         table.add_column(col, justify="right" if col not in ("", "status") else "left")
     ours = [r for r in rows if r.kind == "omnitune" and r.status == "ok"]
     best = min(ours, key=lambda r: r.time_ms) if ours else None
@@ -116,6 +129,8 @@ def _print_rows(spec, problem, dtype, rows, interpret):
             ms = f"{_fmt(r.time_ms, '.4f')} ({_fmt(r.p20_ms, '.4f')}–{_fmt(r.p80_ms, '.4f')})"
         cells = [escape(r.name), r.status if r.status != "ok" else "[green]ok[/]", ms,
                  _fmt(r.tflops, ".1f"), _fmt(r.tbps, ".2f"), _fmt(r.rel_error, ".2e")]
+        if show_energy:
+            cells += _energy_cells(r.energy)
         if best is not None and not interpret:
             cells.append(f"{r.time_ms / best.time_ms:.2f}x" if r.status == "ok" and r is not best else "")
         table.add_row(*cells)

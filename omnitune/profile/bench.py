@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from omnitune.profile.energy import energy_per_call
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda
 from omnitune.search.runner import classify_exception
 from omnitune.spec import Config, KernelSpec
@@ -32,6 +33,7 @@ class BenchRow:
     config: dict | None = None
     detail: str = ""
     first_call_s: float = math.nan  # includes compilation: what a cold config costs a search
+    energy: dict | None = None  # omnitune.profile.energy: per call, back to back, L2 warm
 
     def as_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,7 +42,7 @@ class BenchRow:
 def _bench_one(
     name: str, kind: str, run: Callable[[], torch.Tensor], reference: torch.Tensor, tolerance: float,
     compare, flop_count: float, byte_count: float, *, interpret: bool, flusher: L2Flusher | None,
-    config: Config | None = None, repetitions: int = 50,
+    config: Config | None = None, repetitions: int = 50, energy: bool = False,
 ) -> BenchRow:
     cfg = config.as_dict() if config is not None else None
     first = time.perf_counter()
@@ -69,10 +71,11 @@ def _bench_one(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         timing = time_cuda(run, repetitions=repetitions, max_seconds=2.0, flusher=flusher)
+        drawn = energy_per_call(run) if energy else None
     return BenchRow(
         name, kind, status, timing.median_ms, timing.p20_ms, timing.p80_ms,
         tflops(flop_count, timing.median_ms), tbps(byte_count, timing.median_ms), err, cfg,
-        first_call_s=first_call_s,
+        first_call_s=first_call_s, energy=drawn,
     )
 
 
@@ -86,8 +89,10 @@ def run_bench(
     seed: int = 0,
     baselines: bool = True,
     repetitions: int = 50,
+    energy: bool = False,
 ) -> list[BenchRow]:
-    """Verify and time each of our configs and each baseline on one problem."""
+    """Verify and time each of our configs and each baseline on one problem; with `energy`, also
+    the energy each draws per call (omnitune.profile.energy)."""
     device = "cpu" if interpret else "cuda"
     inputs = spec.make_inputs(problem, dtype, device, seed)
     reference = spec.reference(inputs)
@@ -107,12 +112,12 @@ def run_bench(
 
         rows.append(_bench_one(f"omnitune[{label}]", "omnitune", run, reference, tolerance, spec.compare,
                                flop_count, byte_count, interpret=interpret, flusher=flusher,
-                               config=config, repetitions=repetitions))
+                               config=config, repetitions=repetitions, energy=energy))
     if baselines and spec.baselines is not None and not interpret:
         for name, fn in spec.baselines(problem).items():
             rows.append(_bench_one(name, "baseline", lambda fn=fn: fn(inputs), reference, tolerance,
                                    spec.compare, flop_count, byte_count, interpret=False,
-                                   flusher=flusher, repetitions=repetitions))
+                                   flusher=flusher, repetitions=repetitions, energy=energy))
     return rows
 
 

@@ -1,0 +1,64 @@
+"""Energy per call: back-to-back calls over a window long enough for NVML's energy counter.
+
+The timed measurements of a search flush L2 between repetitions, so the energy read over their
+window belongs partly to the flush, and many windows are shorter than the counter's refresh (a few
+tens of ms on Hopper) — their energy reads as not measured. This measurement is separate: the
+kernel alone, called back to back (L2 warm, as in a model's layer loop) for at least
+`min_window_s`, the total-energy counter read before and after, divided by the calls. Idle power
+is not subtracted: the figure is what the GPU drew per call while running this kernel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omnitune.profile.telemetry import NvmlSampler
+
+DEFAULT_WINDOW_S = 0.5
+
+
+def energy_per_call(
+    run: Callable[[], Any], *, min_window_s: float = DEFAULT_WINDOW_S, sampler: NvmlSampler | None = None,
+    synchronize: Callable[[], None] = torch.cuda.synchronize,
+) -> dict[str, Any]:
+    """{"energy_per_call_mj", "power_w_median", "calls", "window_s", ...} for `run` called back to
+    back; {"energy": "not available"} without NVML, {"energy": "not measured"} when the counter
+    did not move."""
+    sampler = sampler or NvmlSampler()
+    if not sampler.available():
+        return {"energy": "not available"}
+    # Size the window from a short probe, so a 5 µs kernel and a 5 ms one both fill it.
+    synchronize()
+    probe_calls, start = 0, time.perf_counter()
+    while probe_calls < 3 or time.perf_counter() - start < 0.02:
+        run()
+        probe_calls += 1
+        if probe_calls % 64 == 0:
+            synchronize()
+    synchronize()
+    per_call_s = max((time.perf_counter() - start) / probe_calls, 1e-7)
+    calls = max(10, int(min_window_s / per_call_s))
+    sampler.start()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    synchronize()
+    window_s = time.perf_counter() - start
+    summary = sampler.stop(calls)
+    energy_j = summary.get("energy_j")
+    if energy_j is None:
+        return {"energy": "not measured", "calls": calls, "window_s": window_s}
+    return {
+        "energy_per_call_mj": energy_j * 1000.0 / calls,
+        "power_w_mean": energy_j / window_s,
+        "power_w_median": summary.get("power_w_median"),
+        "sm_clock_mhz_median": summary.get("sm_clock_mhz_median"),
+        "throttled_thermal": summary.get("throttled_thermal"),
+        "throttled_power": summary.get("throttled_power"),
+        "calls": calls,
+        "window_s": window_s,
+    }
