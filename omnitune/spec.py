@@ -263,6 +263,10 @@ class KernelSpec:
     compare: Callable[[torch.Tensor, torch.Tensor], float] = relative_error
     restore_inputs: Callable[[Any], None] | None = None
     """For in-place kernels: put the inputs back as make_inputs left them."""
+    rollback_config: Mapping[str, ParamValue] | None = None
+    """A partial config naming the fallback path (e.g. {"FUSION": "none"}) for kernels that choose
+    between paths: export then records, per problem, the fallback's measured time and the
+    winner's speedup over it, so a table shows which path won and by how much."""
     module: str = ""
 
     # --- config space -----------------------------------------------------------------------

@@ -248,7 +248,7 @@ class LayerInputs:
     bo: torch.Tensor | None
     h: int
     hkv: int
-    workspace: Workspace
+    workspace: Workspace | None  # needed by FUSION=q_out only
     sm_scale: float
 
     @property
@@ -336,6 +336,10 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     lk = inputs.x_kv.shape[1]
     kv = project_kv(inputs)
     ws = inputs.workspace
+    if fuse_out and ws is None:
+        raise InputError("FUSION=q_out needs a workspace (Workspace.zeroed)")
+    # Without the fused epilogue the workspace is never touched: `out` stands in for its pointers.
+    sums, counters = (ws.sums, ws.counters) if fuse_out else (out, out)
     o = out if fuse_out else torch.empty((b, lq, h, d), dtype=x_q.dtype, device=x_q.device)
     has_bias = inputs.bq is not None
     dummy = wq  # a placeholder pointer for absent biases, never read (HAS_BIAS=False)
@@ -343,10 +347,10 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     grid = (triton.cdiv(lq, block_m), b * h)
     _cross_attention_layer_fwd[grid](
         x_q, wq, inputs.bq if has_bias else dummy, kv, o, wo, inputs.bo if has_bias else dummy,
-        out, ws.sums, ws.counters,
+        out, sums, counters,
         *x_q.stride(), *wq.stride(), *kv.stride(),
         *(o.stride() if not fuse_out else (0, 0, 0, 0)),
-        *wo.stride(), *out.stride(), *ws.sums.stride(),
+        *wo.stride(), *out.stride(), *sums.stride(),
         h, hkv, lq, lk, hidden, triton.cdiv(lq, SMALLEST_BLOCK_M),
         inputs.sm_scale * LOG2E,
         D=d, GROUP=h // hkv,
@@ -369,7 +373,8 @@ def launch(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None:
     try:
         launch_fused(inputs, out, config)
     except BaseException:
-        inputs.workspace.rezero()  # a launch stopped part-way may have left partial sums behind
+        if inputs.workspace is not None:
+            inputs.workspace.rezero()  # a launch stopped part-way may have left partial sums behind
         raise
 
 
@@ -585,6 +590,7 @@ SPEC = KernelSpec(
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
     # The unfused path right after the default: every search then learns whether fusion wins.
     known_good=(UNFUSED,),
+    rollback_config={"FUSION": "none"},
     example_problem=CrossAttentionLayerProblem(b=2, lq=5, lk=19, hidden=128, h=4, hkv=2, d=64, bias=True),
     sample_problems=(
         # hidden ≠ h·d and not a multiple of 64; one kv head for two query heads
