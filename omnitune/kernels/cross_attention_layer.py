@@ -32,7 +32,7 @@ may leave it dirty; both owners zero it again before anything else uses it.
 
 Why the K/V projection is NOT fused: x_kv · Wkvᵀ does not depend on the query. Fused into the
 attention loop it would be recomputed by every query tile and by every query head of a GQA group:
-cdiv(Lq, BLOCK_M) × h/hkv times the work (×7 on Qwen2.5-Omni-7B at Lq ≤ BLOCK_M, ×224 at Lq 512,
+cdiv(Lq, BLOCK_M) × h/hkv times the work (×7 on Qwen2.5-Omni-7B at Lq ≤ BLOCK_M, ×56 at Lq 512,
 BLOCK_M 64). It is computed once per call by one cuBLAS GEMM into [B, Lk, 2·hkv·d], whose K and V
 halves the attention reads through strides, without copies. Every path does this identically, so
 the comparison between paths is fair; benchmarks/fused_layer_bench.py times this GEMM alone so
