@@ -161,6 +161,16 @@ def test_constraints(name):
     assert_constraint_case(SPEC, cases, name, small)
 
 
+def test_a_partial_config_parks_what_its_path_ignores():
+    problem = PROBLEMS["gqa2_bias"]  # its default has BLOCK_M=16, which the unfused path parks at 64
+    assert SPEC.complete_config({"FUSION": "none"}, problem, torch.float16) == Config(UNFUSED)
+    q = SPEC.complete_config({"FUSION": "q"}, problem, torch.float16)
+    assert q["BLOCK_O"] == PARKED["BLOCK_O"] and q["BLOCK_M"] == 16
+    # what the user gives is kept, so a conflict is reported rather than silently changed
+    explicit = SPEC.complete_config({"FUSION": "none", "BLOCK_M": 16}, problem, torch.float16)
+    assert explicit["BLOCK_M"] == 16 and SPEC.violations(problem, explicit, torch.float16)
+
+
 def test_unfused_reasons_name_the_parked_values():
     reasons = dict(SPEC.violations(PROBLEMS["mha_odd"], Config(UNFUSED).replace(num_warps=8), torch.float16))
     assert "num_warps=4" in reasons["unfused_is_one_config"]
@@ -208,7 +218,7 @@ def runtime_warnings(caplog):
 def test_runtime_layer_matches_the_reference(layer_state, fusion):
     problem = PROBLEMS["gqa2_bias"]
     inputs, args, heads = layer_args(problem)
-    out = layers.cross_attention_layer(*args, **heads, config={"FUSION": fusion, **(PARKED if fusion == "none" else {})})
+    out = layers.cross_attention_layer(*args, **heads, config={"FUSION": fusion})
     assert SPEC.compare(out, SPEC.reference(inputs)) <= TOLERANCE[torch.float32]
 
 

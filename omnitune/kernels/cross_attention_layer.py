@@ -475,6 +475,15 @@ PARKED = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "BLOCK_O": 64, "num_warps
 UNFUSED = {"FUSION": "none", **PARKED}
 
 
+def park_ignored(config: Config) -> Config:
+    """The config with the parameters its path ignores at their parked values."""
+    if config["FUSION"] == "none":
+        return config.replace(**PARKED)
+    if config["FUSION"] == "q":
+        return config.replace(BLOCK_O=PARKED["BLOCK_O"])
+    return config
+
+
 def _fused(config: Config) -> bool:
     return config["FUSION"] != "none"
 
@@ -589,7 +598,8 @@ SPEC = KernelSpec(
     match=MatchPolicy(exact=("hidden", "h", "hkv", "d", "bias"), max_ratio=4.0),
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
     # The unfused path right after the default: every search then learns whether fusion wins.
-    known_good=(UNFUSED,),
+    known_good=({"FUSION": "none"},),  # completed with the parked values: the one unfused config
+    park_ignored=park_ignored,
     rollback_config={"FUSION": "none"},
     example_problem=CrossAttentionLayerProblem(b=2, lq=5, lk=19, hidden=128, h=4, hkv=2, d=64, bias=True),
     sample_problems=(

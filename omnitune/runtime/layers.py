@@ -61,7 +61,7 @@ def cross_attention_layer(
     if config is None:
         cfg = get_config("cross_attention_layer", problem, dtype=x_q.dtype)
     elif isinstance(config, Config):
-        cfg = kernel.SPEC.coerce_config(config.as_dict())
+        cfg = kernel.SPEC.coerce_config(config.as_dict())  # a whole config, taken as given
     else:
         cfg = kernel.SPEC.complete_config(config, problem, x_q.dtype)
     if config is not None:
