@@ -215,7 +215,8 @@ def _fallback_trials(trials: pd.DataFrame, rollback: dict[str, Any]) -> pd.DataF
     from the search."""
     ok = with_retiming(trials)
     ok = ok[(ok["status"] == "ok") & ok["time_ms"].notna()]
-    ok = ok[[all(json.loads(text).get(k) == v for k, v in rollback.items()) for text in ok["config_json"]]]
+    is_fallback = [all(json.loads(text).get(k) == v for k, v in rollback.items()) for text in ok["config_json"]]
+    ok = ok[pd.Series(is_fallback, index=ok.index, dtype=bool)]
     if ok.empty:
         return ok.set_index(KEY_COLUMNS)
     latest = ok.groupby(KEY_COLUMNS)["retime_session"].transform("max")  # NaN: never re-timed

@@ -296,6 +296,18 @@ def test_a_table_choosing_fusion_launches_the_kernel(layer_state, monkeypatch):
     assert SPEC.compare(out, SPEC.reference(inputs)) <= TOLERANCE[torch.float32]
 
 
+def test_importing_the_layers_loads_no_triton_and_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = ("import sys, omnitune.runtime.layers; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('triton', 'optuna', 'pandas', 'rich', 'typer', 'sqlite_utils')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 # --- export: which path won, and by how much ---------------------------------------------------------
 
 
@@ -330,6 +342,27 @@ def test_export_records_the_fallback_time_and_speedup(tmp_path):
 
     unmeasured = entries[f"fp16|{SPEC.problem_key(never_unfused)}"]
     assert (unmeasured["fallback_config"], unmeasured["fallback_time_ms"], unmeasured["speedup_vs_fallback"]) == (None,) * 3
+
+
+def test_a_re_timed_fallback_is_compared_side_by_side(tmp_path):
+    problem = PROBLEMS["gqa2_bias"]
+    fused = SPEC.default_config(problem, torch.float16)
+
+    def retimed(number, config, median_ms, retime_of):
+        extra = {"finalist": {"session": 1, "retime_of": retime_of, "search_time_ms": 1.0, "median_ms": median_ms,
+                              "mean_ms": median_ms, "cv": 0.01, "noisy": False, "rounds": 30}}
+        return trial_row(number, problem, config, time_ms=median_ms, extra=extra, spec=SPEC,
+                         is_default=config == fused)
+
+    rows = [
+        trial_row(0, problem, fused, time_ms=1.0, is_default=True, spec=SPEC),
+        trial_row(1, problem, Config(UNFUSED), time_ms=1.2, spec=SPEC),
+        retimed(2, fused, 0.9, 0), retimed(3, Config(UNFUSED), 1.8, 1),  # measured side by side
+    ]
+    export.export_tables(results_db(tmp_path / "r.db", rows), tmp_path / "tuned")
+    entry, = json.loads((tmp_path / "tuned" / "cross_attention_layer" / "NVIDIA_H200.json").read_text())["entries"].values()
+    assert (entry["time_ms"], entry["fallback_time_ms"]) == (0.9, 1.8)  # both re-timed, not the search's 1.2
+    assert entry["speedup_vs_fallback"] == pytest.approx(2.0)
 
 
 def test_kernels_without_a_rollback_config_export_no_fallback_fields(tmp_path):
