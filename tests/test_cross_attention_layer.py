@@ -248,6 +248,16 @@ def test_a_failing_fused_launch_rolls_back_with_one_warning(layer_state, monkeyp
     assert "unfused" in warned[0].getMessage() and SPEC.problem_key(problem) in warned[0].getMessage()
 
 
+@pytest.mark.parametrize("fusion", ["q", "q_out"])
+def test_runtime_layer_takes_strided_tensors(layer_state, fusion):
+    problem = PROBLEMS["gqa2_bias"]
+    inputs, args, heads = layer_args(problem)
+    x_q = inputs.x_q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    bq = torch.stack([inputs.bq, inputs.bq], dim=1)[:, 0]          # a strided bias vector
+    out = layers.cross_attention_layer(x_q, *args[1:5], bq, *args[6:], **heads, config={"FUSION": fusion})
+    assert SPEC.compare(out, SPEC.reference(inputs)) <= TOLERANCE[torch.float32]
+
+
 def test_bad_tensors_are_an_input_error_not_a_rollback(layer_state):
     inputs, args, heads = layer_args(PROBLEMS["gqa2_bias"])
     with pytest.raises(InputError, match="wo must be"):

@@ -342,11 +342,12 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     sums, counters = (ws.sums, ws.counters) if fuse_out else (out, out)
     o = out if fuse_out else torch.empty((b, lq, h, d), dtype=x_q.dtype, device=x_q.device)
     has_bias = inputs.bq is not None
-    dummy = wq  # a placeholder pointer for absent biases, never read (HAS_BIAS=False)
+    # The kernel reads biases as dense vectors; an absent one is a placeholder, never read.
+    bq, bo = (inputs.bq.contiguous(), inputs.bo.contiguous()) if has_bias else (wq, wq)
     block_m = int(config["BLOCK_M"])
     grid = (triton.cdiv(lq, block_m), b * h)
     _cross_attention_layer_fwd[grid](
-        x_q, wq, inputs.bq if has_bias else dummy, kv, o, wo, inputs.bo if has_bias else dummy,
+        x_q, wq, bq, kv, o, wo, bo,
         out, sums, counters,
         *x_q.stride(), *wq.stride(), *kv.stride(),
         *(o.stride() if not fuse_out else (0, 0, 0, 0)),
@@ -360,9 +361,14 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )
     if not fuse_out:
-        torch.matmul(o.view(b * lq, h * d), wo.t(), out=out.view(b * lq, hidden))
-        if has_bias:
-            out.add_(inputs.bo)
+        o2d = o.view(b * lq, h * d)
+        if out.is_contiguous():  # one GEMM (bias in its epilogue) straight into `out`
+            if has_bias:
+                torch.addmm(inputs.bo, o2d, wo.t(), out=out.view(b * lq, hidden))
+            else:
+                torch.mm(o2d, wo.t(), out=out.view(b * lq, hidden))
+        else:
+            out.copy_(F.linear(o2d, wo, inputs.bo).view(b, lq, hidden))
 
 
 def launch(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None:

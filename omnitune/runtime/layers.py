@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-from omnitune.errors import ConfigError, InputError
+from omnitune.errors import InputError
 from omnitune.runtime import get_config
 from omnitune.spec import Config
 
@@ -65,9 +65,7 @@ def cross_attention_layer(
     else:
         cfg = kernel.SPEC.complete_config(config, problem, x_q.dtype)
     if config is not None:
-        broken = kernel.SPEC.violations(problem, cfg, x_q.dtype)
-        if broken:
-            raise ConfigError(f"config {cfg.label()} breaks constraint {broken[0][0]}: {broken[0][1]}")
+        kernel.SPEC.require_valid(problem, cfg, x_q.dtype)  # ConfigError: the caller's mistake
 
     workspace = _workspace(kernel, problem, x_q.device) if cfg["FUSION"] == "q_out" else None
     inputs = kernel.LayerInputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, workspace,
@@ -76,7 +74,7 @@ def cross_attention_layer(
     if cfg["FUSION"] == "none" or identity in _broken:
         return kernel.unfused(inputs)
 
-    out = torch.empty_like(x_q)
+    out = torch.empty(x_q.shape, dtype=x_q.dtype, device=x_q.device)
     try:
         kernel.launch_fused(inputs, out, cfg)
     except InputError:
