@@ -9,6 +9,10 @@ one (problem, dtype). Files are written so that they review well and survive cra
 - merged: entries of an existing file whose keys this database does not have are kept, so
   exports from several machines or sessions accumulate; the same key is replaced;
 - a file whose entries would not change is left untouched (its exported_at included).
+
+For a kernel whose spec names a rollback_config (the fallback path of a kernel that chooses
+between paths), each entry also says how the fallback did in the same search: its config, its
+best ok time, and the winner's speedup over it (None where the fallback was not measured).
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from typing import Any
 
 import pandas as pd
 
-from omnitune.errors import StoreError
-from omnitune.report import best_per_key, load_devices, load_trials
+from omnitune.errors import OmnituneError, StoreError
+from omnitune.report import KEY_COLUMNS, best_per_key, load_devices, load_trials, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
 
 
@@ -92,7 +96,14 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
     documents = []
     for (kernel, device_key), rows in best.groupby(["kernel", "device_key"], sort=True):
         newest = rows.sort_values("measured_at", kind="stable").iloc[-1]
-        entries = {entry_key(r["dtype"], r["problem_key"]): _entry(r) for _, r in rows.iterrows()}
+        rollback = _rollback_config(kernel)
+        fallbacks = _fallback_trials(trials[trials["kernel"] == kernel], rollback) if rollback else None
+        entries = {}
+        for _, r in rows.iterrows():
+            entry = _entry(r)
+            if fallbacks is not None:
+                entry.update(_fallback_fields(r, fallbacks))
+            entries[entry_key(r["dtype"], r["problem_key"])] = entry
         content = {
             "schema_version": SCHEMA_VERSION,
             "kernel": kernel,
@@ -183,6 +194,45 @@ def _entry(row: pd.Series) -> dict[str, Any]:
         "trials": _plain(row["trials"]),
         "rel_error": _plain(row["rel_error"]),
         "measured_at": _plain(row["measured_at"]),
+    }
+
+
+def _rollback_config(kernel: str) -> dict[str, Any] | None:
+    """The kernel spec's rollback_config; None for a kernel without one, or whose module cannot
+    be imported here (a user's kernel exported on another machine)."""
+    from omnitune.registry import get_spec
+
+    try:
+        rollback = get_spec(kernel).rollback_config
+    except (OmnituneError, ImportError):
+        return None
+    return dict(rollback) if rollback else None
+
+
+def _fallback_trials(trials: pd.DataFrame, rollback: dict[str, Any]) -> pd.DataFrame:
+    """Per key, the fallback path's best ok trial: from the latest re-timing of the key's
+    finalists when the fallback was among them (measured side by side with the winner), else
+    from the search."""
+    ok = with_retiming(trials)
+    ok = ok[(ok["status"] == "ok") & ok["time_ms"].notna()]
+    is_fallback = [all(json.loads(text).get(k) == v for k, v in rollback.items()) for text in ok["config_json"]]
+    ok = ok[pd.Series(is_fallback, index=ok.index, dtype=bool)]
+    if ok.empty:
+        return ok.set_index(KEY_COLUMNS)
+    latest = ok.groupby(KEY_COLUMNS)["retime_session"].transform("max")  # NaN: never re-timed
+    chosen = ok[latest.isna() | (ok["retime_session"] == latest)]
+    return chosen.sort_values(["time_ms", "trial_number"], kind="stable").drop_duplicates(KEY_COLUMNS).set_index(KEY_COLUMNS)
+
+
+def _fallback_fields(row: pd.Series, fallbacks: pd.DataFrame) -> dict[str, Any]:
+    key = tuple(row[c] for c in KEY_COLUMNS)
+    if key not in fallbacks.index:
+        return {"fallback_config": None, "fallback_time_ms": None, "speedup_vs_fallback": None}
+    fallback = fallbacks.loc[key]
+    return {
+        "fallback_config": json.loads(fallback["config_json"]),
+        "fallback_time_ms": _plain(fallback["time_ms"]),
+        "speedup_vs_fallback": _plain(fallback["time_ms"] / row["time_ms"]),
     }
 
 

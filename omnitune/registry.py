@@ -17,6 +17,7 @@ from omnitune.spec import KernelSpec
 
 BUILTIN_KERNELS: dict[str, str] = {
     "attention": "omnitune.kernels.attention",
+    "cross_attention_layer": "omnitune.kernels.cross_attention_layer",
     "kv_cache_write": "omnitune.kernels.kv_cache_write",
     "kv_compress": "omnitune.kernels.kv_compress",
     "paged_decode_attention": "omnitune.kernels.paged_decode_attention",

@@ -263,6 +263,14 @@ class KernelSpec:
     compare: Callable[[torch.Tensor, torch.Tensor], float] = relative_error
     restore_inputs: Callable[[Any], None] | None = None
     """For in-place kernels: put the inputs back as make_inputs left them."""
+    park_ignored: Callable[[Config], Config] | None = None
+    """For kernels with several paths: the config with the parameters its path ignores set to
+    fixed parked values (a constraint then rejects any other value, so each path is measured
+    once per setting that matters). complete_config applies it to the keys a user left out."""
+    rollback_config: Mapping[str, ParamValue] | None = None
+    """A partial config naming the fallback path (e.g. {"FUSION": "none"}) for kernels that choose
+    between paths: export then records, per problem, the fallback's measured time and the
+    winner's speedup over it, so a table shows which path won and by how much."""
     module: str = ""
 
     # --- config space -----------------------------------------------------------------------
@@ -338,9 +346,14 @@ class KernelSpec:
         return found
 
     def complete_config(self, values: Mapping[str, Any], problem: Any, dtype: torch.dtype) -> Config:
-        """A user's partial config laid over the default for this problem."""
+        """A user's partial config laid over the default for this problem; with park_ignored,
+        the parameters the chosen path ignores (and the user did not give) take their parked
+        values, so that {"FUSION": "none"} names the one unfused config."""
         partial = self.coerce_config(values, partial_ok=True)
-        return Config(self.default_config(problem, dtype).as_dict(), **partial.as_dict())
+        cfg = Config(self.default_config(problem, dtype).as_dict(), **partial.as_dict())
+        if self.park_ignored is not None:
+            cfg = Config(self.park_ignored(cfg).as_dict(), **partial.as_dict())
+        return cfg
 
     # --- problems ---------------------------------------------------------------------------
 

@@ -16,13 +16,14 @@ H200 = "NVIDIA H200"
 
 def trial_row(number, problem, config, *, status="ok", time_ms=None, dtype="fp16", device=H200,
               is_default=False, tflops=None, tbps=None, rel_error=None, extra=None,
-              measured_at="2026-11-29T12:00:00+00:00", source_hash="0123456789abcdef"):
-    """One attention row of the `trials` schema; p20/p80 lie 5% either side of time_ms. A failed
-    row keeps a time_ms if given one (a fast mismatch, say), so tests can check it never wins."""
-    key, dkey = SPEC.problem_key(problem), device_key(device)
+              measured_at="2026-11-29T12:00:00+00:00", source_hash="0123456789abcdef", spec=SPEC):
+    """One row of the `trials` schema (an attention row unless another spec is given); p20/p80
+    lie 5% either side of time_ms. A failed row keeps a time_ms if given one (a fast mismatch,
+    say), so tests can check it never wins."""
+    key, dkey = spec.problem_key(problem), device_key(device)
     ok = status == "ok"
     return {
-        "study": f"attention|{key}|{dtype}|{dkey}", "trial_number": number, "kernel": "attention",
+        "study": f"{spec.name}|{key}|{dtype}|{dkey}", "trial_number": number, "kernel": spec.name,
         "problem_key": key, "problem_json": json.dumps(dataclasses.asdict(problem), sort_keys=True),
         "dtype": dtype, "device_key": dkey, "device_name": device, "sampler": "tpe",
         "config_json": json.dumps(config.as_dict(), sort_keys=True), "config_label": config.label(),

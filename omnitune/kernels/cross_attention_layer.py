@@ -1,0 +1,618 @@
+"""A whole cross-modal attention layer: Q/K/V projections, attention, output projection.
+
+    out = softmax((x_q Wqᵀ + bq)(x_kv Wkᵀ + bk)ᵀ · d^-½) (x_kv Wvᵀ + bv) Woᵀ + bo
+
+x_q [B, Lq, hidden] is the querying modality (e.g. text), x_kv [B, Lk, hidden] the attended one
+(e.g. image or video tokens). No mask: in cross-attention every query sees every attended token.
+Wq [h·d, hidden], Wkv [2·hkv·d, hidden] (K rows, then V rows), Wo [hidden, h·d]; hidden need not
+equal h·d. GQA: query head i reads kv head i // (h / hkv).
+
+The tunable FUSION picks one of three paths; the search measures all of them, so the tuned table
+says per problem whether fusion wins (and the runtime falls back where it does not):
+  none   the unfused layer: GEMMs through cuBLAS, attention through SDPA. The baseline, and the
+         rollback path. Its other parameters are parked at fixed values (it ignores them), so a
+         search measures it exactly once.
+  q      the Q projection in the attention prologue: each program (query tile, batch·head)
+         computes its Q tile x_q[b, tile, :] · Wq[head]ᵀ in BLOCK_K chunks of hidden, folds
+         d^-½·log2(e) into it, then runs FlashAttention-2 (online softmax, exp2) over K/V and
+         writes O [B, Lq, h, d]; the output projection is one cuBLAS GEMM.
+  q_out  also the output projection in the epilogue: each program multiplies its normalized
+         O tile [BLOCK_M, d] by its head's slice of Wo in BLOCK_O chunks of hidden and adds the
+         partial products of all heads together IN THE SAME LAUNCH, with relaxed fp32 atomics
+         into a workspace [B, Lq, hidden]. After a barrier, one acq_rel increment of a
+         per-(batch, query tile) counter tells the last head to finish (it sees h − 1); that
+         program reads the summed tile back past L1 (.cg), adds bo, writes the output in the
+         model dtype, then writes zeros over its workspace tile and resets the counter. So the
+         workspace is always left zeroed: no memset and no second launch per call.
+
+The workspace (fp32 sums, int32 counters) is allocated zeroed once: by make_inputs for the spec,
+and cached per (device, stream, B, Lq, hidden) by omnitune.runtime.layers. The counters are sized
+for the smallest BLOCK_M, so one workspace serves every config. A launch that raises part-way
+may leave it dirty; both owners zero it again before anything else uses it.
+
+Why the K/V projection is NOT fused: x_kv · Wkvᵀ does not depend on the query. Fused into the
+attention loop it would be recomputed by every query tile and by every query head of a GQA group:
+cdiv(Lq, BLOCK_M) × h/hkv times the work (×7 on Qwen2.5-Omni-7B at Lq ≤ BLOCK_M, ×56 at Lq 512,
+BLOCK_M 64). It is computed once per call by one cuBLAS GEMM into [B, Lk, 2·hkv·d], whose K and V
+halves the attention reads through strides, without copies. Every path does this identically, so
+the comparison between paths is fair; benchmarks/fused_layer_bench.py times this GEMM alone so
+that its share of the layer is known.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from omnitune.errors import InputError, ShapeError
+from omnitune.spec import (
+    Config,
+    Constraint,
+    DeviceLimits,
+    KernelSpec,
+    MatchPolicy,
+    Param,
+    element_bytes,
+    poisoned,
+    require_runnable_device,
+)
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 128)
+FUSIONS = ("none", "q", "q_out")
+SMALLEST_BLOCK_M = 16  # counters are allocated per tile of this many rows, enough for any BLOCK_M
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE_DOT: tl.constexpr):
+    # fp32 inputs are checked with exact products; fp16/bf16 take the tensor cores as they are.
+    if IEEE_DOT:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _cross_attention_layer_fwd(
+    XQ, WQ, BQ, KV, O, WO, BO, OUT, WS, COUNT,
+    stride_xb, stride_xm, stride_xk,
+    stride_wqn, stride_wqk,
+    stride_kvb, stride_kvn, stride_kvc,
+    stride_ob, stride_om, stride_oh, stride_od,
+    stride_won, stride_wok,
+    stride_outb, stride_outm, stride_outn,
+    stride_wsb, stride_wsm, stride_wsn,
+    H, HKV, LQ, LK, HIDDEN, COUNT_TILES,
+    qk_scale,
+    D: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    FUSE_OUT: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+):
+    # axis 0: query tile; axis 1: batch × query head. Neighbours on axis 0 share K/V in L2.
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    head = pid_bh % H
+    hk = head // GROUP
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = rows < LQ
+    offs_d = tl.arange(0, D)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # --- prologue: Q tile = x_q[b, rows, :] · Wq[head·D:(head+1)·D, :]ᵀ, hidden in BLOCK_K chunks
+    x_ptrs = XQ + b.to(tl.int64) * stride_xb + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = WQ + (head * D + offs_d).to(tl.int64)[None, :] * stride_wqn + offs_k[:, None] * stride_wqk
+    q = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for _ in range(0, HIDDEN, BLOCK_K):  # hidden % BLOCK_K == 0 (a constraint): no column mask
+        x = tl.load(x_ptrs, mask=row_valid[:, None], other=0.0)
+        w = tl.load(w_ptrs)  # [BLOCK_K, D]: Wq's slice, transposed through the strides
+        q = _dot(x, w, q, IEEE_DOT)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wqk
+    if HAS_BIAS:
+        q += tl.load(BQ + head * D + offs_d).to(tl.float32)[None, :]
+    # The softmax scale and log2(e) ride on Q, so each score tile needs no multiply before exp2.
+    q = (q * qk_scale).to(XQ.dtype.element_ty)
+
+    # --- FlashAttention-2 over all of K/V (no mask: every query sees every key) ---------------
+    k_base = KV + b.to(tl.int64) * stride_kvb + (hk * D + offs_d)[None, :] * stride_kvc
+    v_base = KV + b.to(tl.int64) * stride_kvb + ((HKV + hk) * D + offs_d)[None, :] * stride_kvc
+    offs_n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in range(0, LK, BLOCK_N):
+        n = start_n + offs_n
+        n_valid = n < LK
+        k = tl.load(k_base + n[:, None] * stride_kvn, mask=n_valid[:, None], other=0.0)
+        v = tl.load(v_base + n[:, None] * stride_kvn, mask=n_valid[:, None], other=0.0)
+        qk = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IEEE_DOT)
+        qk = tl.where(n_valid[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: every tile holds at least one key
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], IEEE_DOT)
+        m_i = m_new
+    o = acc / l_i[:, None]
+
+    if not FUSE_OUT:
+        o_ptrs = (O + b.to(tl.int64) * stride_ob + rows[:, None] * stride_om + head * stride_oh
+                  + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_valid[:, None])
+    else:
+        # --- epilogue: this head's share of out = O · Wo[:, head·D:(head+1)·D]ᵀ, summed over heads
+        o = o.to(WO.dtype.element_ty)
+        offs_o = tl.arange(0, BLOCK_O)
+        wo_ptrs = WO + offs_o.to(tl.int64)[None, :] * stride_won + (head * D + offs_d)[:, None] * stride_wok
+        ws_tile = WS + b.to(tl.int64) * stride_wsb + rows[:, None] * stride_wsm
+        for start_o in range(0, HIDDEN, BLOCK_O):  # hidden % BLOCK_O == 0 (a constraint)
+            wo = tl.load(wo_ptrs)  # [D, BLOCK_O]
+            part = _dot(o, wo, tl.zeros([BLOCK_M, BLOCK_O], dtype=tl.float32), IEEE_DOT)
+            tl.atomic_add(ws_tile + (start_o + offs_o)[None, :] * stride_wsn, part,
+                          mask=row_valid[:, None], sem="relaxed")
+            wo_ptrs += BLOCK_O * stride_won
+        # Every thread's adds are issued before the one release below; the last head to arrive
+        # then sees all h heads' sums (its acquire pairs with every other head's release).
+        tl.debug_barrier()
+        counter = COUNT + b * COUNT_TILES + pid_m
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == H - 1:
+            out_tile = OUT + b.to(tl.int64) * stride_outb + rows[:, None] * stride_outm
+            zeros = tl.zeros([BLOCK_M, BLOCK_O], dtype=tl.float32)
+            for start_o in range(0, HIDDEN, BLOCK_O):
+                cols = start_o + offs_o
+                ws_ptrs = ws_tile + cols[None, :] * stride_wsn
+                total = tl.load(ws_ptrs, mask=row_valid[:, None], other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(BO + cols).to(tl.float32)[None, :]
+                tl.store(out_tile + cols[None, :] * stride_outn, total.to(OUT.dtype.element_ty),
+                         mask=row_valid[:, None])
+                tl.store(ws_ptrs, zeros, mask=row_valid[:, None])  # leave the workspace zeroed
+            tl.atomic_xchg(counter, 0, sem="relaxed")
+
+
+# ------------------------------------------------------------------------------------------------
+# Problem, inputs, paths
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrossAttentionLayerProblem:
+    """One layer call: x_q [b, lq, hidden] attends to x_kv [b, lk, hidden] with h query heads and
+    hkv kv heads of dim d; bias: the projections carry biases."""
+
+    b: int
+    lq: int
+    lk: int
+    hidden: int
+    h: int
+    hkv: int
+    d: int
+    bias: bool = False
+
+    def __post_init__(self):
+        for name in ("b", "lq", "lk", "hidden", "h", "hkv", "d"):
+            if getattr(self, name) < 1:
+                raise ShapeError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.h % self.hkv:
+            raise ShapeError(f"h={self.h} is not a multiple of hkv={self.hkv}")
+        if self.d not in HEAD_DIMS:
+            raise ShapeError(f"head dim d={self.d} is not supported; use one of {HEAD_DIMS}")
+
+    @property
+    def group(self) -> int:
+        return self.h // self.hkv
+
+
+@dataclass
+class Workspace:
+    """The fused epilogue's cross-head sums and arrival counters; zero between launches."""
+
+    sums: torch.Tensor      # [B, Lq, hidden] float32
+    counters: torch.Tensor  # [B · cdiv(Lq, SMALLEST_BLOCK_M)] int32
+
+    @classmethod
+    def zeroed(cls, b: int, lq: int, hidden: int, device) -> Workspace:
+        return cls(
+            torch.zeros((b, lq, hidden), dtype=torch.float32, device=device),
+            torch.zeros((b * triton.cdiv(lq, SMALLEST_BLOCK_M),), dtype=torch.int32, device=device),
+        )
+
+    def rezero(self) -> None:
+        self.sums.zero_()
+        self.counters.zero_()
+
+
+@dataclass
+class LayerInputs:
+    x_q: torch.Tensor
+    x_kv: torch.Tensor
+    wq: torch.Tensor
+    wkv: torch.Tensor
+    wo: torch.Tensor
+    bq: torch.Tensor | None
+    bkv: torch.Tensor | None
+    bo: torch.Tensor | None
+    h: int
+    hkv: int
+    workspace: Workspace | None  # needed by FUSION=q_out only
+    sm_scale: float
+
+    @property
+    def d(self) -> int:
+        return self.wq.shape[0] // self.h
+
+
+def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int) -> CrossAttentionLayerProblem:
+    """The problem these tensors describe; InputError for anything the layer cannot run on."""
+    named = {"x_q": x_q, "x_kv": x_kv, "wq": wq, "wkv": wkv, "wo": wo}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x_q.dim() != 3 or x_kv.dim() != 3:
+        raise InputError(f"x_q and x_kv must be 3-D [B, L, hidden], got {list(x_q.shape)} and {list(x_kv.shape)}")
+    b, lq, hidden = x_q.shape
+    if x_kv.shape[0] != b or x_kv.shape[2] != hidden:
+        raise InputError(f"x_kv {list(x_kv.shape)} does not match x_q {list(x_q.shape)} in batch and hidden")
+    if not isinstance(h, int) or not isinstance(hkv, int) or h < 1 or hkv < 1 or h % hkv:
+        raise InputError(f"heads={h!r} must be a positive multiple of kv_heads={hkv!r}")
+    if wq.dim() != 2 or wq.shape[1] != hidden or wq.shape[0] % h:
+        raise InputError(f"wq must be [heads·d, hidden={hidden}], got {list(wq.shape)}")
+    d = wq.shape[0] // h
+    if d not in HEAD_DIMS:
+        raise InputError(f"head dim {d} (wq rows / heads) is not supported; use one of {HEAD_DIMS}")
+    expected = {"wkv": (2 * hkv * d, hidden), "wo": (hidden, h * d)}
+    for name, shape in expected.items():
+        if tuple(named[name].shape) != shape:
+            raise InputError(f"{name} must be {list(shape)}, got {list(named[name].shape)}")
+    biases = {"bq": (bq, h * d), "bkv": (bkv, 2 * hkv * d), "bo": (bo, hidden)}
+    given = [n for n, (t, _) in biases.items() if t is not None]
+    if given and len(given) != 3:
+        raise InputError(f"give all of bq, bkv, bo or none of them (got only {', '.join(given)})")
+    for name, (t, size) in biases.items():
+        if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (size,)):
+            raise InputError(f"{name} must be a tensor of shape [{size}]")
+    tensors = [t for t in (*named.values(), bq, bkv, bo) if t is not None]
+    if len({t.device for t in tensors}) != 1:
+        raise InputError("all tensors must be on one device")
+    if len({t.dtype for t in tensors}) != 1:
+        raise InputError("all tensors must have one dtype")
+    if x_q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise InputError(f"unsupported dtype {x_q.dtype}; use float16, bfloat16 or float32")
+    if lq == 0 or x_kv.shape[1] == 0 or hidden == 0:
+        raise InputError("sequence lengths and hidden must be ≥ 1")
+    return CrossAttentionLayerProblem(b=b, lq=lq, lk=x_kv.shape[1], hidden=hidden, h=h, hkv=hkv, d=d,
+                                      bias=bq is not None)
+
+
+def project_kv(inputs: LayerInputs) -> torch.Tensor:
+    """[B, Lk, 2·hkv·d]: K then V of every kv head, by one GEMM, for every path alike."""
+    return F.linear(inputs.x_kv, inputs.wkv, inputs.bkv)
+
+
+def unfused(inputs: LayerInputs) -> torch.Tensor:
+    """The layer through PyTorch: cuBLAS GEMMs and SDPA (GQA without expanding K/V where SDPA
+    allows it). The baseline and the rollback path."""
+    b, lq, _ = inputs.x_q.shape
+    lk, h, hkv, d = inputs.x_kv.shape[1], inputs.h, inputs.hkv, inputs.d
+    q = F.linear(inputs.x_q, inputs.wq, inputs.bq).view(b, lq, h, d).transpose(1, 2)
+    kv = project_kv(inputs).view(b, lk, 2, hkv, d)
+    k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    o = _sdpa(q, k, v, inputs.sm_scale)
+    return F.linear(o.transpose(1, 2).reshape(b, lq, h * d), inputs.wo, inputs.bo)
+
+
+def _sdpa(q, k, v, scale):
+    if q.shape[1] == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+    except (TypeError, RuntimeError):  # a torch or backend without GQA support
+        group = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(
+            q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), scale=scale)
+
+
+def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None:
+    """Run a fused path (FUSION 'q' or 'q_out'), writing out [B, Lq, hidden]."""
+    require_runnable_device(inputs.x_q)
+    fuse_out = config["FUSION"] == "q_out"
+    x_q, wq, wo = inputs.x_q, inputs.wq, inputs.wo
+    b, lq, hidden = x_q.shape
+    h, hkv, d = inputs.h, inputs.hkv, inputs.d
+    lk = inputs.x_kv.shape[1]
+    kv = project_kv(inputs)
+    ws = inputs.workspace
+    if fuse_out and ws is None:
+        raise InputError("FUSION=q_out needs a workspace (Workspace.zeroed)")
+    # Without the fused epilogue the workspace is never touched: `out` stands in for its pointers.
+    sums, counters = (ws.sums, ws.counters) if fuse_out else (out, out)
+    o = out if fuse_out else torch.empty((b, lq, h, d), dtype=x_q.dtype, device=x_q.device)
+    has_bias = inputs.bq is not None
+    # The kernel reads biases as dense vectors; an absent one is a placeholder, never read.
+    bq, bo = (inputs.bq.contiguous(), inputs.bo.contiguous()) if has_bias else (wq, wq)
+    block_m = int(config["BLOCK_M"])
+    grid = (triton.cdiv(lq, block_m), b * h)
+    _cross_attention_layer_fwd[grid](
+        x_q, wq, bq, kv, o, wo, bo,
+        out, sums, counters,
+        *x_q.stride(), *wq.stride(), *kv.stride(),
+        *(o.stride() if not fuse_out else (0, 0, 0, 0)),
+        *wo.stride(), *out.stride(), *sums.stride(),
+        h, hkv, lq, lk, hidden, triton.cdiv(lq, SMALLEST_BLOCK_M),
+        inputs.sm_scale * LOG2E,
+        D=d, GROUP=h // hkv,
+        BLOCK_M=block_m, BLOCK_N=int(config["BLOCK_N"]), BLOCK_K=int(config["BLOCK_K"]),
+        BLOCK_O=int(config["BLOCK_O"]),
+        HAS_BIAS=has_bias, FUSE_OUT=fuse_out, IEEE_DOT=x_q.dtype == torch.float32,
+        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+    )
+    if not fuse_out:
+        o2d = o.view(b * lq, h * d)
+        if out.is_contiguous():  # one GEMM (bias in its epilogue) straight into `out`
+            if has_bias:
+                torch.addmm(inputs.bo, o2d, wo.t(), out=out.view(b * lq, hidden))
+            else:
+                torch.mm(o2d, wo.t(), out=out.view(b * lq, hidden))
+        else:
+            out.copy_(F.linear(o2d, wo, inputs.bo).view(b, lq, hidden))
+
+
+def launch(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None:
+    """The spec's launcher: the path the config's FUSION names."""
+    if config["FUSION"] == "none":
+        out.copy_(unfused(inputs))
+        return
+    try:
+        launch_fused(inputs, out, config)
+    except BaseException:
+        if inputs.workspace is not None:
+            inputs.workspace.rezero()  # a launch stopped part-way may have left partial sums behind
+        raise
+
+
+# ------------------------------------------------------------------------------------------------
+# Spec: inputs, reference, model, config space
+# ------------------------------------------------------------------------------------------------
+
+
+def make_inputs(problem: CrossAttentionLayerProblem, dtype: torch.dtype, device, seed: int) -> LayerInputs:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    p = problem
+
+    def rand(*shape, scale=1.0):
+        t = torch.randn(shape, generator=gen, dtype=torch.float32) * scale
+        return t.to(device=device, dtype=dtype)
+
+    # Weights scaled by hidden^-½ (as initialized models are) keep activations O(1) in fp16.
+    w = 1.0 / math.sqrt(p.hidden)
+    return LayerInputs(
+        x_q=rand(p.b, p.lq, p.hidden),
+        x_kv=rand(p.b, p.lk, p.hidden),
+        wq=rand(p.h * p.d, p.hidden, scale=w),
+        wkv=rand(2 * p.hkv * p.d, p.hidden, scale=w),
+        wo=rand(p.hidden, p.h * p.d, scale=1.0 / math.sqrt(p.h * p.d)),
+        bq=rand(p.h * p.d, scale=0.5) if p.bias else None,
+        bkv=rand(2 * p.hkv * p.d, scale=0.5) if p.bias else None,
+        bo=rand(p.hidden, scale=0.5) if p.bias else None,
+        h=p.h,
+        hkv=p.hkv,
+        workspace=Workspace.zeroed(p.b, p.lq, p.hidden, device),
+        sm_scale=1.0 / math.sqrt(p.d),
+    )
+
+
+def new_output(inputs: LayerInputs) -> torch.Tensor:
+    return poisoned(inputs.x_q.shape, inputs.x_q.dtype, inputs.x_q.device)
+
+
+def reference(inputs: LayerInputs) -> torch.Tensor:
+    """The layer in plain matmuls and softmax — float64 on the CPU, float32 without TF32 on a
+    GPU — one sequence at a time so that long ones fit; independent of both paths."""
+    acc = torch.float64 if inputs.x_q.device.type == "cpu" else torch.float32
+    b, lq, hidden = inputs.x_q.shape
+    h, hkv, d = inputs.h, inputs.hkv, inputs.d
+    group = h // hkv
+
+    def up(t):
+        return None if t is None else t.to(acc)
+
+    wq, wkv, wo, bq, bkv, bo = map(up, (inputs.wq, inputs.wkv, inputs.wo, inputs.bq, inputs.bkv, inputs.bo))
+    out = torch.empty((b, lq, hidden), dtype=acc, device=inputs.x_q.device)
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for i in range(b):
+            q = inputs.x_q[i].to(acc) @ wq.T
+            kv = inputs.x_kv[i].to(acc) @ wkv.T
+            if bq is not None:
+                q, kv = q + bq, kv + bkv
+            q = q.view(lq, h, d).transpose(0, 1)                        # [h, lq, d]
+            k = kv[:, :hkv * d].view(-1, hkv, d).transpose(0, 1)        # [hkv, lk, d]
+            v = kv[:, hkv * d:].view(-1, hkv, d).transpose(0, 1)
+            k = k.repeat_interleave(group, 0)
+            v = v.repeat_interleave(group, 0)
+            probs = torch.softmax((q @ k.transpose(1, 2)) * inputs.sm_scale, dim=-1)
+            o = (probs @ v).transpose(0, 1).reshape(lq, h * d)
+            out[i] = o @ wo.T + (bo if bo is not None else 0.0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    return out
+
+
+def flops(problem: CrossAttentionLayerProblem) -> float:
+    """The whole layer: Q, K/V and output projections, and QKᵀ and PV of attention."""
+    p = problem
+    q_proj = 2.0 * p.b * p.lq * p.hidden * p.h * p.d
+    kv_proj = 2.0 * p.b * p.lk * p.hidden * 2 * p.hkv * p.d
+    attention = 4.0 * p.b * p.h * p.lq * p.lk * p.d
+    out_proj = 2.0 * p.b * p.lq * p.h * p.d * p.hidden
+    return q_proj + kv_proj + attention + out_proj
+
+
+def bytes_moved(problem: CrossAttentionLayerProblem, dtype: torch.dtype) -> float:
+    """The least HBM traffic any implementation needs: both inputs and all weights read once,
+    the output written once (intermediates assumed to stay on chip)."""
+    p = problem
+    activations = p.b * p.lq * p.hidden * 2 + p.b * p.lk * p.hidden  # x_q, out, x_kv
+    weights = (p.h * p.d + 2 * p.hkv * p.d) * p.hidden + p.hidden * p.h * p.d
+    biases = (p.h * p.d + 2 * p.hkv * p.d + p.hidden) if p.bias else 0
+    return float((activations + weights + biases) * element_bytes(dtype))
+
+
+# The unfused path ignores every tile parameter; they are parked at these values with
+# FUSION="none" (unfused_is_one_config), and BLOCK_O at its value with FUSION="q", so that a
+# search never measures the same path twice. Fixed values rather than the problem's default, so
+# that the parked config is the same for every problem and default_config need not consult itself.
+PARKED = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "BLOCK_O": 64, "num_warps": 4, "num_stages": 2}
+UNFUSED = {"FUSION": "none", **PARKED}
+
+
+def park_ignored(config: Config) -> Config:
+    """The config with the parameters its path ignores at their parked values."""
+    if config["FUSION"] == "none":
+        return config.replace(**PARKED)
+    if config["FUSION"] == "q":
+        return config.replace(BLOCK_O=PARKED["BLOCK_O"])
+    return config
+
+
+def _fused(config: Config) -> bool:
+    return config["FUSION"] != "none"
+
+
+def shared_memory_bytes(problem: CrossAttentionLayerProblem, config: Config, dtype: torch.dtype) -> int:
+    """Estimate: the resident Q tile, plus the largest of the three phases' staged tiles — the
+    prologue's x and Wq chunks, the loop's K and V tiles, the epilogue's Wo chunk and O tile."""
+    elt = element_bytes(dtype)
+    bm, bn, bk, bo = (int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_O"))
+    stages, d = int(config["num_stages"]), problem.d
+    prologue = stages * (bm * bk + d * bk)
+    loop = stages * 2 * bn * d
+    epilogue = (bo * d + bm * d) if config["FUSION"] == "q_out" else 0
+    return elt * (bm * d + max(prologue, loop, epilogue))
+
+
+def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
+    if not _fused(config):
+        return None
+    need = shared_memory_bytes(problem, config, dtype)
+    if need > limits.shared_memory_per_block_bytes:
+        return f"needs ~{need // 1024} KiB of shared memory, the device has {limits.shared_memory_per_block_bytes // 1024} KiB"
+    return None
+
+
+def _check_hidden_chunks(problem, config, dtype, limits):
+    # The prologue and epilogue loops over hidden carry no column mask.
+    if _fused(config) and problem.hidden % int(config["BLOCK_K"]):
+        return f"hidden={problem.hidden} is not a multiple of BLOCK_K={config['BLOCK_K']}"
+    if config["FUSION"] == "q_out" and problem.hidden % int(config["BLOCK_O"]):
+        return f"hidden={problem.hidden} is not a multiple of BLOCK_O={config['BLOCK_O']}"
+    return None
+
+
+def _check_block_m(problem, config, dtype, limits):
+    useful = max(16, triton.next_power_of_2(problem.lq))
+    if _fused(config) and int(config["BLOCK_M"]) > useful:
+        return f"BLOCK_M={config['BLOCK_M']} exceeds the {problem.lq} query rows (use ≤ {useful})"
+    return None
+
+
+def _check_unfused_is_one_config(problem, config, dtype, limits):
+    if config["FUSION"] == "none":
+        off = [k for k, v in PARKED.items() if config[k] != v]
+        if off:
+            return f"FUSION=none ignores {', '.join(off)}; they must be parked at " + \
+                ", ".join(f"{k}={PARKED[k]}" for k in off)
+    elif config["FUSION"] == "q" and config["BLOCK_O"] != PARKED["BLOCK_O"]:
+        return f"FUSION=q ignores BLOCK_O; it must be parked at {PARKED['BLOCK_O']}"
+    return None
+
+
+PARAMS = (
+    Param("FUSION", FUSIONS, "none: cuBLAS+SDPA; q: Q projection fused; q_out: and the output projection"),
+    Param("BLOCK_M", (16, 32, 64, 128), "query rows per program"),
+    Param("BLOCK_N", (32, 64, 128), "keys per attention-loop tile"),
+    Param("BLOCK_K", (32, 64, 128), "hidden chunk of the fused Q projection"),
+    Param("BLOCK_O", (64, 128), "hidden chunk of the fused output projection (q_out)"),
+    Param("num_warps", (4, 8), "warps per program"),
+    Param("num_stages", (1, 2, 3), "software-pipelining depth of the loads"),
+)
+
+CONSTRAINTS = (
+    Constraint("shared_memory", _check_shared_memory, "Q tile + the largest phase's staged tiles fit in shared memory"),
+    Constraint("hidden_chunks", _check_hidden_chunks, "hidden a multiple of BLOCK_K (and of BLOCK_O for q_out)"),
+    Constraint("block_m_exceeds_rows", _check_block_m, "no query tile larger than the query rows"),
+    Constraint("unfused_is_one_config", _check_unfused_is_one_config,
+               "parameters a path ignores are parked, so each path is measured once per setting that matters"),
+)
+
+# Fused output projection for at most this many query rows in all (B·Lq). There the layer is
+# launch- and weight-bound: skipping the O round trip and one GEMM launch should pay, and the
+# atomics (h partial rows per output row) are few. Past it, h× the output in fp32 atomics
+# outweighs one well-shaped cuBLAS GEMM. A starting point only: the search measures all paths.
+Q_OUT_MAX_ROWS = 128
+
+
+def default_config(problem: CrossAttentionLayerProblem, dtype: torch.dtype) -> Config:
+    """A fused config sized to the problem (see Q_OUT_MAX_ROWS); the unfused path when no fused
+    config is valid (e.g. hidden not a multiple of 32)."""
+    preferred = "q_out" if problem.b * problem.lq <= Q_OUT_MAX_ROWS else "q"
+    block_m = min(64, max(16, triton.next_power_of_2(problem.lq)))
+    for fusion in dict.fromkeys((preferred, "q")):
+        for block_k in (64, 32, 128):
+            for block_o in ((64, 128) if fusion == "q_out" else (PARKED["BLOCK_O"],)):
+                for stages in (2, 1):
+                    cfg = Config(FUSION=fusion, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k,
+                                 BLOCK_O=block_o, num_warps=4, num_stages=stages)
+                    if not SPEC.violations(problem, cfg, dtype):
+                        return cfg
+    return Config(UNFUSED)
+
+
+def _baselines(problem: CrossAttentionLayerProblem):
+    return {"unfused (cuBLAS+SDPA)": unfused}
+
+
+SPEC = KernelSpec(
+    name="cross_attention_layer",
+    description="Cross-modal attention layer: Q/KV/O projections + attention, fused or unfused (rollback)",
+    problem_type=CrossAttentionLayerProblem,
+    params=PARAMS,
+    constraints=CONSTRAINTS,
+    default_config=default_config,
+    make_inputs=make_inputs,
+    new_output=new_output,
+    launch=launch,
+    reference=reference,
+    tolerance={torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2},
+    flops=flops,
+    bytes_moved=bytes_moved,
+    match=MatchPolicy(exact=("hidden", "h", "hkv", "d", "bias"), max_ratio=4.0),
+    aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
+    # The unfused path right after the default: every search then learns whether fusion wins.
+    known_good=({"FUSION": "none"},),  # completed with the parked values: the one unfused config
+    park_ignored=park_ignored,
+    rollback_config={"FUSION": "none"},
+    example_problem=CrossAttentionLayerProblem(b=2, lq=5, lk=19, hidden=128, h=4, hkv=2, d=64, bias=True),
+    sample_problems=(
+        # hidden ≠ h·d and not a multiple of 64; one kv head for two query heads
+        CrossAttentionLayerProblem(b=1, lq=20, lk=33, hidden=96, h=2, hkv=1, d=64),
+        CrossAttentionLayerProblem(b=1, lq=3, lk=7, hidden=128, h=1, hkv=1, d=128, bias=True),
+    ),
+    baselines=_baselines,
+    module=__name__,
+)

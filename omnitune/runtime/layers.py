@@ -1,0 +1,115 @@
+"""Whole layers for production code, each taking the path its tuned table chose — with rollback.
+
+    from omnitune.runtime.layers import cross_attention_layer
+    out = cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=28, kv_heads=4)
+
+The tuned table (omnitune.runtime.get_config) says per problem whether the fused kernel or the
+unfused PyTorch path (cuBLAS + SDPA) won on this GPU; FUSION="none" takes the unfused path
+without touching Triton. A fused launch that fails for any reason but bad tensors (a compile
+error, too little shared memory, a driver error) falls back to the unfused result, logs ONE
+warning per problem (logger "omnitune.runtime"), and that problem is not tried fused again in
+this process.
+
+The fused output projection needs a zeroed fp32 workspace that every launch leaves zeroed; it is
+allocated once per (device, stream, B, Lq, hidden) and kept here, and zeroed again after a
+failed launch. Calls on one stream are ordered, so they can share it; another stream gets its own.
+
+Import discipline as for omnitune.runtime: the kernel module (Triton) is imported on first call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from omnitune.errors import InputError
+from omnitune.runtime import get_config
+from omnitune.spec import Config
+
+logger = logging.getLogger("omnitune.runtime")
+
+_workspaces: dict[tuple, object] = {}
+_broken: set[tuple] = set()
+_lock = threading.Lock()
+
+
+def cross_attention_layer(
+    x_q: torch.Tensor,
+    x_kv: torch.Tensor,
+    wq: torch.Tensor,
+    wkv: torch.Tensor,
+    wo: torch.Tensor,
+    bq: torch.Tensor | None = None,
+    bkv: torch.Tensor | None = None,
+    bo: torch.Tensor | None = None,
+    *,
+    heads: int,
+    kv_heads: int,
+    config: Config | dict | None = None,
+) -> torch.Tensor:
+    """Cross-attention of x_q [B, Lq, hidden] to x_kv [B, Lk, hidden], projections included.
+
+    wq [heads·d, hidden]; wkv [2·kv_heads·d, hidden], the K projection's rows then V's;
+    wo [hidden, heads·d]; biases bq, bkv, bo all or none. Head dim d (= wq rows / heads) 64 or
+    128. config: None looks the path up in the tuned tables; a (partial) config forces one.
+    Returns [B, Lq, hidden] in the inputs' dtype."""
+    from omnitune.kernels import cross_attention_layer as kernel
+
+    problem = kernel.check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads)
+    if config is None:
+        cfg = get_config("cross_attention_layer", problem, dtype=x_q.dtype)
+    elif isinstance(config, Config):
+        cfg = kernel.SPEC.coerce_config(config.as_dict())  # a whole config, taken as given
+    else:
+        cfg = kernel.SPEC.complete_config(config, problem, x_q.dtype)
+    if config is not None:
+        kernel.SPEC.require_valid(problem, cfg, x_q.dtype)  # ConfigError: the caller's mistake
+
+    workspace = _workspace(kernel, problem, x_q.device) if cfg["FUSION"] == "q_out" else None
+    inputs = kernel.LayerInputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, workspace,
+                                sm_scale=problem.d ** -0.5)
+    identity = (problem, x_q.dtype, x_q.device, cfg)
+    if cfg["FUSION"] == "none" or identity in _broken:
+        return kernel.unfused(inputs)
+
+    out = torch.empty(x_q.shape, dtype=x_q.dtype, device=x_q.device)
+    try:
+        kernel.launch_fused(inputs, out, cfg)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — any failure of the fused kernel rolls back
+        if workspace is not None:
+            workspace.rezero()
+        with _lock:
+            first = identity not in _broken
+            _broken.add(identity)
+        if first:
+            logger.warning(
+                "the fused cross_attention_layer (%s) failed for %s %s: %s: %s; using the unfused "
+                "path (cuBLAS+SDPA) for this problem from now on",
+                cfg.label(), kernel.SPEC.problem_key(problem), x_q.dtype, type(exc).__name__,
+                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
+            )
+        return kernel.unfused(inputs)
+    return out
+
+
+def clear_state() -> None:
+    """Forget cached workspaces and the problems whose fused launch failed (for tests)."""
+    with _lock:
+        _workspaces.clear()
+        _broken.clear()
+
+
+def _workspace(kernel, problem, device: torch.device):
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, problem.b, problem.lq, problem.hidden)
+    ws = _workspaces.get(key)
+    if ws is None:
+        with _lock:
+            ws = _workspaces.get(key)
+            if ws is None:
+                ws = _workspaces[key] = kernel.Workspace.zeroed(problem.b, problem.lq, problem.hidden, device)
+    return ws
