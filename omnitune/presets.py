@@ -14,7 +14,11 @@ finds a tuned problem for the traffic in between:
 - text → image cross-attention: 32–4096 text queries over one image's tokens;
 - DiT joint attention (not causal): image + text tokens at 512² and 1024², batch 2 (CFG);
 - KV-cache writes: decode steps of 1–256 tokens and prefill writes of ~230 to 64k tokens, covered
-  by t ∈ {4, 64, 1024, 16384}.
+  by t ∈ {4, 64, 1024, 16384};
+- the fused cross-attention layer (text queries over an image's or a video's hidden states, with
+  the model's projections): decode-like steps (batch 1–8, 1–16 queries, 1k–4k attended tokens),
+  text → image prefill (batch 2–8, 256–512 queries over ~4k tokens) and long video (batch 1–2,
+  128–512 queries over 8k–16k tokens), one problem each.
 
 tests/test_presets.py checks that coverage on a grid of problems between these points.
 
@@ -62,7 +66,11 @@ DIT_SIDES_PX = (512, 1024)
 # Paged KV caches use pages of this many tokens (vLLM's default).
 KV_BLOCK_SIZE = 16
 
-KERNELS = ("attention", "kv_cache_write", "paged_decode_attention")
+# Fused cross-attention layer (b, lq, lk): decode-like, text → image prefill, long video.
+CROSS_LAYER_PROBLEMS = ((2, 4, 2048, "decode-like"), (8, 512, 4096, "text → image prefill"),
+                        (1, 256, 16384, "long video"))
+
+KERNELS = ("attention", "kv_cache_write", "paged_decode_attention", "cross_attention_layer")
 
 
 @dataclass(frozen=True)
@@ -168,6 +176,7 @@ def preset_problems(preset: ModelPreset, kernel: str) -> list[PresetProblem]:
         "attention": _language_attention,
         "kv_cache_write": _kv_cache_writes,
         "paged_decode_attention": _paged_decode,
+        "cross_attention_layer": _cross_attention_layers,
     }
     return builders[kernel](preset)
 
@@ -229,4 +238,15 @@ def _paged_decode(p: ModelPreset) -> list[PresetProblem]:
         ), f"decode: batch {b}, {ctx} context")
         for b in DECODE_BATCHES
         for ctx in DECODE_CONTEXTS
+    ]
+
+
+def _cross_attention_layers(p: ModelPreset) -> list[PresetProblem]:
+    from omnitune.kernels.cross_attention_layer import CrossAttentionLayerProblem
+
+    return [
+        PresetProblem("cross_attention_layer", CrossAttentionLayerProblem(
+            b=b, lq=lq, lk=lk, hidden=p.hidden, h=p.heads, hkv=p.kv_heads, d=p.head_dim,
+        ), f"{what}: batch {b}, {lq} text queries over {lk} image/video tokens, with the projections")
+        for b, lq, lk, what in CROSS_LAYER_PROBLEMS
     ]

@@ -10,6 +10,7 @@ import torch
 
 from omnitune.errors import OmnituneError
 from omnitune.kernels.attention import AttentionProblem
+from omnitune.kernels.cross_attention_layer import CrossAttentionLayerProblem
 from omnitune.kernels.kv_cache_write import KVCacheWriteProblem
 from omnitune.kernels.paged_decode_attention import PagedDecodeProblem
 from omnitune.presets import (
@@ -99,7 +100,13 @@ def _traffic(preset) -> dict[str, list]:
     paged = [PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=1, ctx=ctx, d=d) for b, ctx in decode]
     writes = [KVCacheWriteProblem(t=t, hkv=hkv, d=d) for t in (1, 2, 7, 16, 33, 100, 256, 300, 1000, 2500, 5000,
                                                                9000, 20000, 40000, 65536)]
-    return {"attention": attention, "paged_decode_attention": paged, "kv_cache_write": writes}
+    layers = [CrossAttentionLayerProblem(b=b, lq=lq, lk=lk, hidden=preset.hidden, h=h, hkv=hkv, d=d)
+              for grid in (itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16), (1024, 2048, 4096)),  # decode-like
+                           itertools.product((2, 4, 8), (256, 512), (2048, 4096)),               # prefill
+                           itertools.product((1, 2), (128, 256, 512), (8192, 16384)))             # long video
+              for b, lq, lk in grid]
+    return {"attention": attention, "paged_decode_attention": paged, "kv_cache_write": writes,
+            "cross_attention_layer": layers}
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
