@@ -11,6 +11,18 @@ partial row max m, denominator l and unnormalised fp32 accumulator to scratch; a
 combines the splits of each query row: out = Σ_s 2^(m_s − M) · acc_s / Σ_s 2^(m_s − M) · l_s.
 With NUM_SPLITS = 1 the first kernel normalises and writes the output itself (one launch).
 
+In-launch reduction (FUSED_REDUCE). Instead of the second kernel, each split program, after
+writing its partials, takes a ticket: an atomic add (acq_rel, GPU scope, after a CTA barrier so
+that all its threads' stores are released) on one int32 per (sequence, head column). The program
+that draws NUM_SPLITS − 1 is the last: every other split's partials are visible to it, and it
+combines them for all its rows (loads through L2, .cg) and writes the output, then puts the
+ticket back to 0. The tickets live in a buffer kept per device and stream, zeroed once when it is
+made, so no memset is launched per call; two launches running at once on different streams get
+different buffers. What it saves: the second launch (its gap and its tail, a few µs, which
+matter next to a ~30 µs read). What it costs: one program per column does the whole combine
+(NUM_SPLITS × rows × D fp32 from L2) at the end, and — compiled for sm_90 — the split kernel
+needs more registers (see default_config). Left to the search.
+
 Pages and tiles. Keys are taken BLOCK_N at a time; each key's page is looked up in the block
 table on its own, so BLOCK_N (a power of two, ≥ 16 for tl.dot) need not relate to block_size: a
 tile may cover part of a page or several pages, and any block_size works. Each split's range is a
@@ -23,10 +35,11 @@ read once per kv head instead of GROUP times; axis 2: split. combine kernel: axi
 (sequence, head, token).
 
 Constexprs. HEAD_DIM: the real head dim; BLOCK_D: it rounded up to a power of two (masked).
-GROUP: query heads per kv head. BLOCK_M: query rows per program, the next power of two ≥ 16 of
+PAGE_SIZE: block_size (a constexpr, so that a power of two makes the page arithmetic a shift and
+a mask). GROUP: query heads per kv head. BLOCK_M: query rows per program, the next power of two ≥ 16 of
 (GROUP·Lq with PACK_GQA, else Lq). BLOCK_N: keys per tile. NUM_SPLITS: key ranges per sequence.
 PACK_GQA: rows from a whole GQA group. IEEE_DOT: exact fp32 products for fp32 inputs (the checking
-path). BLOCK_S: NUM_SPLITS rounded up to a power of two (combine kernel).
+path). FUSED_REDUCE: combine in the same launch. BLOCK_S: NUM_SPLITS rounded up to a power of two.
 
 Memory traffic model: each sequence's K and V rows of its context read once per kv head (the
 ideal PACK_GQA reaches; without it the other GROUP − 1 reads hit L2 at best), q read and the
@@ -692,9 +705,11 @@ _MIN_KEYS_PER_SPLIT = 256
 def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     """The untuned starting point (reasoned, not measured): GQA packing whenever h > hkv; 64-key
     tiles (smaller only for short contexts); splits doubled until the grid reaches two programs
-    per SM, while each split keeps ≥ 256 keys; the splits combined in the same launch (no second
-    kernel, whose launch and tail cost a few µs next to a 30–150 µs read); 4 warps, 2 stages.
-    More warps, fewer stages or no packing only where a constraint demands it."""
+    per SM, while each split keeps ≥ 256 keys; the splits combined by the second kernel, not in
+    the same launch (FUSED_REDUCE saves that launch, but compiled for sm_90 it raises the split
+    kernel from ~116 to ~155–168 registers per thread at 4 warps: 3 programs per SM instead of 4,
+    so a 512-program grid no longer fits one wave; whether it pays is for the search to measure);
+    4 warps, 2 stages. More warps, fewer stages or no packing only where a constraint demands it."""
     p = problem
     pack = p.group > 1
     block_n = 64
@@ -709,7 +724,7 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
         for warps in (4, 8):
             for stages in (2, 1):
                 cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
-                             PACK_GQA=pack_gqa, FUSED_REDUCE=splits > 1)
+                             PACK_GQA=pack_gqa, FUSED_REDUCE=False)
                 if not SPEC.violations(p, cfg, dtype):
                     return cfg
     return Config(NUM_SPLITS=1, BLOCK_N=16, num_warps=8, num_stages=1, PACK_GQA=False, FUSED_REDUCE=False)
