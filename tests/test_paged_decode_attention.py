@@ -126,14 +126,22 @@ def test_runner_accepts_the_default_config():
 # Each constraint, a config on a problem that it must reject.
 _BIG = PagedDecodeProblem(b=1, h=8, hkv=1, lq=16, ctx=4096, d=256)
 CONSTRAINT_CASES = {
-    "shared_memory": (_BIG, Config(NUM_SPLITS=4, BLOCK_N=128, num_warps=8, num_stages=4, PACK_GQA=False)),
-    "accumulator_registers": (_BIG, Config(NUM_SPLITS=4, BLOCK_N=32, num_warps=4, num_stages=1, PACK_GQA=True)),
+    "shared_memory": (_BIG, Config(NUM_SPLITS=4, BLOCK_N=128, num_warps=8, num_stages=4, PACK_GQA=False,
+                                   FUSED_REDUCE=True)),
+    "accumulator_registers": (_BIG, Config(NUM_SPLITS=4, BLOCK_N=32, num_warps=4, num_stages=1, PACK_GQA=True,
+                                           FUSED_REDUCE=True)),
     "pack_gqa_needs_groups": (PagedDecodeProblem(b=1, h=4, hkv=4, lq=1, ctx=512, d=64),
-                              Config(NUM_SPLITS=1, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=True)),
+                              Config(NUM_SPLITS=1, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=True,
+                                     FUSED_REDUCE=False)),
     "block_n_exceeds_context": (PagedDecodeProblem(b=1, h=4, hkv=4, lq=1, ctx=20, d=64),
-                                Config(NUM_SPLITS=1, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=False)),
+                                Config(NUM_SPLITS=1, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=False,
+                                       FUSED_REDUCE=False)),
     "empty_splits": (PagedDecodeProblem(b=1, h=4, hkv=4, lq=1, ctx=70, d=64),  # 3 splits of 32 cover 70
-                     Config(NUM_SPLITS=4, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=False)),
+                     Config(NUM_SPLITS=4, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=False,
+                            FUSED_REDUCE=False)),
+    "fused_reduce_needs_splits": (PagedDecodeProblem(b=1, h=4, hkv=1, lq=1, ctx=64, d=64),
+                                  Config(NUM_SPLITS=1, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=True,
+                                         FUSED_REDUCE=True)),
 }
 
 
@@ -212,7 +220,7 @@ def test_matches_naive_attention_over_ragged_pages(h, hkv, lq, splits, pack, dty
     # a partial last page (19 = 2·8 + 3), and a context of exactly Lq tokens.
     lens = [37, 8, 19, lq]
     q, kc, vc, tables, ctx = _paged_case(lens, h, hkv, lq, 32, 8, dtype, device)
-    cfg = Config(NUM_SPLITS=splits, BLOCK_N=16, num_warps=2, num_stages=1, PACK_GQA=pack)
+    cfg = Config(NUM_SPLITS=splits, BLOCK_N=16, num_warps=2, num_stages=1, PACK_GQA=pack, FUSED_REDUCE=False)
     out = paged_decode_attention(q, kc, vc, tables, ctx, config=cfg)
     assert out.shape == q.shape and out.dtype == dtype
     want = _naive(q, kc, vc, tables, ctx, 1 / math.sqrt(32))

@@ -11,6 +11,18 @@ partial row max m, denominator l and unnormalised fp32 accumulator to scratch; a
 combines the splits of each query row: out = Σ_s 2^(m_s − M) · acc_s / Σ_s 2^(m_s − M) · l_s.
 With NUM_SPLITS = 1 the first kernel normalises and writes the output itself (one launch).
 
+In-launch reduction (FUSED_REDUCE). Instead of the second kernel, each split program, after
+writing its partials, takes a ticket: an atomic add (acq_rel, GPU scope, after a CTA barrier so
+that all its threads' stores are released) on one int32 per (sequence, head column). The program
+that draws NUM_SPLITS − 1 is the last: every other split's partials are visible to it, and it
+combines them for all its rows (loads through L2, .cg) and writes the output, then puts the
+ticket back to 0. The tickets live in a buffer kept per device and stream, zeroed once when it is
+made, so no memset is launched per call; two launches running at once on different streams get
+different buffers. What it saves: the second launch (its gap and its tail, a few µs, which
+matter next to a ~30 µs read). What it costs: one program per column does the whole combine
+(NUM_SPLITS × rows × D fp32 from L2) at the end, and — compiled for sm_90 — the split kernel
+needs more registers (see default_config). Left to the search.
+
 Pages and tiles. Keys are taken BLOCK_N at a time; each key's page is looked up in the block
 table on its own, so BLOCK_N (a power of two, ≥ 16 for tl.dot) need not relate to block_size: a
 tile may cover part of a page or several pages, and any block_size works. Each split's range is a
@@ -23,10 +35,11 @@ read once per kv head instead of GROUP times; axis 2: split. combine kernel: axi
 (sequence, head, token).
 
 Constexprs. HEAD_DIM: the real head dim; BLOCK_D: it rounded up to a power of two (masked).
-GROUP: query heads per kv head. BLOCK_M: query rows per program, the next power of two ≥ 16 of
+PAGE_SIZE: block_size (a constexpr, so that a power of two makes the page arithmetic a shift and
+a mask). GROUP: query heads per kv head. BLOCK_M: query rows per program, the next power of two ≥ 16 of
 (GROUP·Lq with PACK_GQA, else Lq). BLOCK_N: keys per tile. NUM_SPLITS: key ranges per sequence.
 PACK_GQA: rows from a whole GQA group. IEEE_DOT: exact fp32 products for fp32 inputs (the checking
-path). BLOCK_S: NUM_SPLITS rounded up to a power of two (combine kernel).
+path). FUSED_REDUCE: combine in the same launch. BLOCK_S: NUM_SPLITS rounded up to a power of two.
 
 Memory traffic model: each sequence's K and V rows of its context read once per kv head (the
 ideal PACK_GQA reaches; without it the other GROUP − 1 reads hit L2 at best), q read and the
@@ -65,14 +78,15 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 @triton.jit
 def _paged_decode_split(
     Q, KeyCache, ValueCache, BlockTables, ContextLens,
-    Out, PartM, PartL, PartAcc,
+    Out, PartM, PartL, PartAcc, Tickets,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kcb, stride_kcs, stride_kch, stride_kcd,
     stride_vcb, stride_vcs, stride_vch, stride_vcd,
     stride_btb, stride_btp,
     stride_ob, stride_oh, stride_om, stride_od,
-    H, LQ, BLOCK_SIZE,
+    H, LQ,
     qk_scale,
+    PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,
@@ -80,6 +94,8 @@ def _paged_decode_split(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PACK_GQA: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     IEEE_DOT: tl.constexpr,
 ):
     # axis 0: sequence; axis 1: query head (or kv head when PACK_GQA); axis 2: split of the context
@@ -127,8 +143,9 @@ def _paged_decode_split(
     for start_n in range(k_start, k_end, BLOCK_N):
         n = start_n + offs_n
         key_valid = n < k_end
-        page = tl.load(table + (n // BLOCK_SIZE) * stride_btp, mask=key_valid, other=0).to(tl.int64)
-        in_page = (n % BLOCK_SIZE).to(tl.int64)
+        # PAGE_SIZE is a constexpr: a power of two makes these a shift and a mask.
+        page = tl.load(table + (n // PAGE_SIZE) * stride_btp, mask=key_valid, other=0).to(tl.int64)
+        in_page = (n % PAGE_SIZE).to(tl.int64)
         kv_mask = key_valid[:, None] & d_valid[None, :]
         k = tl.load(k_head + page[:, None] * stride_kcb + in_page[:, None] * stride_kcs
                     + offs_d[None, :] * stride_kcd, mask=kv_mask, other=0.0)
@@ -168,6 +185,61 @@ def _paged_decode_split(
         tl.store(PartL + part, l_i, mask=row_valid)
         tl.store(PartAcc + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=row_valid[:, None] & d_valid[None, :])
+        if FUSED_REDUCE:
+            # Every thread's partial stores must precede the release below (the atomic is issued
+            # by one thread; the barrier orders the others' stores before it).
+            tl.debug_barrier()
+            ticket_ptr = Tickets + b * tl.num_programs(1) + pid_h
+            # acq_rel at GPU scope: releases this split's partials, and the last split acquires
+            # everyone else's.
+            arrived = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+            if arrived == NUM_SPLITS - 1:
+                _reduce_splits(PartM, PartL, PartAcc, Out, b, head, qi, row_valid,
+                               stride_ob, stride_oh, stride_om, stride_od, H, LQ,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, NUM_SPLITS, BLOCK_S)
+                # Self-resetting: the next launch on this stream finds the ticket at 0 again.
+                tl.atomic_xchg(ticket_ptr, 0)
+
+
+@triton.jit
+def _reduce_splits(
+    PartM, PartL, PartAcc, Out, b, head, qi, row_valid,
+    stride_ob, stride_oh, stride_om, stride_od, H, LQ,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """The in-launch combine, run by the last split of a (sequence, head or kv head) to finish:
+    the same formula as _paged_decode_combine, for all of the program's rows at once. Loads
+    bypass L1 (.cg): the partials were written by other SMs during this launch."""
+    base = ((b.to(tl.int64) * H + head) * LQ + qi) * NUM_SPLITS  # [BLOCK_M]
+    splits = tl.arange(0, BLOCK_S)
+    ms_mask = row_valid[:, None] & (splits < NUM_SPLITS)[None, :]
+    m = tl.load(PartM + base[:, None] + splits[None, :], mask=ms_mask, other=float("-inf"),
+                cache_modifier=".cg")
+    l = tl.load(PartL + base[:, None] + splits[None, :], mask=ms_mask, other=0.0, cache_modifier=".cg")
+    # Split 0 holds key 0, which every row sees: m_max is finite on valid rows; padded rows use 0.
+    m_max = tl.where(row_valid, tl.max(m, 1), 0.0)
+    denom = tl.sum(tl.math.exp2(m - m_max[:, None]) * l, 1)
+    denom = tl.where(row_valid, denom, 1.0)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc_mask = row_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    out = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # The loads of one step do not depend on the previous step's sum, so unrolled steps overlap
+    # their L2 round trips.
+    for s in tl.range(0, NUM_SPLITS, loop_unroll_factor=4):
+        m_s = tl.load(PartM + base + s, mask=row_valid, other=float("-inf"), cache_modifier=".cg")
+        acc_s = tl.load(PartAcc + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=acc_mask,
+                        other=0.0, cache_modifier=".cg")
+        out += tl.math.exp2(m_s - m_max)[:, None] * acc_s
+    out = out / denom[:, None]
+    o_ptrs = (
+        Out + b.to(tl.int64) * stride_ob + head.to(tl.int64)[:, None] * stride_oh
+        + qi[:, None] * stride_om + offs_d[None, :] * stride_od
+    )
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=acc_mask)
 
 
 @triton.jit
@@ -339,6 +411,22 @@ def _block_m(rows: int) -> int:
     return max(16, triton.next_power_of_2(rows))
 
 
+# One int32 ticket per (sequence, head axis) program column, per device and stream, zero between
+# launches: the last split of each column resets its ticket, so no memset is launched per call.
+# Kept per stream because two launches running at once must not share tickets.
+_tickets: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _ticket_buffer(device: torch.device, count: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _tickets.get(key)
+    if buf is None or buf.numel() < count:
+        buf = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+        _tickets[key] = buf
+    return buf
+
+
 def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
             out: torch.Tensor, config: Config) -> None:
     b, h, lq, d = q.shape
@@ -346,21 +434,26 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
     group = h // hkv
     pack = bool(config["PACK_GQA"]) and group > 1
     splits = int(config["NUM_SPLITS"])
+    fused = bool(config["FUSED_REDUCE"]) and splits > 1
     block_d = triton.next_power_of_2(d)
+    block_s = triton.next_power_of_2(splits)
     rows = group * lq if pack else lq
+    head_axis = hkv if pack else h
     if splits > 1:
         part_m = torch.empty((b, h, lq, splits), dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty((b, h, lq, splits, d), dtype=torch.float32, device=q.device)
     else:
         part_m = part_l = part_acc = out  # placeholders, never touched
-    grid = (b, hkv if pack else h, splits)
+    tickets = _ticket_buffer(q.device, b * head_axis) if fused else context_lens  # placeholder if unused
+    grid = (b, head_axis, splits)
     _paged_decode_split[grid](
         q, key_cache, value_cache, block_tables, context_lens,
-        out, part_m, part_l, part_acc,
+        out, part_m, part_l, part_acc, tickets,
         *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
-        h, lq, block_size,
+        h, lq,
         sm_scale * LOG2E,
+        PAGE_SIZE=block_size,
         HEAD_DIM=d,
         BLOCK_D=block_d,
         GROUP=group,
@@ -368,12 +461,13 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
         BLOCK_N=int(config["BLOCK_N"]),
         NUM_SPLITS=splits,
         PACK_GQA=pack,
+        FUSED_REDUCE=fused,
+        BLOCK_S=block_s,
         IEEE_DOT=q.dtype == torch.float32,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
     )
-    if splits > 1:
-        block_s = triton.next_power_of_2(splits)
+    if splits > 1 and not fused:
         # Not tuned: a [BLOCK_S, BLOCK_D] fp32 tile per row, one warp per 1,024 elements (≤ 4).
         combine_warps = min(4, max(1, block_s * block_d // 1024))
         _paged_decode_combine[(b * h * lq,)](
@@ -577,12 +671,21 @@ def _check_empty_splits(problem, config, dtype, limits):
     return None
 
 
+def _check_fused_reduce(problem, config, dtype, limits):
+    # With one split there is nothing to combine: the two values would be the same program.
+    if config["FUSED_REDUCE"] and int(config["NUM_SPLITS"]) == 1:
+        return "FUSED_REDUCE has nothing to combine with NUM_SPLITS=1"
+    return None
+
+
 PARAMS = (
-    Param("NUM_SPLITS", (1, 2, 4, 8, 16, 32), "contiguous key ranges per sequence (1 = no split, one launch)"),
+    Param("NUM_SPLITS", (1, 2, 4, 8, 16, 32, 64, 128), "contiguous key ranges per sequence (1 = no split, one launch)"),
     Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
     Param("num_warps", (1, 2, 4, 8), "warps per program"),
     Param("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
     Param("PACK_GQA", (False, True), "one program serves all query heads of a kv head"),
+    Param("FUSED_REDUCE", (False, True),
+          "combine the splits in the same launch (the last split to finish reduces) instead of a second kernel"),
 )
 
 CONSTRAINTS = (
@@ -591,6 +694,7 @@ CONSTRAINTS = (
     Constraint("pack_gqa_needs_groups", _check_pack, "PACK_GQA only when h > hkv"),
     Constraint("block_n_exceeds_context", _check_block_n, "no key tile larger than the context"),
     Constraint("empty_splits", _check_empty_splits, "every split gets at least one key"),
+    Constraint("fused_reduce_needs_splits", _check_fused_reduce, "FUSED_REDUCE only with NUM_SPLITS > 1"),
 )
 
 # The default split keeps at least this many keys per program, so that the partials' round trip
@@ -601,8 +705,11 @@ _MIN_KEYS_PER_SPLIT = 256
 def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     """The untuned starting point (reasoned, not measured): GQA packing whenever h > hkv; 64-key
     tiles (smaller only for short contexts); splits doubled until the grid reaches two programs
-    per SM, while each split keeps ≥ 256 keys; 4 warps, 2 stages. More warps, fewer stages or no
-    packing only where a constraint demands it."""
+    per SM, while each split keeps ≥ 256 keys; the splits combined by the second kernel, not in
+    the same launch (FUSED_REDUCE saves that launch, but compiled for sm_90 it raises the split
+    kernel from ~116 to ~155–168 registers per thread at 4 warps: 3 programs per SM instead of 4,
+    so a 512-program grid no longer fits one wave; whether it pays is for the search to measure);
+    4 warps, 2 stages. More warps, fewer stages or no packing only where a constraint demands it."""
     p = problem
     pack = p.group > 1
     block_n = 64
@@ -617,10 +724,10 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
         for warps in (4, 8):
             for stages in (2, 1):
                 cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
-                             PACK_GQA=pack_gqa)
+                             PACK_GQA=pack_gqa, FUSED_REDUCE=False)
                 if not SPEC.violations(p, cfg, dtype):
                     return cfg
-    return Config(NUM_SPLITS=1, BLOCK_N=16, num_warps=8, num_stages=1, PACK_GQA=False)
+    return Config(NUM_SPLITS=1, BLOCK_N=16, num_warps=8, num_stages=1, PACK_GQA=False, FUSED_REDUCE=False)
 
 
 def _torch_baselines(problem: PagedDecodeProblem):
