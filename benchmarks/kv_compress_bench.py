@@ -31,8 +31,9 @@ only.
     PYTHONPATH=$PWD python benchmarks/kv_compress_bench.py --out $OUT/kv_compress_bench_h200.json
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python benchmarks/kv_compress_bench.py --tiny --out /tmp/kvc.json
 
-About 30–45 s on one H200 (under 70 s; the merge modes add four timed calls and three
-compressions per budget); --tiny (a small cache, on the CPU under the interpreter) checks the script.
+About 30 s on one H200 before the merge modes; they add four timed calls (≤ 1 s each) and three
+compressions per budget, so well under 70 s is expected (not yet measured). --tiny (a small
+cache, on the CPU under the interpreter) checks the script.
 """
 
 from __future__ import annotations
