@@ -16,20 +16,24 @@ draws from the same topic mix: what the window marks important is what later que
 a real prompt. Values are Gaussian (shared per run, as above).
 
 Measured (bf16, CUDA events, L2 flushed): the score accumulation (omnitune.kernels.kv_compress.
-importance: its two kernels), the merge kernel alone, and the whole compress_kv call; ms and GB/s
+importance: its two kernels), the merge kernel alone (plain and similarity-weighted), and the
+whole compress_kv call in each merge mode (average, pivotal, weighted, none); ms and GB/s
 of cache read (the full K and V, 2·B·Hkv·N·D·2 bytes, over the time; the score pass reads only K,
 so its GB/s count K alone). Then, at the default budgets (image 0.4, audio 0.3: the middle of the
 design's 0.3–0.5 and 0.2–0.4) and at two others: bytes saved, the cache share per modality before
 and after, and fidelity — the relative error ‖o_c − o_f‖/‖o_f‖ of attention outputs of 16 held-out
-queries per head over the compressed cache (o_c) against the full cache (o_f) — beside three
-baselines with the same byte budget (the same kept length per sequence and kv head): our
-selection without merging, random eviction within each modality, and keeping the most recent
-tokens only.
+queries per head over the compressed cache (o_c) against the full cache (o_f) — for each merge
+mode (average, pivotal, weighted, and "none": our selection without merging), so the run shows
+which merge helps, beside two baselines with the same byte budget (the same kept length per
+sequence and kv head): random eviction within each modality, and keeping the most recent tokens
+only.
 
     PYTHONPATH=$PWD python benchmarks/kv_compress_bench.py --out $OUT/kv_compress_bench_h200.json
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python benchmarks/kv_compress_bench.py --tiny --out /tmp/kvc.json
 
-About 30 s on one H200; --tiny (a small cache, on the CPU under the interpreter) checks the script.
+About 30 s on one H200 before the merge modes; they add four timed calls (≤ 1 s each) and three
+compressions per budget, so well under 70 s is expected (not yet measured). --tiny (a small
+cache, on the CPU under the interpreter) checks the script.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ RUN_NOISE = 0.3          # spread of the tokens of one image/audio run around th
 HELD_OUT_QUERIES = 16
 DEFAULT_BUDGET = {"image": 0.4, "audio": 0.3}
 OTHER_BUDGETS = {"aggressive": {"image": 0.2, "audio": 0.15}, "generous": {"image": 0.6, "audio": 0.5}}
+MERGE_ROWS = {"average": "merge average", "pivotal": "merge pivotal", "weighted": "merge weighted",
+              "none": "select, no merge"}
 
 
 @dataclass(frozen=True)
@@ -165,8 +171,9 @@ def timed(fn, device, repetitions=30):
     return 1e3 * (time.perf_counter() - start)
 
 
-def merge_launcher(q_window, k, v, modality, quotas, recent, config):
-    """The merge kernel alone, set up as _compress sets it up (selection done beforehand)."""
+def merge_launcher(q_window, k, v, modality, quotas, recent, config, merge="average"):
+    """The merge kernel alone, set up as _compress sets it up (selection done beforehand); the
+    average and pivotal modes launch the same kernel, weighted the similarity-weighted one."""
     b, hkv, _, d = k.shape
     scores = importance(q_window, k, 1 / math.sqrt(d), config)
     keep = select_tokens(scores, modality, quotas, recent)
@@ -183,7 +190,7 @@ def merge_launcher(q_window, k, v, modality, quotas, recent, config):
             k, v, modality_ids, kept_pos, evicted_pos, sum_k, sum_v, count,
             *k.stride(), *v.stride(), modality_ids.stride(0), hkv, longest, evicted_max,
             HEAD_DIM=d, BLOCK_D=triton_next_pow2(d), BLOCK_E=block_e, BLOCK_K=int(config["BLOCK_K"]),
-            IEEE_DOT=k.dtype == torch.float32, num_warps=int(config["num_warps"]),
+            IEEE_DOT=k.dtype == torch.float32, SIM_WEIGHTED=merge == "weighted", num_warps=int(config["num_warps"]),
             num_stages=int(config["num_stages"]))
     return run, evicted_max
 
@@ -193,15 +200,18 @@ def triton_next_pow2(x: int) -> int:
 
 
 def fidelity_rows(lay, q_window, q_held, k, v, modality, budget, config, seed):
-    """Our compression and the equal-budget baselines: relative error of held-out attention."""
+    """Our compression in each merge mode and the equal-budget baselines: relative error of
+    held-out attention. "select, no merge" is compress_kv's merge="none"."""
     full = attend(q_held, k, v)
-    cache = compress_kv(q_window, k, v, modality, keep_ratio=budget, recent=lay.recent, config=config)
-    lengths = cache.lengths.to(k.device)
-    rows = {"merge (ours)": relative_error(attend(q_held, cache.k, cache.v, lengths), full)}
+    rows, cache = {}, None
+    for mode in MERGE_ROWS:
+        out = compress_kv(q_window, k, v, modality, keep_ratio=budget, recent=lay.recent, config=config, merge=mode)
+        rows[MERGE_ROWS[mode]] = relative_error(attend(q_held, out.k, out.v, out.lengths.to(k.device)), full)
+        if cache is None:
+            cache = out  # the kept tokens do not depend on the mode
+        assert torch.equal(out.positions, cache.positions), mode
     quotas = kvc._quotas(modality, budget, lay.recent)
     keep = select_tokens(importance(q_window, k, 1 / math.sqrt(lay.d), config), modality, quotas, lay.recent)
-    kk, vv, ln, _ = gather_kept(k, v, keep)
-    rows["select, no merge"] = relative_error(attend(q_held, kk, vv, ln), full)
     gen = torch.Generator().manual_seed(seed)
     random_scores = torch.rand(keep.shape, generator=gen).to(k.device)
     keep_random = select_tokens(random_scores, modality, quotas, lay.recent)
@@ -250,16 +260,21 @@ def main() -> None:
     kv_bytes = 2 * k.numel() * k.element_size()
     sm_scale = 1 / math.sqrt(lay.d)
     merge, evicted = merge_launcher(q_window, k, v, modality, quotas, lay.recent, config)
+    merge_weighted, _ = merge_launcher(q_window, k, v, modality, quotas, lay.recent, config, "weighted")
     timings = {
         "importance": (timed(lambda: importance(q_window, k, sm_scale, config), device), kv_bytes / 2),
         "merge_kernel": (timed(merge, device), kv_bytes),
-        "compress_kv": (timed(lambda: compress_kv(q_window, k, v, modality, keep_ratio=budget, recent=lay.recent,
-                                                  config=config), device), kv_bytes),
+        "merge_kernel[weighted]": (timed(merge_weighted, device), kv_bytes),
     }
+    for mode in MERGE_ROWS:
+        def call(mode=mode):
+            compress_kv(q_window, k, v, modality, keep_ratio=budget, recent=lay.recent, config=config, merge=mode)
+        # merge="none" reads K twice (the importance) and never V: its GB/s still count K and V
+        timings[f"compress_kv[{mode}]"] = (timed(call, device), kv_bytes)
     throughput = {name: {"ms": ms, "bytes_read_model": b, "gbps": b / (ms * 1e-3) / 1e9}
                   for name, (ms, b) in timings.items()}
     for name, t in throughput.items():
-        print(f"  {name:13s} {t['ms']:8.3f} ms {t['gbps']:8.1f} GB/s")
+        print(f"  {name:24s} {t['ms']:8.3f} ms {t['gbps']:8.1f} GB/s")
 
     budgets = {"default": DEFAULT_BUDGET, **OTHER_BUDGETS}
     fidelity = {}
@@ -272,6 +287,9 @@ def main() -> None:
                   for m in f["share_before"] if f["share_before"][m] > 0))
         print("    held-out attention rel. error: " + ", ".join(
             f"{k_}: {e:.4f}" for k_, e in f["fidelity_rel_error"].items()))
+        ours = {row: f["fidelity_rel_error"][row] for row in MERGE_ROWS.values()}
+        f["best_of_ours"] = min(ours, key=ours.get)
+        print(f"    best of our modes: {f['best_of_ours']}")
 
     from omnitune.profile.device import current_device_facts
 
@@ -285,7 +303,8 @@ def main() -> None:
         "structure": {"topics": TOPICS, "salient_share": SALIENT_SHARE, "topic_logit_boost": TOPIC_LOGIT_BOOST,
                       "run_noise": RUN_NOISE,
                       "held_out_queries": HELD_OUT_QUERIES},
-        "throughput": throughput, "budgets": fidelity, "wall_s": time.perf_counter() - started,
+        "merge_rows": MERGE_ROWS, "throughput": throughput, "budgets": fidelity,
+        "wall_s": time.perf_counter() - started,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")

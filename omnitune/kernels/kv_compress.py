@@ -12,14 +12,28 @@ Algorithm, per sequence b and kv head, after prefill:
   2. Selection (PyTorch: a stable sort per modality). Protected, always kept: text tokens and the
      last `recent` tokens. Of every other modality m, the quota[b, m] most important tokens are
      kept (ties: the earlier position), the rest are evicted.
-  3. Merge (Triton, `_merge_evicted`). Each evicted token finds the kept token of its own modality
-     whose key is most cosine-similar (ties: the earlier kept token) and its key and value are
-     added, with atomics, to that token's fp32 sums; a token with no kept token of its modality
-     is dropped. Each kept token becomes the mean of itself and the tokens merged into it.
+  3. Merge (Triton, `_merge_evicted`). Each evicted token finds the kept token (the pivot) of its
+     own modality whose key is most cosine-similar (ties: the earlier kept token) and its key and
+     value, times a weight w, are added with atomics to that pivot's fp32 sums, w to its fp32
+     weight sum; a token with no kept token of its modality is dropped. The `merge` mode then
+     decides, in one PyTorch division, what the pivot p becomes with the c tokens e_i (key or
+     value alike) merged into it. The three modes are LOOK-M's merging strategies (Wan et al.,
+     "LOOK-M: Look-Once Optimization in KV Cache for Efficient Multimodal Long-Context
+     Inference", EMNLP 2024), read as follows:
+       average:  every token counts the same: p ← (p + Σ e_i) / (1 + c); w = 1.
+       pivotal:  the pivot keeps half the weight, the mean of the merged tokens takes the other
+                 half: p ← ½ p + ½ · (Σ e_i) / c (p unchanged when c = 0); w = 1.
+       weighted: a merged token counts by its cosine similarity s_i to the pivot, the pivot by
+                 one: p ← (p + Σ s_i e_i) / (1 + Σ s_i); w = s_i, clamped at 0 (a token whose best
+                 match of its modality points away adds nothing, and the divisor stays ≥ 1).
+       none:     no merge: the evicted tokens are dropped and the kept ones stay bitwise as they
+                 were (the merge kernel is not launched).
+     Pivotal and weighted keep a strongly attended pivot's key closer to itself than plain
+     averaging does, which dilutes it with every merged token.
   4. Compaction: the kept tokens, in their original order, make the output [B, Hkv, L, D]; a
      sequence that keeps fewer than the longest one is padded with zeros (its length returned).
 Step 2 and the final division are plain PyTorch; the reference (float64 on the CPU) shares only
-step 2's selection function, fed with its own scores.
+step 2's selection function, fed with its own scores, and writes each merge mode out on its own.
 
 Grid. `_window_stats`: axis 0: sequence × query head. `_window_scores`: axis 0: key tiles of
 BLOCK_N; axis 1: sequence × kv head (a key tile is read once for all GROUP heads).
@@ -35,7 +49,8 @@ nothing that matters for the compressed cache.
 
 Memory traffic model (ideal, L2 absorbing re-reads): q_window once; K twice for the importance
 (stats and scores passes); K and V once more for the merge; the compressed K and V written once:
-bytes = (B·H·W + 4·B·Hkv·N + 2·B·Hkv·L)·D·elt. The fp32 merge sums are left out.
+bytes = (B·H·W + 4·B·Hkv·N + 2·B·Hkv·L)·D·elt, with 2·B·Hkv·N for merge "none" (no merge pass).
+The fp32 merge sums are left out.
 """
 
 from __future__ import annotations
@@ -76,6 +91,7 @@ class Modality(enum.IntEnum):
 
 
 COMPRESSIBLE = (Modality.IMAGE, Modality.AUDIO, Modality.VIDEO)
+MERGE_MODES = ("average", "pivotal", "weighted", "none")
 
 
 @triton.jit
@@ -181,7 +197,7 @@ def _window_scores(
 
 @triton.jit
 def _merge_evicted(
-    K, V, ModalityIds, KeptPos, EvictedPos, SumK, SumV, Count,
+    K, V, ModalityIds, KeptPos, EvictedPos, SumK, SumV, Weight,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_mb,
@@ -191,6 +207,7 @@ def _merge_evicted(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     IEEE_DOT: tl.constexpr,
+    SIM_WEIGHTED: tl.constexpr,
 ):
     # axis 0: tile of BLOCK_E evicted tokens; axis 1: sequence × kv head
     pid_e = tl.program_id(0)
@@ -240,11 +257,18 @@ def _merge_evicted(
     merged = e_valid & (target >= 0)
     ev = tl.load(V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + e_pos[:, None] * stride_vn
                  + offs_d[None, :] * stride_vd, mask=e_mask, other=0.0).to(tl.float32)
+    if SIM_WEIGHTED:
+        # weighted merging: a token counts by its cosine similarity to its target; a negative
+        # similarity (the best match of its modality points away) counts as nothing, so the
+        # weight sum never shrinks the divisor below the pivot's own weight of one
+        w = tl.maximum(best, 0.0)
+    else:
+        w = tl.full([BLOCK_E], 1.0, tl.float32)
     row = (bh * L + target)[:, None] * HEAD_DIM + offs_d[None, :]
     add_mask = merged[:, None] & d_valid[None, :]
-    tl.atomic_add(SumK + row, ek, mask=add_mask)
-    tl.atomic_add(SumV + row, ev, mask=add_mask)
-    tl.atomic_add(Count + bh * L + target, tl.full([BLOCK_E], 1.0, tl.float32), mask=merged)
+    tl.atomic_add(SumK + row, ek * w[:, None], mask=add_mask)
+    tl.atomic_add(SumV + row, ev * w[:, None], mask=add_mask)
+    tl.atomic_add(Weight + bh * L + target, w, mask=merged)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,8 +343,18 @@ def importance(q_window: torch.Tensor, k: torch.Tensor, sm_scale: float, config:
     return scores
 
 
+def combine_merged(kept: torch.Tensor, merged_sum: torch.Tensor, weight: torch.Tensor, merge: str) -> torch.Tensor:
+    """The final division of step 3, fp32: kept [..., L, D] the pivots, merged_sum [..., L, D]
+    the (weighted) sums of the tokens merged into each, weight [..., L] their count or weight sum."""
+    if merge == "pivotal":
+        mean = merged_sum / weight.clamp(min=1.0)[..., None]
+        return torch.where(weight[..., None] > 0, 0.5 * kept + 0.5 * mean, kept)
+    # average (count) and weighted (similarity sum): the pivot itself weighs one
+    return (kept + merged_sum) / (1.0 + weight)[..., None]
+
+
 def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, config: Config,
-              out: torch.Tensor | None = None) -> CompressedKV:
+              merge: str = "average", out: torch.Tensor | None = None) -> CompressedKV:
     """Steps 1–4. `out`, if given, is [2, B, Hkv, L, D] with L the longest kept length; otherwise
     it is allocated (one device sync to learn L)."""
     b, h, w, d = q_window.shape
@@ -341,22 +375,25 @@ def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, co
 
     valid = (kept_pos >= 0)[..., None]
     gather = kept_pos.clamp(min=0)[..., None].expand(b, hkv, longest, d)
-    sum_k = torch.where(valid, k.gather(2, gather).float(), 0.0).contiguous()
-    sum_v = torch.where(valid, v.gather(2, gather).float(), 0.0).contiguous()
-    count = valid[..., 0].float().contiguous()
-    if evicted_max > 0:
+    kept_k = torch.where(valid, k.gather(2, gather), 0)
+    kept_v = torch.where(valid, v.gather(2, gather), 0)
+    if merge == "none" or evicted_max == 0:
+        out[0], out[1] = kept_k, kept_v  # nothing merged: the kept tokens as they were, bitwise
+    else:
+        sum_k = torch.zeros((b, hkv, longest, d), dtype=torch.float32, device=k.device)
+        sum_v = torch.zeros_like(sum_k)
+        weight = torch.zeros((b, hkv, longest), dtype=torch.float32, device=k.device)
         block_e = int(config["BLOCK_E"])
         modality_ids = modality.to(torch.int32).contiguous()  # the kernel assumes unit stride along N
         _merge_evicted[(triton.cdiv(evicted_max, block_e), b * hkv)](
-            k, v, modality_ids, kept_pos, evicted_pos, sum_k, sum_v, count,
+            k, v, modality_ids, kept_pos, evicted_pos, sum_k, sum_v, weight,
             *k.stride(), *v.stride(), modality_ids.stride(0),
             hkv, longest, evicted_max,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_E=block_e, BLOCK_K=int(config["BLOCK_K"]),
-            IEEE_DOT=ieee, **common,
+            IEEE_DOT=ieee, SIM_WEIGHTED=merge == "weighted", **common,
         )
-    divisor = count.clamp(min=1.0)[..., None]
-    out[0] = sum_k / divisor
-    out[1] = sum_v / divisor
+        out[0] = combine_merged(kept_k.float(), sum_k, weight, merge)
+        out[1] = combine_merged(kept_v.float(), sum_v, weight, merge)
     return CompressedKV(out[0], out[1], kept_count[:, 0].to(torch.int32), kept_pos)
 
 
@@ -452,6 +489,7 @@ def compress_kv(
     recent: int = 0,
     sm_scale: float | None = None,
     config: Config | dict | None = None,
+    merge: str = "average",
 ) -> CompressedKV:
     """Compress one prefill's K/V [B, Hkv, N, D], modality-aware.
 
@@ -459,10 +497,13 @@ def compress_kv(
     modality [B, N]: Modality values per token. keep_ratio: per image/audio/video, the share of
     its tokens (outside the recent window) kept by importance, e.g. {"image": 0.25, "audio": 0.5};
     a modality not named is kept whole, text always is. recent: the last tokens, kept whatever
-    they are. Evicted tokens are merged into the most similar kept token of their modality.
-    Returns CompressedKV (k, v [B, Hkv, L, D] in the input dtype, lengths, positions).
+    they are. Evicted tokens are merged into the most similar kept token of their modality, as
+    `merge` says: "average" (the default), "pivotal", "weighted" or "none" (evicted tokens are
+    dropped; see the module docstring). Returns CompressedKV (k, v [B, Hkv, L, D] in the input dtype, lengths, positions).
     """
     _check_inputs(q_window, k, v, modality, recent)
+    if merge not in MERGE_MODES:
+        raise InputError(f"merge={merge!r}; choose one of {', '.join(MERGE_MODES)}")
     quotas = _quotas(modality, keep_ratio, recent)
     b, h, w, d = q_window.shape
     if sm_scale is None:
@@ -475,7 +516,7 @@ def compress_kv(
     problem = KVCompressProblem(
         b=b, h=h, hkv=hkv, n=lookup_n, d=d,
         window=min(w, tail_length(lookup_n)), recent=min(recent, tail_length(lookup_n)),
-        keep_pct=min(100, max(1, round(100 * kept / max(1, compressible)))),
+        keep_pct=min(100, max(1, round(100 * kept / max(1, compressible)))), merge=merge,
     )
     if config is None:
         from omnitune.runtime import get_config
@@ -485,7 +526,7 @@ def compress_kv(
         cfg = config
     else:
         cfg = SPEC.complete_config(config, problem, k.dtype)
-    return _compress(q_window, k, v, modality.to(torch.int64), quotas, recent, float(sm_scale), cfg)
+    return _compress(q_window, k, v, modality.to(torch.int64), quotas, recent, float(sm_scale), cfg, merge)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -508,7 +549,7 @@ class KVCompressProblem:
     """One compression of b sequences of n tokens laid out, in order, as: text n/8, image 3n/8,
     text n/16, audio n/8, text n/16, video n/8, text (the rest, which holds the observation
     window of `window` queries and the `recent` window). Each modality keeps keep_pct % of its
-    tokens (nearest, at least one)."""
+    tokens (nearest, at least one); the evicted ones are merged as `merge` says (MERGE_MODES)."""
 
     b: int
     h: int
@@ -518,11 +559,14 @@ class KVCompressProblem:
     window: int = 32
     recent: int = 0
     keep_pct: int = 25
+    merge: str = "average"
 
     def __post_init__(self):
         for name in ("b", "h", "hkv", "n", "d", "window", "keep_pct"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.merge not in MERGE_MODES:
+            raise ValueError(f"merge={self.merge!r} is not one of {', '.join(MERGE_MODES)}")
         if self.recent < 0 or self.keep_pct > 100:
             raise ValueError("recent must be ≥ 0 and keep_pct ≤ 100")
         if self.h % self.hkv:
@@ -568,6 +612,7 @@ class KVCompressInputs:
     quotas: torch.Tensor    # [B, len(Modality)] int64
     recent: int
     sm_scale: float
+    merge: str = "average"
 
 
 def make_inputs(problem: KVCompressProblem, dtype: torch.dtype, device, seed: int) -> KVCompressInputs:
@@ -615,6 +660,7 @@ def make_inputs(problem: KVCompressProblem, dtype: torch.dtype, device, seed: in
         quotas=quotas.to(device),
         recent=p.recent,
         sm_scale=1.0 / math.sqrt(p.d),
+        merge=p.merge,
     )
 
 
@@ -633,7 +679,7 @@ def new_output(inputs: KVCompressInputs) -> torch.Tensor:
 def launch(inputs: KVCompressInputs, out: torch.Tensor, config: Config) -> None:
     """The whole pipeline, writing the compressed K and V into out [2, B, Hkv, L, D]."""
     _compress(inputs.q_window, inputs.k, inputs.v, inputs.modality, inputs.quotas, inputs.recent,
-              inputs.sm_scale, config, out=out)
+              inputs.sm_scale, config, inputs.merge, out=out)
 
 
 def _reference_dtype(t: torch.Tensor) -> torch.dtype:
@@ -658,9 +704,28 @@ def reference_importance(q_window: torch.Tensor, k: torch.Tensor, sm_scale: floa
     return scores
 
 
+def _reference_merge(pivots: torch.Tensor, merged: list[torch.Tensor], sims: list[torch.Tensor],
+                     mode: str) -> torch.Tensor:
+    """One kept token per row of pivots [L, D]; merged[i] [c_i, D] the tokens merged into row i,
+    sims[i] [c_i] their cosine similarity to it. Each mode written out as the docstring defines it."""
+    out = pivots.clone()
+    for i, (extra, sim) in enumerate(zip(merged, sims)):
+        if extra.shape[0] == 0:
+            continue
+        if mode == "average":
+            out[i] = torch.cat([pivots[i:i + 1], extra]).mean(0)
+        elif mode == "pivotal":
+            out[i] = 0.5 * pivots[i] + 0.5 * extra.mean(0)
+        elif mode == "weighted":
+            w = sim.clamp(min=0)
+            out[i] = (pivots[i] + (w[:, None] * extra).sum(0)) / (1 + w.sum())
+    return out
+
+
 def reference(inputs: KVCompressInputs) -> torch.Tensor:
     """The same compression in float64 on the CPU (float32, no TF32, on a GPU), one (sequence, kv
-    head) at a time; selection through the shared select_tokens. Returns [2, B, Hkv, L, D]."""
+    head) at a time; selection through the shared select_tokens; the merge of `inputs.merge`
+    through _reference_merge, token by token. Returns [2, B, Hkv, L, D]."""
     q, k, v, modality = inputs.q_window, inputs.k, inputs.v, inputs.modality
     b, h, w, d = q.shape
     hkv = k.shape[1]
@@ -677,20 +742,22 @@ def reference(inputs: KVCompressInputs) -> torch.Tensor:
                 kept = keep[bi, hk].nonzero().flatten()
                 evicted = (~keep[bi, hk] & (modality[bi] != Modality.TEXT)).nonzero().flatten()
                 keys, values = k[bi, hk].to(acc), v[bi, hk].to(acc)
-                sum_k, sum_v = keys[kept].clone(), values[kept].clone()
-                count = torch.ones(kept.numel(), dtype=acc, device=q.device)
-                if evicted.numel():
+                groups = [[] for _ in range(kept.numel())]  # (evicted position, similarity) per kept token
+                if evicted.numel() and inputs.merge != "none":
                     unit = torch.nn.functional.normalize(keys, dim=-1)
                     sim = unit[evicted] @ unit[kept].T
                     same = modality[bi][evicted][:, None] == modality[bi][kept][None, :]
                     sim = sim.masked_fill(~same, float("-inf"))
-                    target = sim.argmax(dim=1)  # the first maximum: the earlier kept token
-                    merged = same.any(dim=1)
-                    sum_k.index_add_(0, target[merged], keys[evicted[merged]])
-                    sum_v.index_add_(0, target[merged], values[evicted[merged]])
-                    count.index_add_(0, target[merged], torch.ones_like(target[merged], dtype=acc))
-                out[0, bi, hk, : kept.numel()] = sum_k / count[:, None]
-                out[1, bi, hk, : kept.numel()] = sum_v / count[:, None]
+                    best, target = sim.max(dim=1)  # the first maximum: the earlier kept token
+                    for e, t, s, ok in zip(evicted.tolist(), target.tolist(), best.tolist(), same.any(dim=1).tolist()):
+                        if ok:  # no kept token of its modality: dropped
+                            groups[t].append((e, s))
+                rows = [torch.tensor([e for e, _ in g], dtype=torch.int64, device=q.device) for g in groups]
+                sims = [torch.tensor([s for _, s in g], dtype=acc, device=q.device) for g in groups]
+                out[0, bi, hk, : kept.numel()] = _reference_merge(keys[kept], [keys[r] for r in rows], sims,
+                                                                  inputs.merge)
+                out[1, bi, hk, : kept.numel()] = _reference_merge(values[kept], [values[r] for r in rows], sims,
+                                                                  inputs.merge)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     return out
@@ -705,13 +772,15 @@ def flops(problem: KVCompressProblem) -> float:
     # Merge: one 2·D dot per (evicted, kept) pair, every pair computed before the modality mask.
     p = problem
     pairs = p.window * p.n - p.window * (p.window - 1) // 2
-    return 4.0 * p.b * p.h * p.d * pairs + 2.0 * p.b * p.hkv * p.d * _evicted(p) * p.kept
+    merge = 0.0 if p.merge == "none" else 2.0 * p.b * p.hkv * p.d * _evicted(p) * p.kept
+    return 4.0 * p.b * p.h * p.d * pairs + merge
 
 
 def bytes_moved(problem: KVCompressProblem, dtype: torch.dtype) -> float:
     p = problem
     elt = element_bytes(dtype)
-    return float((p.b * p.h * p.window + 4 * p.b * p.hkv * p.n + 2 * p.b * p.hkv * p.kept) * p.d * elt)
+    cache_reads = 2 if p.merge == "none" else 4  # K twice for the importance; K and V again to merge
+    return float((p.b * p.h * p.window + cache_reads * p.b * p.hkv * p.n + 2 * p.b * p.hkv * p.kept) * p.d * elt)
 
 
 def _block_d(problem) -> int:
@@ -817,6 +886,8 @@ SPEC = KernelSpec(
         KVCompressProblem(b=1, h=7, hkv=1, n=80, d=64, window=4, keep_pct=10),             # GQA 7
         KVCompressProblem(b=1, h=2, hkv=2, n=48, d=32, window=6, recent=6, keep_pct=100),  # no merge
         KVCompressProblem(b=1, h=1, hkv=1, n=512, d=128, window=64, keep_pct=5),  # a 64-row window
+        KVCompressProblem(b=1, h=4, hkv=2, n=64, d=32, window=8, keep_pct=25, merge="weighted"),
+        KVCompressProblem(b=1, h=4, hkv=2, n=64, d=32, window=8, keep_pct=25, merge="pivotal"),
     ),
     module=__name__,
 )
