@@ -21,7 +21,7 @@ lane() {  # lane GPU LOG FUNCTION: run FUNCTION on one GPU, its output in LOG
 
 part_a_gpu0() {
   step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cross_attention_layer.py \
-    tests/test_paged_decode_attention.py tests/test_kv_compress.py tests/test_worker.py
+    tests/test_paged_decode_attention.py tests/test_paged_decode_fused_reduce.py tests/test_kv_compress.py tests/test_kv_compress_merge.py tests/test_worker.py
   step 250 python benchmarks/fused_layer_bench.py --out "$OUT/fused_layer_h200.json"
   step 70 python benchmarks/kv_compress_bench.py --out "$OUT/kv_compress_h200.json"
 }
