@@ -43,6 +43,8 @@ EXPECTED = {
     "hang": (TrialStatus.TIMEOUT, f"no result within {HANG_TIMEOUT_S:g} s"),
     "abort": (TrialStatus.CRASHED, "SIGABRT"),
     "segfault": (TrialStatus.CRASHED, "SIGSEGV"),
+    # On the CPU the interpreter's stand-in for an illegal memory access is a segfault.
+    "illegal_access": (TrialStatus.CRASHED, "SIGSEGV"),
     "exit": (TrialStatus.CRASHED, "exited with code 3"),
 }
 
@@ -95,11 +97,12 @@ def test_every_fault_gets_its_status_through_the_driver_and_the_search_completes
         assert (row["status"], row["time_ms"]) == (status.value, None), fault
         assert words in row["detail"] and "\n" not in row["detail"], (fault, row["detail"])
     assert outcome.failures == {TrialStatus.OUT_OF_RESOURCES: 1, TrialStatus.COMPILE_ERROR: 1,
-                                TrialStatus.TIMEOUT: 1, TrialStatus.CRASHED: 3}
+                                TrialStatus.TIMEOUT: 1, TrialStatus.CRASHED: 4}
     assert outcome.best is not None and outcome.best.config in healthy
     # The lethal faults come last in the grid: a worker was started for the first trial and
-    # again after each of hang, abort and segfault; exit, the last trial, left none behind.
-    assert runner.workers_started == 4
+    # again after each of hang, abort, segfault and illegal_access; exit, the last trial, left
+    # none behind.
+    assert runner.workers_started == 5
     assert last_pid is None
 
 
@@ -197,7 +200,7 @@ def test_attention_in_a_worker_matches_the_in_process_runner(monkeypatch):
 
 def test_lethal_faults_measured_in_process_by_accident_only_fail_the_trial():
     runner = Runner(FAULT_SPEC, FAULT_PROBLEM, torch.float32, interpret=True)
-    for fault in ("hang", "abort", "segfault", "exit"):
+    for fault in ("hang", "abort", "segfault", "illegal_access", "exit"):
         result = runner.measure(fault_config(fault))
         assert result.status is TrialStatus.LAUNCH_ERROR and "only inside an isolated worker" in result.detail
 

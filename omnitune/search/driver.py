@@ -365,6 +365,9 @@ class _Search:
         self.in_flight: dict[int, tuple[int, Config]] = {}  # slot -> (trial number, config) being measured
         self.stopping = threading.Event()  # Ctrl-C or a slot's error: the other slots stop asking
         self.failed_in_flight: set[int] = set()  # trials failed by the main thread on Ctrl-C
+        # The catalogue's SQLite connection belongs to the main thread: with several slots their
+        # rows wait here for it (they are in Optuna's storage already; a rerun catches up anyway).
+        self.pending_records: list = []
         self.trials, self.db, self.sampler, self.seed = trials, db, sampler, seed
         self.timeout_s, self.limits, self.progress = timeout_s, limits, progress
         self.facts = StudyFacts(
@@ -452,6 +455,7 @@ class _Search:
             for thread in threads:
                 while thread.is_alive():
                     thread.join(0.2)
+                    self._flush_pending_records()
         except KeyboardInterrupt:
             self.stopping.set()
             with self.lock:
@@ -461,6 +465,8 @@ class _Search:
                     self.failed_in_flight.add(number)
                 self.in_flight.clear()
             raise
+        finally:
+            self._flush_pending_records()
         if errors:
             raise errors[0]
         with self.lock:
@@ -473,6 +479,12 @@ class _Search:
                 if reason in reasons.values():
                     return reason
             return StopReason.BUDGET
+
+    def _flush_pending_records(self) -> None:
+        with self.lock:
+            records, self.pending_records = self.pending_records, []
+        if records and self.db is not None:
+            record_trials(self.db, records)
 
     def _loop(self, slot: int) -> StopReason:
         while True:
@@ -633,7 +645,10 @@ class _Search:
                 if self.db is not None:
                     record = catalogue_record(self.facts, trial.number, attrs)
                     if record is not None:
-                        record_trial(self.db, record)
+                        if threading.current_thread() is threading.main_thread():
+                            record_trial(self.db, record)
+                        else:
+                            self.pending_records.append(record)
                 if self.progress is not None:
                     self.progress(self._progress(trial.number, result, chosen_by))
         except BaseException:
