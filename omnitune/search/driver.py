@@ -495,7 +495,7 @@ class _Search:
                 if isinstance(step, StopReason):
                     return step
                 trial, config, chosen_by = step
-                claimed = self._claim(trial, config)
+                claimed = self._claim(trial, config, slot)
                 if claimed:
                     self.in_flight[slot] = (trial.number, config)
             measured = self._measure_and_store(trial, config, chosen_by, slot) if claimed else False
@@ -514,6 +514,12 @@ class _Search:
 
     def _next_trial(self) -> StopReason | tuple[optuna.Trial, Config, str]:
         """Why to stop, or the next asked trial, its config and who chose it. Under the lock."""
+        if self.heartbeat_interval_s is not None:
+            # Trials of workers whose heartbeat stopped are failed and retried (the storage's
+            # callback enqueues their config again), before the ledger counts them as claimed.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
         self.ledger.refresh(self.study)
         in_flight = self.ledger.claimed | {c for _, c in self.in_flight.values()}
         # Configs being measured count against the budget (here and in other processes): the
@@ -527,12 +533,12 @@ class _Search:
         proposal = self._driver_proposal()
         if proposal is None and self.enumerate_all:
             return StopReason.EXHAUSTED  # what is left is being measured by another process or slot
-        if self.heartbeat_interval_s is not None:
-            # Trials of workers whose heartbeat stopped are failed, and retried (the storage's callback).
-            optuna.storages.fail_stale_trials(self.study)
         if proposal is not None:
             self.study.enqueue_trial(self.space.encode(proposal[0]))
-        trial = self.study.ask(self.space.distributions)
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for Study.optimize; the driver beats itself.
+            warnings.filterwarnings("ignore", "Heartbeat of storage")
+            trial = self.study.ask(self.space.distributions)
         config = self.space.decode(trial.params)
         chosen_by = proposal[1] if proposal and proposal[0] == config else self.sampler.value
         return trial, config, chosen_by
@@ -572,7 +578,7 @@ class _Search:
 
     # --- one trial ----------------------------------------------------------------------------
 
-    def _claim(self, trial: optuna.Trial, config: Config) -> bool:
+    def _claim(self, trial: optuna.Trial, config: Config, slot: int = 0) -> bool:
         """Make the asked trial this process's claim on `config`, or tell it at once (and return
         False) when the config is measured or being measured elsewhere. Under the lock."""
         told = False
@@ -592,11 +598,14 @@ class _Search:
             # and so that other processes see the claim.
             trial.set_user_attr("owner", self.owner)
             trial.set_user_attr("config_json", config_json(config))
-            rival = self._rival_claim(trial.number, config)
-            if rival is not None:
-                # Another process asked the same config since the ledger was read. Both wrote
-                # their claim before looking, so at least one sees the other: it steps back.
-                trial.set_user_attr("claimed_by", rival)
+            if len(self.runner_factories) > 1:
+                trial.set_user_attr("slot", slot)
+            conflict = self._claim_conflict(trial.number, config)
+            if conflict is not None:
+                # Another process asked the same config, or took the budget's last place, since
+                # the ledger was read. Each writes its claim before it looks, so of two claims at
+                # the same instant at least one sees the other: it steps back (both may).
+                trial.set_user_attr("stepped_back", conflict)
                 self.study.tell(trial, state=TrialState.FAIL)
                 told = True
                 return False
@@ -606,11 +615,25 @@ class _Search:
                 self._tell_failed(trial.number)
             raise
 
-    def _rival_claim(self, number: int, config: Config) -> int | None:
-        """Another running or finished trial of the study that holds `config`, if any."""
+    def _claim_conflict(self, number: int, config: Config) -> str | None:
+        """Why trial `number` must not measure `config` after all, read afresh from the storage:
+        another running or finished trial holds the config, or the measured configs and the
+        earlier trials still running already make up the budget. None: go ahead."""
+        measured: set[Config] = set()
+        earlier_running = 0
         for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
-            if other.number != number and config_from_attrs(other.user_attrs) == config:
-                return other.number
+            if other.number == number:
+                continue
+            if config_from_attrs(other.user_attrs) == config:
+                return f"config claimed by trial {other.number}"
+            if other.state is TrialState.RUNNING:
+                earlier_running += other.number < number
+                continue
+            result = result_from_attrs(other.user_attrs)
+            if result is not None and result.status is not TrialStatus.PRUNED:
+                measured.add(result.config)
+        if len(measured) + earlier_running >= self.trials:
+            return f"budget of {self.trials} taken by measured and running trials"
         return None
 
     def _measure_and_store(self, trial: optuna.Trial, config: Config, chosen_by: str, slot: int) -> bool:
