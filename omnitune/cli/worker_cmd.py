@@ -46,6 +46,11 @@ def worker(
         120.0, "--trial-timeout", min=0.1,
         help="Seconds one trial may take (compile, check and timing) before the measuring process is killed.",
     ),
+    isolate: bool = typer.Option(
+        True, "--isolate/--no-isolate",
+        help="Measure in a worker subprocess that a crashing or hanging config cannot take down (the default); "
+        "--no-isolate measures in this process: quicker to start, for configs known to be safe.",
+    ),
     heartbeat: int = typer.Option(
         DEFAULT_HEARTBEAT_S, "--heartbeat", min=1,
         help="Seconds between heartbeats of the running trial; a worker silent for 4 of them is taken as dead: "
@@ -85,10 +90,13 @@ def worker(
         raise DeviceError("no CUDA GPU here; a worker measures on a GPU — or add --interpret to check configs on the CPU")
     if gpu is not None and not interpret and gpu >= torch.cuda.device_count():
         raise DeviceError(f"--gpu {gpu}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if not isolate and gpu is not None and not interpret:
+        torch.cuda.set_device(gpu)
     try:
         _search_all(spec, problems, torch_dtype, trials=trials, timeout_s=None, sampler=sampler_name.value,
                     seed=seed, db=db, storage=storage, interpret=interpret, finalists=0, kernel_arg=kernel,
-                    isolate_timeout_s=trial_timeout, gpus=[gpu if gpu is not None else 0],
+                    isolate_timeout_s=trial_timeout if isolate else None,
+                    gpus=[gpu if gpu is not None else 0] if isolate else None,
                     heartbeat_interval_s=heartbeat)
     except KeyboardInterrupt:
         typer.secho("interrupted; start the worker again to go on", err=True)
