@@ -424,11 +424,6 @@ class _Search:
             raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
         return self._outcome(reason, retiming)
 
-    @property
-    def runner(self) -> MeasuresConfigs | None:
-        """The first slot's runner: the one that re-times the finalists."""
-        return self.runners.get(0)
-
     def _runner_of(self, slot: int) -> MeasuresConfigs:
         if slot not in self.runners:
             self.runners[slot] = self.runner_factories[slot]()
