@@ -32,7 +32,7 @@ from omnitune.spec import Config, Constraint, KernelSpec, Param, poisoned
 
 FAULTS = ("none", "raise_resources", "compile_error", "hang", "abort", "segfault", "illegal_access", "exit")
 LETHAL_FAULTS = ("hang", "abort", "segfault", "illegal_access", "exit")
-# Elements past the output that "illegal_access" stores to: 8 TB away, mapped by no allocation.
+# Elements past the output that "illegal_access" stores to: 4 TiB of fp32 away, mapped by no allocation.
 FAR_OUT_OF_BOUNDS = 1 << 40
 FAULT_BLOCK = 16
 

@@ -58,6 +58,10 @@ FAULT_CONFIGS = [Config(FAULT="none", BLOCK=32)] + [Config(FAULT=f, BLOCK=16) fo
 GRID_PREFIX = FAULT_CONFIGS[:7]
 KV_SHAPE = "t=9,hkv=2,d=16,block_size=4"
 POSTGRES_URL = os.environ.get("OMNITUNE_TEST_POSTGRES_URL")
+# The CPU path of the machinery, as CI runs it: these tests run kernels through the interpreter,
+# also in this process, where conftest compiles them for real when a GPU is present. The GPU
+# path: tests/test_worker.py's gpu test and benchmarks/multi_gpu_throughput.py.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-path tests (Triton's interpreter)")
 
 
 def cli_env() -> dict[str, str]:

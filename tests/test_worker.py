@@ -231,7 +231,7 @@ def test_cli_search_isolated_matches_in_process(tmp_path):
 
 @pytest.mark.gpu
 def test_a_real_illegal_memory_access_crashes_only_its_trial_and_the_healthy_configs_are_measured_after(tmp_path):
-    """On a GPU: a store 8 TB past the output poisons the worker's CUDA context; the trial is
+    """On a GPU: a store 4 TiB past the output poisons the worker's CUDA context; the trial is
     crashed, the worker replaced, and every healthy config after it measured on the GPU."""
     illegal = fault_config("illegal_access")
     healthy = [fault_config("none", 16), fault_config("none", 32)]
