@@ -589,6 +589,9 @@ class _Search:
                 self.study.tell(trial, state=TrialState.FAIL)  # another process or slot is measuring it
                 told = True
                 return False
+            if self.heartbeat_interval_s is not None:
+                # A first beat now: a worker that dies before measuring leaves a trial that goes stale.
+                self.study._storage.record_heartbeat(trial._trial_id)
             # Recorded now so that a trial abandoned by a killed process still names its config,
             # and so that other processes see the claim.
             trial.set_user_attr("owner", self.owner)
@@ -605,6 +608,12 @@ class _Search:
                 told = True
                 return False
             return True
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another process starting up took the trial, still without an owner, for one that a
+            # killed process abandoned, and failed it: let it go and ask again.
+            log.info("trial %d of %s was failed by another process before it was claimed", trial.number,
+                     self.facts.name)
+            return False
         except BaseException:
             if not told:
                 self._tell_failed(trial.number)
@@ -652,10 +661,18 @@ class _Search:
                     result, is_default=config == self.default_config, sampler=self.sampler.value,
                     provenance=self.provenance, measured_at=utc_now(), chosen_by=chosen_by,
                 )
-                for key, attr in attrs.items():
-                    if key != "config_json":  # already set
-                        trial.set_user_attr(key, attr)
-                self.study.tell(trial, value)
+                try:
+                    for key, attr in attrs.items():
+                        if key != "config_json":  # already set
+                            trial.set_user_attr(key, attr)
+                    self.study.tell(trial, value)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    # Another worker found this trial's heartbeat stale (this process stalled past
+                    # the grace period) and failed it; its config is being retried there.
+                    told = True
+                    log.warning("trial %d of %s was failed by another worker while it was measured "
+                                "(a stale heartbeat); its result is dropped", trial.number, self.facts.name)
+                    return False
                 told = True
                 self.ledger.add(trial.number, result, value)
                 if result.status is not TrialStatus.PRUNED:
