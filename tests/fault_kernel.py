@@ -4,7 +4,9 @@ tests/test_worker.py.
 The kernel doubles a vector (grid axis 0: blocks of BLOCK elements); the reference is `2 * x`.
 Parameter FAULT picks what its launch does before the kernel runs: nothing ("none"), raise
 Triton's OutOfResources, raise a CompilationError, sleep forever, os.abort(), dereference NULL,
-or os._exit(3). The lethal ones (hang, abort, segfault, exit) fire only inside an isolated worker
+os._exit(3), or store far out of bounds ("illegal_access": a real illegal memory access on a
+GPU, which poisons the process's CUDA context; under the interpreter, which would write to that
+address on the host, it dereferences NULL like "segfault"). The lethal ones (hang, abort, segfault, exit) fire only inside an isolated worker
 (omnitune.search.worker sets WORKER_ENV there): measured in-process by accident, they raise an
 ordinary error instead of taking pytest down.
 
@@ -28,8 +30,10 @@ from triton.runtime.errors import OutOfResources
 from omnitune.search.worker import WORKER_ENV
 from omnitune.spec import Config, Constraint, KernelSpec, Param, poisoned
 
-FAULTS = ("none", "raise_resources", "compile_error", "hang", "abort", "segfault", "exit")
-LETHAL_FAULTS = ("hang", "abort", "segfault", "exit")
+FAULTS = ("none", "raise_resources", "compile_error", "hang", "abort", "segfault", "illegal_access", "exit")
+LETHAL_FAULTS = ("hang", "abort", "segfault", "illegal_access", "exit")
+# Elements past the output that "illegal_access" stores to: 4 TiB of fp32 away, mapped by no allocation.
+FAR_OUT_OF_BOUNDS = 1 << 40
 FAULT_BLOCK = 16
 
 
@@ -51,7 +55,14 @@ def _double(X, Out, N, BLOCK: tl.constexpr):
     tl.store(Out + offsets, tl.load(X + offsets, mask=mask) * 2.0, mask=mask)
 
 
-def inject(fault: str) -> None:
+@triton.jit
+def _store_far_out_of_bounds(Out, FAR: tl.constexpr, BLOCK: tl.constexpr):
+    # No mask, on purpose: every lane writes FAR elements past the output.
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Out + FAR + offsets, tl.zeros((BLOCK,), dtype=tl.float32))
+
+
+def inject(fault: str, out: torch.Tensor | None = None) -> None:
     """Do what FAULT asks; lethal faults only inside a worker."""
     if fault == "none":
         return
@@ -66,7 +77,11 @@ def inject(fault: str) -> None:
             time.sleep(3600)
     if fault == "abort":
         os.abort()
-    if fault == "segfault":
+    if fault == "illegal_access" and out is not None and out.is_cuda:
+        _store_far_out_of_bounds[(1,)](out, FAR=FAR_OUT_OF_BOUNDS, BLOCK=FAULT_BLOCK)
+        torch.cuda.synchronize()  # the fault surfaces here, as "an illegal memory access"
+        return
+    if fault in ("segfault", "illegal_access"):
         ctypes.string_at(0)
     if fault == "exit":
         os._exit(3)
@@ -80,7 +95,7 @@ def make_inputs(problem: FaultProblem, dtype: torch.dtype, device, seed: int) ->
 
 
 def launch(inputs: FaultInputs, out: torch.Tensor, config: Config) -> None:
-    inject(config["FAULT"])
+    inject(config["FAULT"], out)
     n = inputs.x.numel()
     _double[(triton.cdiv(n, config["BLOCK"]),)](inputs.x, out, n, BLOCK=config["BLOCK"])
 

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import socket
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -415,3 +416,42 @@ def _dead_pid() -> int:
         except PermissionError:
             pass
         pid -= 1
+
+
+class SlowFakeRunner(FakeRunner):
+    """A FakeRunner that takes a little time, so that several slots' trials overlap."""
+
+    def measure(self, config: Config) -> TrialResult:
+        time.sleep(0.01)
+        return super().measure(config)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "grid"])
+def test_several_slots_share_the_study_measuring_each_config_once_within_the_budget(storage_url, tmp_path, sampler):
+    runners = [SlowFakeRunner() for _ in range(3)]
+    db = open_db(tmp_path / "results.db")
+    outcome = run_search(
+        TOY_SPEC, PROBLEM, torch.float32, runner_factories=[lambda r=r: r for r in runners], device=DEVICE,
+        trials=12, storage_url=storage_url, sampler=sampler, seed=1, finalists=0, db=db,
+    )
+    calls = [c for r in runners for c in r.calls]
+    assert_each_config_measured_once(calls)
+    pruned = outcome.failures.get(TrialStatus.PRUNED, 0)
+    assert outcome.stop_reason is StopReason.BUDGET and outcome.measured_total == 12 == len(calls)
+    assert sum(1 for r in runners if r.calls) >= 2  # the work was shared
+    assert calls.count(TOY_SPEC.default_config(PROBLEM, torch.float32)) == 1
+    # The catalogue, written by the main thread for the slots, has every trial.
+    assert db.execute("SELECT count(*) FROM trials").fetchone()[0] == 12 + pruned
+    study = load_study(storage_url)
+    assert {t.user_attrs.get("slot") for t in study.trials if "config_json" in t.user_attrs} <= {0, 1, 2}
+
+
+def test_an_error_in_one_slot_stops_the_search_and_reaches_the_caller(storage_url):
+    broken = SlowFakeRunner(interrupt_on_call=2)
+    healthy = SlowFakeRunner()
+    with pytest.raises(SearchInterrupted):
+        run_search(TOY_SPEC, PROBLEM, torch.float32, runner_factories=[lambda: healthy, lambda: broken],
+                   device=DEVICE, trials=30, storage_url=storage_url, finalists=0)
+    study = load_study(storage_url)
+    assert not [t for t in study.trials if t.state is optuna.trial.TrialState.RUNNING]  # nothing left in flight
+    assert_each_config_measured_once(healthy.calls + broken.calls)

@@ -43,6 +43,8 @@ EXPECTED = {
     "hang": (TrialStatus.TIMEOUT, f"no result within {HANG_TIMEOUT_S:g} s"),
     "abort": (TrialStatus.CRASHED, "SIGABRT"),
     "segfault": (TrialStatus.CRASHED, "SIGSEGV"),
+    # On the CPU the interpreter's stand-in for an illegal memory access is a segfault.
+    "illegal_access": (TrialStatus.CRASHED, "SIGSEGV"),
     "exit": (TrialStatus.CRASHED, "exited with code 3"),
 }
 
@@ -95,11 +97,12 @@ def test_every_fault_gets_its_status_through_the_driver_and_the_search_completes
         assert (row["status"], row["time_ms"]) == (status.value, None), fault
         assert words in row["detail"] and "\n" not in row["detail"], (fault, row["detail"])
     assert outcome.failures == {TrialStatus.OUT_OF_RESOURCES: 1, TrialStatus.COMPILE_ERROR: 1,
-                                TrialStatus.TIMEOUT: 1, TrialStatus.CRASHED: 3}
+                                TrialStatus.TIMEOUT: 1, TrialStatus.CRASHED: 4}
     assert outcome.best is not None and outcome.best.config in healthy
     # The lethal faults come last in the grid: a worker was started for the first trial and
-    # again after each of hang, abort and segfault; exit, the last trial, left none behind.
-    assert runner.workers_started == 4
+    # again after each of hang, abort, segfault and illegal_access; exit, the last trial, left
+    # none behind.
+    assert runner.workers_started == 5
     assert last_pid is None
 
 
@@ -197,7 +200,7 @@ def test_attention_in_a_worker_matches_the_in_process_runner(monkeypatch):
 
 def test_lethal_faults_measured_in_process_by_accident_only_fail_the_trial():
     runner = Runner(FAULT_SPEC, FAULT_PROBLEM, torch.float32, interpret=True)
-    for fault in ("hang", "abort", "segfault", "exit"):
+    for fault in ("hang", "abort", "segfault", "illegal_access", "exit"):
         result = runner.measure(fault_config(fault))
         assert result.status is TrialStatus.LAUNCH_ERROR and "only inside an isolated worker" in result.detail
 
@@ -224,3 +227,38 @@ def test_cli_search_isolated_matches_in_process(tmp_path):
             "select config_json, status from trials order by trial_number").fetchall()
     assert results["isolated"] == results["in-process"]
     assert [s for _, s in results["isolated"]].count("ok") == 2
+
+
+@pytest.mark.gpu
+def test_a_real_illegal_memory_access_crashes_only_its_trial_and_the_healthy_configs_are_measured_after(tmp_path):
+    """On a GPU: a store 4 TiB past the output poisons the worker's CUDA context; the trial is
+    crashed, the worker replaced, and every healthy config after it measured on the GPU."""
+    illegal = fault_config("illegal_access")
+    healthy = [fault_config("none", 16), fault_config("none", 32)]
+    with IsolatedRunner(FAULT_KERNEL, FAULT_PROBLEM, torch.float32, timeout_s=60) as runner:
+        crashed = runner.measure(illegal)
+        after = [runner.measure(c) for c in healthy]
+        assert runner.workers_started == 2  # the poisoned worker was replaced once
+    assert crashed.status is TrialStatus.CRASHED, crashed.detail
+    assert "illegal memory access" in crashed.detail or "worker" in crashed.detail, crashed.detail
+    for result in after:
+        assert result.status is TrialStatus.OK and result.representative, result.detail
+        assert result.rel_error <= FAULT_SPEC.tolerance[torch.float32] and result.time_ms > 0
+
+    # The same through a whole isolated grid sweep: every fault its status, the search completes.
+    db = open_db(tmp_path / "results.db")
+    with fault_runner_on_gpu() as runner:
+        outcome = run_search(
+            FAULT_SPEC, FAULT_PROBLEM, torch.float32, runner_factory=lambda: runner,
+            device=current_device_facts(interpret=False), trials=100, sampler="grid",
+            storage_url=f"sqlite:///{tmp_path / 'studies.optuna.db'}", db=db, finalists=0,
+        )
+    assert outcome.stop_reason is StopReason.EXHAUSTED
+    rows = {r["config_label"]: r for r in db.query("SELECT * FROM trials")}
+    assert rows[illegal.label()]["status"] == "crashed"
+    assert all(rows[c.label()]["status"] == "ok" for c in healthy)
+
+
+def fault_runner_on_gpu() -> IsolatedRunner:
+    # Long enough for a first compile on the GPU; the hang config costs this much.
+    return IsolatedRunner(FAULT_KERNEL, FAULT_PROBLEM, torch.float32, timeout_s=10.0)

@@ -3,8 +3,10 @@ shape, with a live view of the search and a one-line summary per shape."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -103,7 +105,14 @@ def search(
     ),
     trial_timeout: float = typer.Option(
         120.0, "--trial-timeout", min=0.1,
-        help="With --isolate: seconds one trial may take (compile, check and timing) before its worker is killed.",
+        help="With --isolate or --gpus: seconds one trial may take (compile, check and timing) before its worker "
+        "is killed.",
+    ),
+    gpus: str = typer.Option(
+        None, "--gpus",
+        help="Measure on several GPUs at once, e.g. 0,1: one isolated worker per GPU (implies --isolate), all "
+        "sharing one study trial by trial. With --interpret the numbers only name CPU workers.",
+        show_default=False,
     ),
     interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
 ) -> None:
@@ -116,6 +125,7 @@ def search(
     Ctrl-C keeps every finished trial; rerunning the same command resumes.
     """
     targets = _targets(kernel, shape, model, kernels, dtype, interpret)
+    gpu_list = parse_gpus(gpus, interpret) if gpus is not None else None
     # Imports Optuna: not at module level, so that `omnitune --help` stays quick.
     from omnitune.search.driver import make_sampler, parse_sampler
 
@@ -139,7 +149,7 @@ def search(
             _search_all(target.spec, target.problems, target.dtype, trials=trials, timeout_s=remaining_s,
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
-                        isolate_timeout_s=trial_timeout if isolate else None)
+                        isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list)
     except KeyboardInterrupt:
         err_console.print(f"interrupted; {RESUME_HINT}")
         raise typer.Exit(130) from None
@@ -188,6 +198,24 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
     return targets
 
 
+def parse_gpus(text: str, interpret: bool) -> list[int]:
+    """--gpus 0,1,3 as GPU indices; an OmnituneError naming what is wrong."""
+    try:
+        gpus = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise OmnituneError(f"--gpus takes GPU indices separated by commas, e.g. 0,1; got {text!r}") from None
+    if not gpus or any(g < 0 for g in gpus):
+        raise OmnituneError(f"--gpus takes GPU indices separated by commas, e.g. 0,1; got {text!r}")
+    if len(set(gpus)) != len(gpus):
+        raise OmnituneError(f"--gpus names a GPU twice: {text!r}")
+    if not interpret and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        missing = [g for g in gpus if g >= count]
+        if missing:
+            raise DeviceError(f"--gpus {text}: this machine has {count} GPU(s), numbered 0 to {count - 1}")
+    return gpus
+
+
 def _profile_top_possible(count: int, interpret: bool) -> int:
     """--profile-top as it can run here: 0, with one line saying why, without ncu or a GPU."""
     if not count:
@@ -219,6 +247,7 @@ def _search_all(
     spec: KernelSpec, problems: list, dtype: torch.dtype, *, trials: int, timeout_s: float | None,
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
+    gpus: list[int] | None = None, heartbeat_interval_s: int | None = None,
 ) -> None:
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
@@ -248,8 +277,9 @@ def _search_all(
             continue
 
         runners = []
+        runners_lock = threading.Lock()
 
-        def make_runner(problem=problem):
+        def make_runner(problem=problem, gpu=None):
             if isolate_timeout_s is None:
                 runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
             else:
@@ -258,17 +288,21 @@ def _search_all(
                 # The worker loads the kernel by the name the user gave, so files and modules work too.
                 runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
                                         observer_factories=[] if interpret else [NvmlSampler],
-                                        timeout_s=isolate_timeout_s)
-            runners.append(runner)
+                                        timeout_s=isolate_timeout_s, gpu=gpu)
+            with runners_lock:  # with --gpus, each slot's thread builds its runner
+                runners.append(runner)
             return runner
+
+        factories = [make_runner] if not gpus else [partial(make_runner, gpu=gpu) for gpu in gpus]
 
         view = _LiveView(spec, problem, dtype, trials, sampler, interpret)
         try:
             with Live(view, console=console, transient=True, refresh_per_second=4):
                 outcome = run_search(
-                    spec, problem, dtype, runner_factory=make_runner, device=device, trials=trials,
+                    spec, problem, dtype, runner_factories=factories, device=device, trials=trials,
                     storage_url=storage_url, db=database, sampler=sampler, seed=seed, timeout_s=remaining_s,
                     limits=limits, progress=view.update, finalists=finalists,
+                    heartbeat_interval_s=heartbeat_interval_s,
                 )
         except SearchInterrupted as stop:
             _close(runners)

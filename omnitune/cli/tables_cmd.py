@@ -15,6 +15,18 @@ from omnitune.cli.common import console, db_path, load_spec, parse_dtype_option,
 from omnitune.errors import OmnituneError
 
 _DB_HELP = "Results database (default: $OMNITUNE_DB, else ./omnitune.db)."
+_STORAGE_HELP = ("First bring the database up to date from this Optuna storage (e.g. the postgresql:// URL that "
+                 "omnitune worker processes share): its studies' rows replace theirs in --db.")
+
+
+def _import_storage(path: Path, storage: str | None) -> None:
+    """--storage: rebuild the catalogue rows of the storage's studies in the database at `path`."""
+    if storage is None:
+        return
+    from omnitune.store import open_db, rebuild_catalogue
+
+    rows = rebuild_catalogue(open_db(path), storage)
+    typer.echo(f"{rows} trials read from the Optuna storage into {path}", err=True)
 
 
 class ReportFormat(str, enum.Enum):
@@ -46,6 +58,7 @@ def _has_results(trials, path: Path, kernel: str | None) -> bool:
 @app.command()
 def report(
     db: str = typer.Option(None, "--db", help=_DB_HELP),
+    storage: str = typer.Option(None, "--storage", metavar="URL", help=_STORAGE_HELP, show_default=False),
     kernel: str = typer.Option(None, "--kernel", help="Only this kernel."),
     output_format: ReportFormat = typer.Option(
         ReportFormat.TABLE, "--format", case_sensitive=False,
@@ -67,6 +80,7 @@ def report(
     from omnitune import report as rpt
 
     path = db_path(db)
+    _import_storage(path, storage)
     trials = rpt.load_trials(path, kernel)
     if not _has_results(trials, path, kernel):
         typer.echo(_nothing_measured(path))
@@ -118,6 +132,7 @@ def _problem_defaults(kernel: str) -> dict[str, str]:
 @app.command()
 def export(
     db: str = typer.Option(None, "--db", help=_DB_HELP),
+    storage: str = typer.Option(None, "--storage", metavar="URL", help=_STORAGE_HELP, show_default=False),
     out: Path = typer.Option(
         Path("tuned_configs"), "--out", help="Folder of the tables: <out>/<kernel>/<device_key>.json."
     ),
@@ -132,6 +147,7 @@ def export(
     from omnitune.report import load_trials
 
     path = db_path(db)
+    _import_storage(path, storage)
     if not _has_results(load_trials(path, kernel), path, kernel):
         typer.echo(_nothing_measured(path))
         return

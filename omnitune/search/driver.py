@@ -28,10 +28,12 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -179,7 +181,8 @@ def run_search(
     problem: Any,
     dtype: torch.dtype,
     *,
-    runner_factory: Callable[[], MeasuresConfigs],
+    runner_factory: Callable[[], MeasuresConfigs] | None = None,
+    runner_factories: Sequence[Callable[[], MeasuresConfigs]] | None = None,
     device: DeviceFacts,
     trials: int,
     storage_url: str,
@@ -191,6 +194,7 @@ def run_search(
     progress: Callable[[SearchProgress], None] | None = None,
     finalists: int = DEFAULT_FINALISTS,
     finalist_rounds: int = DEFAULT_ROUNDS,
+    heartbeat_interval_s: int | None = None,
 ) -> SearchOutcome:
     """Search `spec`'s config space for `problem` in `dtype` until the study holds `trials`
     measured configs, every valid config is measured, or `timeout_s` has passed; then re-time the
@@ -202,10 +206,22 @@ def run_search(
     goes into every trial's provenance; `limits` are the device limits constraints check
     (H100-like defaults when None). With `db`, every finished trial also gets its catalogue row.
     Raises SearchInterrupted on Ctrl-C, after storing everything finished.
+
+    `runner_factories` (instead of `runner_factory`): one runner per entry, each driven by a
+    thread of its own (one isolated worker per GPU), all sharing the study trial by trial; the
+    finalists are re-timed on the first. `heartbeat_interval_s`: the trials record heartbeats in
+    the storage, and trials of workers whose heartbeat stopped (a dead host) are failed and
+    retried once (see docs/distributed.md).
     """
+    if runner_factories is None:
+        if runner_factory is None:
+            raise SearchError("run_search needs a runner_factory or runner_factories")
+        runner_factories = [runner_factory]
+    elif runner_factory is not None or not runner_factories:
+        raise SearchError("give run_search one of runner_factory or a non-empty runner_factories")
     search = _Search(
         spec, problem, dtype,
-        runner_factory=runner_factory, device=device, trials=trials, storage_url=storage_url, db=db,
+        runner_factories=list(runner_factories), heartbeat_interval_s=heartbeat_interval_s, device=device, trials=trials, storage_url=storage_url, db=db,
         sampler=parse_sampler(sampler), seed=seed, timeout_s=timeout_s,
         limits=limits or DeviceLimits(), progress=progress, finalists=finalists, finalist_rounds=finalist_rounds,
     )
@@ -324,10 +340,11 @@ class _Retiming:
 class _Search:
     def __init__(
         self, spec: KernelSpec, problem: Any, dtype: torch.dtype, *,
-        runner_factory: Callable[[], MeasuresConfigs], device: DeviceFacts, trials: int,
+        runner_factories: list[Callable[[], MeasuresConfigs]], device: DeviceFacts, trials: int,
         storage_url: str, db: sqlite_utils.Database | None, sampler: SamplerName, seed: int,
         timeout_s: float | None, limits: DeviceLimits, progress: Callable[[SearchProgress], None] | None,
         finalists: int = DEFAULT_FINALISTS, finalist_rounds: int = DEFAULT_ROUNDS,
+        heartbeat_interval_s: int | None = None,
     ):
         if trials < 1:
             raise SearchError(f"the trial budget must be at least 1, got {trials}")
@@ -339,8 +356,18 @@ class _Search:
             raise SearchError(f"re-timing needs at least 2 rounds, got {finalist_rounds}")
         self.finalists, self.finalist_rounds = finalists, finalist_rounds
         self.spec, self.problem, self.dtype = spec, problem, dtype
-        self.runner_factory = runner_factory
-        self.runner: MeasuresConfigs | None = None
+        self.runner_factories = runner_factories
+        self.runners: dict[int, MeasuresConfigs] = {}  # by slot (one per GPU), built when first needed
+        self.heartbeat_interval_s = heartbeat_interval_s
+        # Several slots share this search: everything but the measuring itself (choosing, asking,
+        # telling, the ledger, the catalogue, progress) happens under this lock.
+        self.lock = threading.RLock()
+        self.in_flight: dict[int, tuple[int, Config]] = {}  # slot -> (trial number, config) being measured
+        self.stopping = threading.Event()  # Ctrl-C or a slot's error: the other slots stop asking
+        self.failed_in_flight: set[int] = set()  # trials failed by the main thread on Ctrl-C
+        # The catalogue's SQLite connection belongs to the main thread: with several slots their
+        # rows wait here for it (they are in Optuna's storage already; a rerun catches up anyway).
+        self.pending_records: list = []
         self.trials, self.db, self.sampler, self.seed = trials, db, sampler, seed
         self.timeout_s, self.limits, self.progress = timeout_s, limits, progress
         self.facts = StudyFacts(
@@ -391,41 +418,129 @@ class _Search:
             # Catch up rows that a killed run stored in Optuna but not yet in the catalogue.
             record_trials(self.db, study_records(self.facts, self.study.get_trials(deepcopy=False)))
         try:
-            reason = self._loop()
+            reason = self._loop(0) if len(self.runner_factories) == 1 else self._run_slots()
             retiming = self._retime_finalists(reason)
         except KeyboardInterrupt:
             raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
         return self._outcome(reason, retiming)
 
-    def _loop(self) -> StopReason:
-        while True:
+    def _runner_of(self, slot: int) -> MeasuresConfigs:
+        if slot not in self.runners:
+            self.runners[slot] = self.runner_factories[slot]()
+        return self.runners[slot]
+
+    def _run_slots(self) -> StopReason:
+        """One thread per runner, each running the loop; the main thread waits (so that Ctrl-C
+        reaches it), and on Ctrl-C fails the trials in flight before the interrupt goes on."""
+        reasons: dict[int, StopReason] = {}
+        errors: list[BaseException] = []
+
+        def work(slot: int) -> None:
+            try:
+                reasons[slot] = self._loop(slot)
+            except BaseException as exc:  # noqa: BLE001 — raised again by the main thread
+                errors.append(exc)
+                self.stopping.set()
+
+        threads = [threading.Thread(target=work, args=(slot,), name=f"omnitune-slot-{slot}", daemon=True)
+                   for slot in range(len(self.runner_factories))]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.2)
+                    self._flush_pending_records()
+        except KeyboardInterrupt:
+            self.stopping.set()
+            with self.lock:
+                # Their results, when they come, are dropped (see _measure_and_store).
+                for number, _ in self.in_flight.values():
+                    self._tell_failed(number)
+                    self.failed_in_flight.add(number)
+                self.in_flight.clear()
+            raise
+        finally:
+            self._flush_pending_records()
+        if errors:
+            raise errors[0]
+        with self.lock:
             self.ledger.refresh(self.study)
             if self.ledger.measured_total >= self.trials:
                 return StopReason.BUDGET
             if self._all_valid_measured():
                 return StopReason.EXHAUSTED
-            if self.timeout_s is not None and time.monotonic() - self.started >= self.timeout_s:
-                return StopReason.TIMEOUT
-            proposal = self._driver_proposal()
-            if proposal is None and self.enumerate_all:
-                return StopReason.EXHAUSTED  # what is left is being measured by another process
-            if proposal is not None:
-                self.study.enqueue_trial(self.space.encode(proposal[0]))
-            trial = self.study.ask(self.space.distributions)
-            config = self.space.decode(trial.params)
-            chosen_by = proposal[1] if proposal and proposal[0] == config else self.sampler.value
-            measured = self._run_trial(trial, config, chosen_by)
-            if chosen_by == "fallback":
-                # Give the sampler a couple of chances again before the next fallback.
-                self.fruitless_proposals = SAMPLER_PATIENCE - 2
-            elif chosen_by == self.sampler.value:
-                self.fruitless_proposals = 0 if measured else self.fruitless_proposals + 1
-            if getattr(self.runner, "context_lost", False):
+            for reason in (StopReason.CONTEXT_LOST, StopReason.TIMEOUT, StopReason.EXHAUSTED):
+                if reason in reasons.values():
+                    return reason
+            return StopReason.BUDGET
+
+    def _flush_pending_records(self) -> None:
+        with self.lock:
+            records, self.pending_records = self.pending_records, []
+        if records and self.db is not None:
+            record_trials(self.db, records)
+
+    def _loop(self, slot: int) -> StopReason:
+        while True:
+            with self.lock:
+                if self.stopping.is_set():
+                    return StopReason.INTERRUPTED
+                step = self._next_trial()
+                if isinstance(step, StopReason):
+                    return step
+                trial, config, chosen_by = step
+                claimed = self._claim(trial, config, slot)
+                if claimed:
+                    self.in_flight[slot] = (trial.number, config)
+            measured = self._measure_and_store(trial, config, chosen_by, slot) if claimed else False
+            with self.lock:
+                if chosen_by == "fallback":
+                    # Give the sampler a couple of chances again before the next fallback.
+                    self.fruitless_proposals = SAMPLER_PATIENCE - 2
+                elif chosen_by == self.sampler.value:
+                    self.fruitless_proposals = 0 if measured else self.fruitless_proposals + 1
+            if getattr(self.runners.get(slot), "context_lost", False):
                 return StopReason.CONTEXT_LOST
+
+    def _busy(self) -> set[Config]:
+        """Configs measured, or being measured here or by another process."""
+        return self.ledger.finished.keys() | self.ledger.claimed | {c for _, c in self.in_flight.values()}
+
+    def _next_trial(self) -> StopReason | tuple[optuna.Trial, Config, str]:
+        """Why to stop, or the next asked trial, its config and who chose it. Under the lock."""
+        if self.heartbeat_interval_s is not None:
+            # Trials of workers whose heartbeat stopped are failed and retried (the storage's
+            # callback enqueues their config again), before the ledger counts them as claimed.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
+        self.ledger.refresh(self.study)
+        in_flight = self.ledger.claimed | {c for _, c in self.in_flight.values()}
+        # Configs being measured count against the budget (here and in other processes): the
+        # budget is the study's, whoever measures it.
+        if self.ledger.measured_total + len(in_flight - self.ledger.finished.keys()) >= self.trials:
+            return StopReason.BUDGET
+        if self._all_valid_measured():
+            return StopReason.EXHAUSTED
+        if self.timeout_s is not None and time.monotonic() - self.started >= self.timeout_s:
+            return StopReason.TIMEOUT
+        proposal = self._driver_proposal()
+        if proposal is None and self.enumerate_all:
+            return StopReason.EXHAUSTED  # what is left is being measured by another process or slot
+        if proposal is not None:
+            self.study.enqueue_trial(self.space.encode(proposal[0]))
+        with warnings.catch_warnings():
+            # Optuna warns that heartbeats are meant for Study.optimize; the driver beats itself.
+            warnings.filterwarnings("ignore", "Heartbeat of storage")
+            trial = self.study.ask(self.space.distributions)
+        config = self.space.decode(trial.params)
+        chosen_by = proposal[1] if proposal and proposal[0] == config else self.sampler.value
+        return trial, config, chosen_by
 
     def _driver_proposal(self) -> tuple[Config, str] | None:
         """The config the driver picks itself this time (and why), or None to ask the sampler."""
-        busy = self.ledger.finished.keys() | self.ledger.claimed
+        busy = self._busy()
         for config in self.planned:
             if config not in busy:
                 if config == self.default_config:
@@ -458,8 +573,9 @@ class _Search:
 
     # --- one trial ----------------------------------------------------------------------------
 
-    def _run_trial(self, trial: optuna.Trial, config: Config, chosen_by: str) -> bool:
-        """Measure (or prune, or skip) one asked trial and store it. True if it measured a config."""
+    def _claim(self, trial: optuna.Trial, config: Config, slot: int = 0) -> bool:
+        """Make the asked trial this process's claim on `config`, or tell it at once (and return
+        False) when the config is measured or being measured elsewhere. Under the lock."""
         told = False
         try:
             previous = self.ledger.finished.get(config)
@@ -469,53 +585,133 @@ class _Search:
                 self.study.tell(trial, previous.value)
                 told = True
                 return False
-            if config in self.ledger.claimed:
-                self.study.tell(trial, state=TrialState.FAIL)  # another process is measuring it
+            if config in self.ledger.claimed or any(c == config for _, c in self.in_flight.values()):
+                self.study.tell(trial, state=TrialState.FAIL)  # another process or slot is measuring it
                 told = True
                 return False
-            # Recorded now so that a trial abandoned by a killed process still names its config.
+            if self.heartbeat_interval_s is not None:
+                # A first beat now: a worker that dies before measuring leaves a trial that goes stale.
+                self.study._storage.record_heartbeat(trial._trial_id)
+            # Recorded now so that a trial abandoned by a killed process still names its config,
+            # and so that other processes see the claim.
             trial.set_user_attr("owner", self.owner)
             trial.set_user_attr("config_json", config_json(config))
-            result = self._measure(config)
-            value = result.time_ms if result.status is TrialStatus.OK else self.ledger.penalty_ms()
-            # Failed configs (pruned, compile error, mismatch, ...) are told as COMPLETE with a
-            # penalty, not as FAIL: Optuna's TPE and CMA-ES ignore FAIL trials, so they would keep
-            # proposing the same broken region. The penalty teaches them to stay away, and our
-            # own best (and the catalogue's) only ever considers status ok, so a config that
-            # disagrees with the reference can never be the best.
-            attrs = finished_trial_attrs(
-                result, is_default=config == self.default_config, sampler=self.sampler.value,
-                provenance=self.provenance, measured_at=utc_now(), chosen_by=chosen_by,
-            )
-            for key, attr in attrs.items():
-                if key != "config_json":  # already set
-                    trial.set_user_attr(key, attr)
-            self.study.tell(trial, value)
-            told = True
+            if len(self.runner_factories) > 1:
+                trial.set_user_attr("slot", slot)
+            conflict = self._claim_conflict(trial.number, config)
+            if conflict is not None:
+                # Another process asked the same config, or took the budget's last place, since
+                # the ledger was read. Each writes its claim before it looks, so of two claims at
+                # the same instant at least one sees the other: it steps back (both may).
+                trial.set_user_attr("stepped_back", conflict)
+                self.study.tell(trial, state=TrialState.FAIL)
+                told = True
+                return False
+            return True
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another process starting up took the trial, still without an owner, for one that a
+            # killed process abandoned, and failed it: let it go and ask again.
+            log.info("trial %d of %s was failed by another process before it was claimed", trial.number,
+                     self.facts.name)
+            return False
         except BaseException:
             if not told:
                 self._tell_failed(trial.number)
             raise
-        self.ledger.add(trial.number, result, value)
-        if result.status is not TrialStatus.PRUNED:
-            self.measured_now += 1
-        if self.db is not None:
-            record = catalogue_record(self.facts, trial.number, attrs)
-            if record is not None:
-                record_trial(self.db, record)
-        if self.progress is not None:
-            self.progress(self._progress(trial.number, result, chosen_by))
+
+    def _claim_conflict(self, number: int, config: Config) -> str | None:
+        """Why trial `number` must not measure `config` after all, read afresh from the storage:
+        another running or finished trial holds the config, or the measured configs and the
+        earlier trials still running already make up the budget. None: go ahead."""
+        measured: set[Config] = set()
+        earlier_running = 0
+        for other in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
+            if other.number == number:
+                continue
+            if config_from_attrs(other.user_attrs) == config:
+                return f"config claimed by trial {other.number}"
+            if other.state is TrialState.RUNNING:
+                earlier_running += other.number < number
+                continue
+            result = result_from_attrs(other.user_attrs)
+            if result is not None and result.status is not TrialStatus.PRUNED:
+                measured.add(result.config)
+        if len(measured) + earlier_running >= self.trials:
+            return f"budget of {self.trials} taken by measured and running trials"
+        return None
+
+    def _measure_and_store(self, trial: optuna.Trial, config: Config, chosen_by: str, slot: int) -> bool:
+        """Measure a claimed trial's config (outside the lock) and store it before the slot asks
+        again. True if it measured a config (not a prune)."""
+        told = False
+        try:
+            with self._heartbeat(trial):
+                result = self._measure(config, slot)
+            with self.lock:
+                self.in_flight.pop(slot, None)
+                if trial.number in self.failed_in_flight:
+                    return False  # Ctrl-C: the main thread has failed this trial already
+                value = result.time_ms if result.status is TrialStatus.OK else self.ledger.penalty_ms()
+                # Failed configs (pruned, compile error, mismatch, ...) are told as COMPLETE with a
+                # penalty, not as FAIL: Optuna's TPE and CMA-ES ignore FAIL trials, so they would keep
+                # proposing the same broken region. The penalty teaches them to stay away, and our
+                # own best (and the catalogue's) only ever considers status ok, so a config that
+                # disagrees with the reference can never be the best.
+                attrs = finished_trial_attrs(
+                    result, is_default=config == self.default_config, sampler=self.sampler.value,
+                    provenance=self.provenance, measured_at=utc_now(), chosen_by=chosen_by,
+                )
+                try:
+                    for key, attr in attrs.items():
+                        if key != "config_json":  # already set
+                            trial.set_user_attr(key, attr)
+                    self.study.tell(trial, value)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    # Another worker found this trial's heartbeat stale (this process stalled past
+                    # the grace period) and failed it; its config is being retried there.
+                    told = True
+                    log.warning("trial %d of %s was failed by another worker while it was measured "
+                                "(a stale heartbeat); its result is dropped", trial.number, self.facts.name)
+                    return False
+                told = True
+                self.ledger.add(trial.number, result, value)
+                if result.status is not TrialStatus.PRUNED:
+                    self.measured_now += 1
+                if self.db is not None:
+                    record = catalogue_record(self.facts, trial.number, attrs)
+                    if record is not None:
+                        if threading.current_thread() is threading.main_thread():
+                            record_trial(self.db, record)
+                        else:
+                            self.pending_records.append(record)
+                if self.progress is not None:
+                    self.progress(self._progress(trial.number, result, chosen_by))
+        except BaseException:
+            with self.lock:
+                self.in_flight.pop(slot, None)
+                if not told:
+                    self._tell_failed(trial.number)
+            raise
         return result.status is not TrialStatus.PRUNED
 
-    def _measure(self, config: Config) -> TrialResult:
+    @contextmanager
+    def _heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
+        """While measuring: the trial's heartbeat in the storage, when the storage keeps them."""
+        if self.heartbeat_interval_s is None:
+            yield
+            return
+        from optuna.storages._heartbeat import get_heartbeat_thread
+
+        with get_heartbeat_thread(trial._trial_id, self.study._storage):
+            yield
+
+    def _measure(self, config: Config, slot: int = 0) -> TrialResult:
         violations = self.spec.violations(self.problem, config, self.dtype, self.limits)
         if violations:
             name, reason = violations[0]
             return TrialResult(config, TrialStatus.PRUNED, detail=f"{name}: {reason}",
                                representative=self.representative)
-        if self.runner is None:
-            self.runner = self.runner_factory()
-        return self.runner.measure(config)
+        return self._runner_of(slot).measure(config)
 
     def _tell_failed(self, number: int) -> None:
         try:
@@ -541,10 +737,8 @@ class _Search:
         stored = self._latest_retiming()
         if stored is not None and set(stored.results) == set(configs):
             return stored
-        if self.runner is None:
-            self.runner = self.runner_factory()
         try:
-            timings = retime_finalists(self.runner, configs, rounds=self.finalist_rounds)
+            timings = retime_finalists(self._runner_of(0), configs, rounds=self.finalist_rounds)
         except OmnituneError:
             raise
         except Exception as exc:  # noqa: BLE001 — the search's results stand without the re-timing
@@ -609,7 +803,7 @@ class _Search:
     # --- the study ------------------------------------------------------------------------------
 
     def _open_study(self) -> optuna.Study:
-        storage = open_optuna_storage(self.storage_url)
+        storage = open_optuna_storage(self.storage_url, heartbeat_interval_s=self.heartbeat_interval_s)
         study = optuna.create_study(
             study_name=self.facts.name,
             storage=storage,

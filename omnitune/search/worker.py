@@ -24,6 +24,8 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,8 @@ DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 # How long a worker asked to stop may take before it is killed.
 STOP_GRACE_S = 5.0
+# How often a worker checks that the process that started it is still alive.
+PARENT_POLL_S = 0.5
 
 
 class WorkerStartError(OmnituneError):
@@ -136,10 +140,30 @@ class _TimedOut:
 # --- the worker process ------------------------------------------------------------------------------
 
 
-def _serve(conn: multiprocessing.connection.Connection, kernel: str, interpret: bool, setup_bytes: bytes) -> None:
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """Kill this worker as soon as its parent is gone (kill -9 of the search): an orphan would
+    hold its GPU forever. Polled from a thread rather than prctl(PR_SET_PDEATHSIG), which fires
+    when the parent *thread* that started the worker ends — with --gpus that is a slot's thread,
+    and the worker outlives it to re-time the finalists."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="omnitune-parent-watch", daemon=True).start()
+
+
+def _serve(conn: multiprocessing.connection.Connection, kernel: str, interpret: bool, setup_bytes: bytes,
+           parent_pid: int | None = None, visible_device: str | None = None) -> None:
     """The worker's main: build the Runner once, then answer calls until told to stop."""
     # Ctrl-C reaches the whole process group; the parent decides what becomes of the trial.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        _exit_when_orphaned(parent_pid)
+    if visible_device is not None:
+        # Before CUDA is initialised (torch and Triton do it lazily): this worker's GPU 0.
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_device
     os.environ[WORKER_ENV] = "1"
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
@@ -179,11 +203,14 @@ class _Worker:
     """One started worker process and the parent's end of its pipe."""
 
     def __init__(self, context: multiprocessing.context.SpawnContext, kernel: str, interpret: bool,
-                 setup_bytes: bytes):
+                 setup_bytes: bytes, visible_device: str | None = None):
         self.conn, child_conn = context.Pipe()
-        # daemon: a parent that exits without close() still takes its worker down
-        self.process = context.Process(target=_serve, args=(child_conn, kernel, interpret, setup_bytes),
-                                       name="omnitune-worker", daemon=True)
+        # daemon: a parent that exits without close() still takes its worker down; one killed
+        # outright is noticed by the worker itself (_exit_when_orphaned).
+        self.process = context.Process(
+            target=_serve, args=(child_conn, kernel, interpret, setup_bytes, os.getpid(), visible_device),
+            name="omnitune-worker", daemon=True,
+        )
         self.process.start()
         child_conn.close()  # the parent must not hold the worker's end, or EOF never comes
 
@@ -238,6 +265,8 @@ class IsolatedRunner:
     worker imports it itself. `problem`, `dtype`, `settings` and `limits` go to the worker's
     Runner (they must pickle); observers are built in the worker by `observer_factories`
     (e.g. the NvmlSampler class). `timeout_s` bounds one trial: compile + check + timing.
+    `gpu`: the worker sees only this GPU (an index into the GPUs this process sees); under the
+    interpreter it is only a label, so that the multi-GPU path runs on a CPU too.
     Use as a context manager, or call close(): it stops the worker.
     """
 
@@ -256,6 +285,7 @@ class IsolatedRunner:
         observer_factories: Sequence[Callable[[], Observer]] = (),
         timeout_s: float = DEFAULT_TIMEOUT_S,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        gpu: int | None = None,
     ):
         if not timeout_s > 0 or not startup_timeout_s > 0:
             raise OmnituneError(f"worker timeouts must be positive, got {timeout_s} s and {startup_timeout_s} s")
@@ -266,6 +296,8 @@ class IsolatedRunner:
         self.settings = settings
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.gpu = gpu
+        self._visible_device = None if gpu is None or interpret else visible_device(gpu)
         self._setup_bytes = pickle.dumps(
             _Setup(problem, dtype, settings, limits, tuple(observer_factories))
         )
@@ -356,7 +388,7 @@ class IsolatedRunner:
             if self._worker.process.is_alive():
                 return self._worker
             self._discard(kill=False)  # died while idle (killed from outside): start afresh
-        worker = _Worker(self._context, self.kernel, self.interpret, self._setup_bytes)
+        worker = _Worker(self._context, self.kernel, self.interpret, self._setup_bytes, self._visible_device)
         self.workers_started += 1
         try:
             ready = worker.receive(self.startup_timeout_s)
@@ -392,6 +424,18 @@ class IsolatedRunner:
                 f"no result within {self.timeout_s:g} s (compile + check + timing); worker killed"
             )
         return TrialStatus.CRASHED, outcome.detail
+
+
+def visible_device(index: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a worker that must see GPU `index` of the GPUs this process sees
+    (an index into this process's own CUDA_VISIBLE_DEVICES when it has one)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if not 0 <= index < len(entries):
+        raise OmnituneError(f"GPU {index} is not visible here: CUDA_VISIBLE_DEVICES={visible}")
+    return entries[index]
 
 
 def _exit_detail(exitcode: int | None) -> str:

@@ -19,6 +19,7 @@ from omnitune.store._catalogue import (
     result_from_attrs,
     study_name,
     study_records,
+    storage_url_for_driver,
 )
 from omnitune.store._migrations import SCHEMA_VERSION, open_db, schema_version, utc_now
 from omnitune.store._records import (
@@ -59,6 +60,7 @@ __all__ = [
     "result_from_attrs",
     "schema_version",
     "study_name",
+    "storage_url_for_driver",
     "study_records",
     "utc_now",
 ]

@@ -10,8 +10,11 @@ Optuna is imported inside functions: `import omnitune.store` stays cheap for rep
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import time
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -82,23 +85,79 @@ def default_storage_url(db_path: str | Path) -> str:
     return "sqlite:///" + str(path.with_name(path.stem + ".optuna.db"))
 
 
-def open_optuna_storage(url: str) -> optuna.storages.BaseStorage:
+# Opening a new storage from several processes at once: how often to look again for its tables.
+SCHEMA_RACE_ATTEMPTS = 5
+# A trial whose worker missed this many heartbeats in a row is taken as dead (failed and retried).
+HEARTBEATS_BEFORE_STALE = 4
+
+
+def storage_url_for_driver(url: str) -> str:
+    """A plain postgresql:// (or postgres://) URL names psycopg 3's SQLAlchemy driver, the one
+    omnitune installs (the `postgres` extra); SQLAlchemy would otherwise look for psycopg2."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg://" + url.removeprefix(plain)
+    return url
+
+
+def open_optuna_storage(url: str, *, heartbeat_interval_s: int | None = None) -> optuna.storages.BaseStorage:
     """Optuna's RDB storage at `url` (SQLite file, PostgreSQL, ...), as a StoreError if it cannot
-    be opened."""
+    be opened. With `heartbeat_interval_s`, running trials record heartbeats; one silent for
+    HEARTBEATS_BEFORE_STALE intervals is failed by the next worker that asks, and retried once."""
     import optuna
 
+    url = storage_url_for_driver(url)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     sqlite = url.startswith("sqlite")
-    try:
-        # A generous lock timeout: several search processes may share one SQLite file.
-        storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60} if sqlite else {}})
-    except Exception as exc:  # noqa: BLE001 — SQLAlchemy raises many kinds for a bad URL or file
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StoreError(f"cannot open the Optuna storage {url!r}: {first_line}") from None
+    heartbeat = {}
+    if heartbeat_interval_s is not None:
+        heartbeat = dict(heartbeat_interval=heartbeat_interval_s,
+                         grace_period=HEARTBEATS_BEFORE_STALE * heartbeat_interval_s)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna >= 4.9
+                heartbeat["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=1)
+            else:
+                heartbeat["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=1)
+    if url.startswith("postgresql+psycopg") and importlib.util.find_spec("psycopg") is None:
+        raise StoreError("a PostgreSQL storage needs psycopg 3: pip install 'omnitune[postgres]'")
+    for attempt in range(SCHEMA_RACE_ATTEMPTS):
+        try:
+            # A generous lock timeout: several search processes may share one SQLite file.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(
+                    url, engine_kwargs={"connect_args": {"timeout": 60} if sqlite else {}}, **heartbeat
+                )
+            break
+        except Exception as exc:  # noqa: BLE001 — SQLAlchemy raises many kinds for a bad URL or file
+            # Workers started at once on a new storage race to create its tables; the loser's
+            # CREATE TABLE or version row fails, and a second look finds them made.
+            if _lost_schema_race(exc) and attempt + 1 < SCHEMA_RACE_ATTEMPTS:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"cannot open the Optuna storage {_without_password(url)!r}: {first_line}") from None
     if sqlite:
         _use_write_ahead_log(storage)
     return storage
+
+
+def _lost_schema_race(exc: Exception) -> bool:
+    """Whether opening a storage failed because another process was creating its tables."""
+    text = str(exc)
+    return any(words in text for words in ("already exists", "UNIQUE constraint failed", "duplicate key"))
+
+
+def _without_password(url: str) -> str:
+    """The URL as an error message may show it: user:secret@host becomes user:***@host."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def _use_write_ahead_log(storage: optuna.storages.RDBStorage) -> None:

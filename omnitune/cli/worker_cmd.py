@@ -1,0 +1,103 @@
+"""`omnitune worker`: join (or create) a shared study in an Optuna RDB storage and measure its
+configs here, beside other workers on other hosts; see docs/distributed.md."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from omnitune.cli import app
+from omnitune.cli.common import interpret_option
+from omnitune.errors import DeviceError, OmnituneError
+
+# Seconds between a running trial's heartbeats; a trial silent for four of them is failed and
+# retried by the next worker that asks (omnitune.store.HEARTBEATS_BEFORE_STALE).
+DEFAULT_HEARTBEAT_S = 10
+
+
+@app.command()
+def worker(
+    kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
+    storage: str = typer.Option(
+        ..., "--storage",
+        help="The shared Optuna storage: postgresql://user:password@host:5432/db (psycopg 3: pip install "
+        "'omnitune[postgres]'), or sqlite:///path for workers on one host.",
+    ),
+    shape: list[str] = typer.Option(
+        ..., "--shape", "-s", help="Problem to tune for (repeatable: one study per shape), as for omnitune search.",
+    ),
+    dtype: str = typer.Option(
+        None, "--dtype", help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret]", show_default=False,
+    ),
+    trials: int = typer.Option(
+        50, "--trials", "-n", min=1,
+        help="The study's total budget, shared by every worker: a worker stops once the measured and running "
+        "trials of the study reach it. Give every worker the same number.",
+    ),
+    sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid or cmaes, as for omnitune search."),
+    seed: int = typer.Option(
+        None, "--seed", help="Seed of the sampler. \\[default: a different one per worker, so that workers propose "
+        "different configs]", show_default=False,
+    ),
+    gpu: int = typer.Option(None, "--gpu", min=0, help="Measure on this GPU of the host. \\[default: GPU 0]",
+                            show_default=False),
+    trial_timeout: float = typer.Option(
+        120.0, "--trial-timeout", min=0.1,
+        help="Seconds one trial may take (compile, check and timing) before the measuring process is killed.",
+    ),
+    isolate: bool = typer.Option(
+        True, "--isolate/--no-isolate",
+        help="Measure in a worker subprocess that a crashing or hanging config cannot take down (the default); "
+        "--no-isolate measures in this process: quicker to start, for configs known to be safe.",
+    ),
+    heartbeat: int = typer.Option(
+        DEFAULT_HEARTBEAT_S, "--heartbeat", min=1,
+        help="Seconds between heartbeats of the running trial; a worker silent for 4 of them is taken as dead: "
+        "its trial is failed and retried once.",
+    ),
+    db: str = typer.Option(
+        None, "--db", help="Local results database that also gets this worker's rows. \\[default: $OMNITUNE_DB, "
+        "else ./omnitune.db]", show_default=False,
+    ),
+    interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
+) -> None:
+    """Measure configs of a study shared by workers on several hosts.
+
+    Every worker joins the study of KERNEL × shape × dtype × device in the storage (the first one
+    creates it) and measures configs in an isolated process until the study holds --trials measured
+    configs: no config is measured twice, and a worker that dies loses only its trial in flight.
+
+    The finalists are not re-timed by workers: afterwards run omnitune search with the same
+    arguments and --storage on one GPU to re-time them and fill the local database (or
+    omnitune report --storage URL to read the results as they are).
+    """
+    from omnitune.cli.search_cmd import _dtype, _search_all
+    from omnitune.cli.common import load_spec, parse_problems
+    from omnitune.search.driver import make_sampler, parse_sampler
+
+    import torch
+
+    if not storage.strip():
+        raise OmnituneError("--storage needs a URL, e.g. postgresql://user:password@host:5432/omnitune")
+    spec = load_spec(kernel, interpret)
+    problems = parse_problems(spec, shape)
+    torch_dtype = _dtype(spec, dtype, interpret)
+    sampler_name = parse_sampler(sampler)
+    seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+    make_sampler(sampler_name, seed)
+    if not interpret and not torch.cuda.is_available():
+        raise DeviceError("no CUDA GPU here; a worker measures on a GPU — or add --interpret to check configs on the CPU")
+    if gpu is not None and not interpret and gpu >= torch.cuda.device_count():
+        raise DeviceError(f"--gpu {gpu}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if not isolate and gpu is not None and not interpret:
+        torch.cuda.set_device(gpu)
+    try:
+        _search_all(spec, problems, torch_dtype, trials=trials, timeout_s=None, sampler=sampler_name.value,
+                    seed=seed, db=db, storage=storage, interpret=interpret, finalists=0, kernel_arg=kernel,
+                    isolate_timeout_s=trial_timeout if isolate else None,
+                    gpus=[gpu if gpu is not None else 0] if isolate else None,
+                    heartbeat_interval_s=heartbeat)
+    except KeyboardInterrupt:
+        typer.secho("interrupted; start the worker again to go on", err=True)
+        raise typer.Exit(130) from None
