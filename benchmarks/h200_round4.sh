@@ -44,13 +44,13 @@ profiles() {  # Nsight Compute on the tuned (shipped table) and default configs 
 
 part_b_gpu0() {
   # Qwen2.5-Omni-7B's problems the sweeps did not cover (the swept ones are complete already).
-  step 170 python -m omnitune search --model qwen2.5-omni-7b --kernels attention --trials 24 \
-    --db "$db" --timeout 160 --finalists 2
-  step 130 python -m omnitune search --model qwen2.5-omni-7b --kernels cross_attention_layer --trials 16 \
-    --db "$db" --timeout 120 --finalists 2
+  step 160 python -m omnitune search --model qwen2.5-omni-7b --kernels attention --trials 20 \
+    --db "$db" --timeout 145 --finalists 2
+  step 120 python -m omnitune search --model qwen2.5-omni-7b --kernels cross_attention_layer --trials 14 \
+    --db "$db" --timeout 105 --finalists 2
   profiles dit_joint decode_like
   args=(); for n in text_over_image multi_image_causal dit_joint decode_like; do args+=(--shape "$(shape $n)"); done
-  step 80 python -m omnitune bench attention "${args[@]}" --dtype bf16 --json "$OUT/attention_energy_h200.json"
+  step 70 python -m omnitune bench attention "${args[@]}" --dtype bf16 --json "$OUT/attention_energy_h200.json"
 }
 
 part_b_gpu1() {
@@ -68,7 +68,7 @@ case $part in
     ;;
   B)
     lane 0 "$OUT/lane0.log" part_b_gpu0 & lane 1 "$OUT/lane1.log" part_b_gpu1 & wait
-    step 150 python benchmarks/multi_gpu_throughput.py --out "$OUT/multi_gpu_h200.json" 2>&1 | tee "$OUT/multi_gpu.log"
+    step 170 python benchmarks/multi_gpu_throughput.py --out "$OUT/multi_gpu_h200.json" --trials 16 --mode-timeout 55 2>&1 | tee "$OUT/multi_gpu.log"
     ;;
 esac
 tar czf "$OUT/devdb.tgz" "$dbdir"
