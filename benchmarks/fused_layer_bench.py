@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from omnitune.kernels.cross_attention_layer import SPEC, CrossAttentionLayerProblem, project_kv
+from omnitune.kernels.cross_attention_layer import SPEC, CrossAttentionLayerProblem, fused_config, project_kv
 from omnitune.profile.bench import run_bench
 from omnitune.profile.device import current_device_facts
 from omnitune.profile.timing import L2Flusher, time_cuda
@@ -55,7 +55,7 @@ def sweep(problem: CrossAttentionLayerProblem, fusion: str, count: int) -> list:
     """Up to `count` valid configs of one fused path: the default's tiles first, then a seeded
     random spread of the others (deterministic, so reruns compare like with like)."""
     valid = [c for c in SPEC.valid_configs(problem, DTYPE) if c["FUSION"] == fusion]
-    first = SPEC.default_config(problem, DTYPE).replace(FUSION=fusion)
+    first = fused_config(problem, DTYPE, fusion)
     if fusion == "q":
         first = first.replace(BLOCK_O=64)
     picked = [first] if first in valid else []

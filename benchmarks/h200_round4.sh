@@ -3,11 +3,12 @@
 # with its own results database (no two processes write one SQLite file), then the steps that need
 # both GPUs. Part A: GPU tests of the new code, the fused-layer, paged-decode and kv_compress
 # benchmarks (GPU 0); the exhaustive sweeps and Nsight Compute profiles (GPU 1). Part B: the
-# Qwen2.5-Omni-7B searches for the shipped tables, the energy bench, then the multi-GPU sweep.
-#   OUT=dir bash benchmarks/h200_round4.sh A|B      (databases persist in .devdb/ between parts)
+# Qwen2.5-Omni-7B searches for the shipped tables, profiles and the energy bench. Part C, alone on
+# the machine: the fused layer's GPU tests and bench again, then the multi-GPU sweep.
+#   OUT=dir bash benchmarks/h200_round4.sh A|B|C    (databases persist in .devdb4/ between parts)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
-part=${1:?part A or B}
+part=${1:?part A, B or C}
 dbdir=${DBDIR:-.devdb4}
 mkdir -p "$dbdir"
 db=$dbdir/main.db        # part A GPU 1, then part B GPU 0
@@ -68,7 +69,12 @@ case $part in
     ;;
   B)
     lane 0 "$OUT/lane0.log" part_b_gpu0 & lane 1 "$OUT/lane1.log" part_b_gpu1 & wait
-    step 170 python benchmarks/multi_gpu_throughput.py --out "$OUT/multi_gpu_h200.json" --trials 16 --mode-timeout 55 2>&1 | tee "$OUT/multi_gpu.log"
+    ;;
+  C)
+    # Alone on the machine: nothing else compiles while the launch-bound unfused layer is timed.
+    step 100 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cross_attention_layer.py -k "q_out or runtime_layer"
+    step 150 python benchmarks/fused_layer_bench.py --out "$OUT/fused_layer_h200.json"
+    step 170 python benchmarks/multi_gpu_throughput.py --out "$OUT/multi_gpu_h200.json" --trials 16 --mode-timeout 55
     ;;
 esac
 tar czf "$OUT/devdb.tgz" "$dbdir"

@@ -41,7 +41,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3}  # relative L2 error (the
 def config_for(problem, dtype, fusion, small=False) -> Config:
     if fusion == "none":
         return Config(UNFUSED)
-    cfg = SPEC.default_config(problem, dtype).replace(FUSION=fusion)
+    cfg = kernel.fused_config(problem, dtype).replace(FUSION=fusion)
     if small:
         cfg = cfg.replace(**SMALL_TILES)
     if fusion == "q":
@@ -73,8 +73,8 @@ def test_path_matches_the_reference(name, dtype, fusion, small):
 
 def test_hidden_different_from_heads_times_head_dim():
     problem = P(b=1, lq=4, lk=9, hidden=96, h=2, hkv=1, d=64)  # h·d = 128 ≠ 96
-    cfg = SPEC.default_config(problem, torch.float32)
-    assert cfg["FUSION"] == "q" and cfg["BLOCK_K"] == 32  # q_out needs hidden % 64
+    cfg = kernel.fused_config(problem, torch.float32)
+    assert cfg["FUSION"] == "q" and cfg["BLOCK_K"] == 32  # 96 is no multiple of 64
     inputs, out = run(problem, torch.float32, cfg)
     assert SPEC.compare(out, SPEC.reference(inputs)) <= TOLERANCE[torch.float32]
 
@@ -126,16 +126,24 @@ def test_registered_with_valid_defaults():
     assert_registered_with_valid_defaults(SPEC, [*PROBLEMS.values(), SPEC.example_problem, *SPEC.sample_problems])
 
 
-def test_default_fuses_the_output_projection_only_for_few_rows():
+def test_the_default_is_the_unfused_path_and_fused_configs_fit_the_problem():
     decode = P(b=8, lq=16, lk=4096, hidden=3584, h=28, hkv=4, d=128)
     prefill = P(b=8, lq=512, lk=4096, hidden=3584, h=28, hkv=4, d=128)
-    assert SPEC.default_config(decode, torch.bfloat16)["FUSION"] == "q_out"
-    assert SPEC.default_config(prefill, torch.bfloat16)["FUSION"] == "q"
+    for problem in (decode, prefill):
+        assert SPEC.default_config(problem, torch.bfloat16) == Config(UNFUSED)
+        assert kernel.fused_config(problem, torch.bfloat16)["FUSION"] == "q"
+    assert kernel.fused_config(decode, torch.bfloat16)["BLOCK_M"] == 16
+    assert kernel.fused_config(decode, torch.bfloat16, "q_out")["FUSION"] == "q_out"
 
 
-def test_the_unfused_path_is_measured_right_after_the_default():
-    for problem in PROBLEMS.values():
-        assert SPEC.known_good_configs(problem, torch.bfloat16) == [Config(UNFUSED)]
+def test_fused_configs_are_measured_right_after_the_unfused_default():
+    decode = P(b=8, lq=16, lk=4096, hidden=3584, h=28, hkv=4, d=128)
+    video = P(b=1, lq=256, lk=16384, hidden=3584, h=28, hkv=4, d=128)
+    for problem in (decode, video):
+        found = SPEC.known_good_configs(problem, torch.bfloat16)
+        assert found and all(c["FUSION"] == "q" for c in found)
+    assert [c["BLOCK_M"] for c in SPEC.known_good_configs(video, torch.bfloat16)] == [16, 64]
+    assert [c["BLOCK_M"] for c in SPEC.known_good_configs(decode, torch.bfloat16)] == [16]  # 64 > 16 rows
 
 
 def test_each_path_is_one_config_per_setting_that_matters():
@@ -162,13 +170,13 @@ def test_constraints(name):
 
 
 def test_a_partial_config_parks_what_its_path_ignores():
-    problem = PROBLEMS["gqa2_bias"]  # its default has BLOCK_M=16, which the unfused path parks at 64
+    problem = PROBLEMS["gqa2_bias"]
     assert SPEC.complete_config({"FUSION": "none"}, problem, torch.float16) == Config(UNFUSED)
     q = SPEC.complete_config({"FUSION": "q"}, problem, torch.float16)
     assert q["BLOCK_O"] == PARKED["BLOCK_O"] and q["BLOCK_M"] == 16
     # what the user gives is kept, so a conflict is reported rather than silently changed
-    explicit = SPEC.complete_config({"FUSION": "none", "BLOCK_M": 16}, problem, torch.float16)
-    assert explicit["BLOCK_M"] == 16 and SPEC.violations(problem, explicit, torch.float16)
+    explicit = SPEC.complete_config({"FUSION": "none", "BLOCK_M": 32}, problem, torch.float16)
+    assert explicit["BLOCK_M"] == 32 and SPEC.violations(problem, explicit, torch.float16)
 
 
 def test_unfused_reasons_name_the_parked_values():
@@ -240,7 +248,7 @@ def test_a_failing_fused_launch_rolls_back_with_one_warning(layer_state, monkeyp
     inputs, args, heads = layer_args(problem)
     expected = kernel.unfused(inputs)
     for _ in range(3):
-        out = layers.cross_attention_layer(*args, **heads)  # the default config: fused
+        out = layers.cross_attention_layer(*args, **heads, config={"FUSION": "q"})
         assert torch.equal(out, expected)
     assert len(calls) == 1  # remembered as broken: not retried on every call
     warned = runtime_warnings(caplog)
@@ -267,7 +275,7 @@ def test_bad_tensors_are_an_input_error_not_a_rollback(layer_state):
     with pytest.raises(InputError, match="head dim 32"):
         layers.cross_attention_layer(*args, heads=8, kv_heads=2)
     with pytest.raises(ConfigError, match="unfused_is_one_config"):
-        layers.cross_attention_layer(*args, **heads, config={"FUSION": "none", "BLOCK_M": 16})
+        layers.cross_attention_layer(*args, **heads, config={"FUSION": "none", "BLOCK_M": 32})
 
 
 def _table_says(directory, problem, fusion_config: Config, dtype="fp32"):
@@ -326,7 +334,7 @@ def test_export_records_the_fallback_time_and_speedup(tmp_path):
         PROBLEMS["gqa2_bias"], PROBLEMS["mha_odd"], PROBLEMS["gqa3_d128"])
     rows = []
     for problem in (fused_wins, unfused_wins, never_unfused):
-        rows.append(trial_row(0, problem, SPEC.default_config(problem, torch.float16), time_ms=1.0,
+        rows.append(trial_row(0, problem, kernel.fused_config(problem, torch.float16), time_ms=1.0,
                               is_default=True, spec=SPEC))
     fast_q = config_for(fused_wins, torch.float16, "q", small=True)
     rows += [
@@ -356,7 +364,7 @@ def test_export_records_the_fallback_time_and_speedup(tmp_path):
 
 def test_a_re_timed_fallback_is_compared_side_by_side(tmp_path):
     problem = PROBLEMS["gqa2_bias"]
-    fused = SPEC.default_config(problem, torch.float16)
+    fused = kernel.fused_config(problem, torch.float16)
 
     def retimed(number, config, median_ms, retime_of):
         extra = {"finalist": {"session": 1, "retime_of": retime_of, "search_time_ms": 1.0, "median_ms": median_ms,
@@ -391,7 +399,7 @@ def test_kernels_without_a_rollback_config_export_no_fallback_fields(tmp_path):
 SHAPE = "b=1,lq=3,lk=9,hidden=128,h=2,hkv=1,d=64,bias=1"
 
 
-def test_search_measures_the_unfused_path_right_after_the_default(tmp_db):
+def test_search_measures_the_unfused_default_then_a_fused_config(tmp_db):
     mode = [] if DEVICE == "cuda" else ["--interpret"]
     result = CliRunner().invoke(app, ["search", "cross_attention_layer", "--shape", SHAPE, "--dtype", "fp32",
                                       *mode, "--db", str(tmp_db), "--trials", "3"])
@@ -405,8 +413,8 @@ def test_search_measures_the_unfused_path_right_after_the_default(tmp_db):
     finally:
         conn.close()
     assert len(measured) == 3
-    assert measured[0][3] == 1 and json.loads(measured[0][1])["FUSION"] != "none"
-    assert json.loads(measured[1][1]) == UNFUSED
+    assert measured[0][3] == 1 and json.loads(measured[0][1]) == UNFUSED
+    assert json.loads(measured[1][1])["FUSION"] != "none"  # a known-good fused config, or the sampler's
     assert all(status == "ok" for _, _, status, _ in measured)
 
 
