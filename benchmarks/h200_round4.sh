@@ -5,10 +5,10 @@
 # benchmarks (GPU 0); the exhaustive sweeps and Nsight Compute profiles (GPU 1). Part B: the
 # Qwen2.5-Omni-7B searches for the shipped tables, profiles and the energy bench. Part C, alone on
 # the machine: the fused layer's GPU tests and bench again, then the multi-GPU sweep.
-#   OUT=dir bash benchmarks/h200_round4.sh A|B|C    (databases persist in .devdb4/ between parts)
+#   OUT=dir bash benchmarks/h200_round4.sh A|B|C|D    (databases persist in .devdb4/ between parts)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
-part=${1:?part A, B or C}
+part=${1:?part A, B, C or D}
 dbdir=${DBDIR:-.devdb4}
 mkdir -p "$dbdir"
 db=$dbdir/main.db        # part A GPU 1, then part B GPU 0
@@ -75,6 +75,17 @@ case $part in
     step 100 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cross_attention_layer.py -k "q_out or runtime_layer"
     step 150 python benchmarks/fused_layer_bench.py --out "$OUT/fused_layer_h200.json"
     step 170 python benchmarks/multi_gpu_throughput.py --out "$OUT/multi_gpu_h200.json" --trials 16 --mode-timeout 55
+    ;;
+  D)
+    # After the timing fix (a GPU spin hides host enqueue time): the timing tests, the q_out
+    # diagnosis, then the benches again — fused layer, paged decode, attention and KV write with energy.
+    step 60 python -m pytest -q -m gpu -p no:cacheprovider tests/test_timing.py tests/test_finalists.py
+    step 60 python benchmarks/q_out_diagnosis.py --out "$OUT/q_out_diagnosis_h200.json"
+    step 130 python benchmarks/fused_layer_bench.py --out "$OUT/fused_layer_h200.json"
+    step 60 python benchmarks/paged_decode_bench.py --out "$OUT/paged_decode_h200.json"
+    args=(); for n in text_over_image multi_image_spans multi_image_causal video_audio_prefill dit_joint decode_like; do args+=(--shape "$(shape $n)"); done
+    step 80 python -m omnitune bench attention "${args[@]}" --dtype bf16 --json "$OUT/attention_tuned_vs_sdpa_h200.json"
+    step 40 python -m omnitune bench kv_cache_write --shape t=65536,hkv=8,d=128,block_size=16 --shape t=64,hkv=4,d=128,block_size=16 --dtype bf16 --json "$OUT/kv_cache_write_h200.json"
     ;;
 esac
 tar czf "$OUT/devdb.tgz" "$dbdir"

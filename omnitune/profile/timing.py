@@ -7,6 +7,14 @@ median is the figure; p20 and p80 give the spread.
 
 `time_interleaved` times several candidates round-robin instead, so that they can be ranked
 against each other without drift between them passing for a difference (the search's finalists).
+
+Host latency stays out of the figure. A launch through Python (argument checks, grid, the
+kernel's launcher) takes 60–120 µs of CPU time on the H200 host, more when other processes load
+the CPU: longer than the flush that precedes it, so the GPU would sit idle inside the timed
+window waiting for the launch, and a 50 µs kernel would read as whatever the host took. Before
+each start event the GPU is therefore given a spin (torch.cuda._sleep) sized from the host time
+of the warm-up calls: while it spins the host enqueues the call, and the events time only the
+device's work — the kernels and the gaps between them, as in a CUDA graph replay.
 """
 
 from __future__ import annotations
@@ -19,6 +27,11 @@ import torch
 
 # Larger than any L2 we target (H200: 60 MiB); writing it evicts everything the kernel left.
 _FLUSH_BYTES = 256 * 1024 * 1024
+# The GPU spins this many times the host's enqueue time of one call (at least the minimum): room
+# for a host that is slower on some repetitions than in the warm-up.
+_CUSHION_FACTOR = 3.0
+_CUSHION_MIN_S = 100e-6
+_CUSHION_MAX_S = 20e-3
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,54 @@ class L2Flusher:
         self.buffer.zero_()
 
 
+class HostCushion:
+    """A GPU spin enqueued before each start event, long enough for the host to enqueue the timed
+    call behind it (see the module doc)."""
+
+    def __init__(self, seconds: float, cycles_per_s: float):
+        self.seconds = seconds
+        self.cycles = int(seconds * cycles_per_s)
+
+    @classmethod
+    def warm_up(cls, fns: Sequence[Callable[[], object]], calls: int) -> HostCushion:
+        """Run each fn `calls` times (at least once) and size the spin from the slowest host
+        enqueue time seen after the first call (which may compile)."""
+        import time
+
+        host_s = 0.0
+        for fn in fns:
+            for i in range(max(1, calls)):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                fn()
+                if i > 0 or calls <= 1:
+                    host_s = max(host_s, time.perf_counter() - start)
+        torch.cuda.synchronize()
+        seconds = min(_CUSHION_MAX_S, max(_CUSHION_MIN_S, _CUSHION_FACTOR * host_s))
+        return cls(seconds, _spin_cycles_per_second())
+
+    def __call__(self) -> None:
+        torch.cuda._sleep(self.cycles)
+
+
+_cycles_per_s: list[float] = []
+
+
+def _spin_cycles_per_second() -> float:
+    """How many torch.cuda._sleep cycles pass per second on this GPU, measured once: the clock it
+    counts is the SM clock, which differs between GPUs and with boost."""
+    if not _cycles_per_s:
+        cycles = 2_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)  # first call: the clock ramps up
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+        _cycles_per_s.append(cycles / max(start.elapsed_time(end) / 1000.0, 1e-6))
+    return _cycles_per_s[0]
+
+
 def time_cuda(
     fn: Callable[[], object],
     *,
@@ -81,9 +142,7 @@ def time_cuda(
     costs the search a bounded amount of time."""
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+    cushion = HostCushion.warm_up([fn], warmup)
     flusher = flusher if flusher is not None else (L2Flusher() if flush_l2 else None)
     samples: list[float] = []
     spent_ms = 0.0
@@ -92,6 +151,7 @@ def time_cuda(
     for i in range(repetitions):
         if flusher is not None:
             flusher()
+        cushion()
         starts[i].record()
         fn()
         ends[i].record()
@@ -142,10 +202,7 @@ def time_interleaved(
     if not torch.cuda.is_available():
         raise RuntimeError("time_interleaved needs a CUDA device")
     order = interleaved_order(len(fns), rounds)
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
+    cushion = HostCushion.warm_up(fns, warmup)
     flusher = flusher if flusher is not None else (L2Flusher() if flush_l2 else None)
     samples: list[list[float]] = [[] for _ in fns]
     spent_ms = 0.0
@@ -156,6 +213,7 @@ def time_interleaved(
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if flusher is not None:
                 flusher()
+            cushion()
             start.record()
             fns[index]()
             end.record()
