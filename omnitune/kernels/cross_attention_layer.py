@@ -25,6 +25,15 @@ says per problem whether fusion wins (and the runtime falls back where it does n
          model dtype, then writes zeros over its workspace tile and resets the counter. So the
          workspace is always left zeroed: no memset and no second launch per call.
 
+q_out is BLOCKED by the constraint `fused_out_projection_races`: on the H200 it mismatches the
+reference on some launches — whole rows (in pairs: 2-3, 6-7, … of a 16-row tile) miss part of
+their sum, with errors that change from launch to launch of the same config, and with GPU-scope
+fences in every thread around the arrival count it still does
+(benchmarks/q_out_diagnosis.py, benchmarks/results/q_out_diagnosis_h200.json). Under the
+interpreter, which runs programs one after another, it is exact — so the race is between
+programs, and not yet found. Until it is, no search, runtime table or user config can select it;
+the tests still check its arithmetic on the CPU.
+
 The workspace (fp32 sums, int32 counters) is allocated zeroed once: by make_inputs for the spec,
 and cached per (device, stream, B, Lq, hidden) by omnitune.runtime.layers. The counters are sized
 for the smallest BLOCK_M, so one workspace serves every config. A launch that raises part-way
@@ -569,10 +578,19 @@ PARAMS = (
     Param("num_stages", (1, 2, 3), "software-pipelining depth of the loads"),
 )
 
+def _check_fused_out_projection(problem, config, dtype, limits):
+    if config["FUSION"] == "q_out":
+        return ("the fused output projection mismatches the reference on the H200 (a race between "
+                "programs; benchmarks/results/q_out_diagnosis_h200.json): use FUSION=q or none")
+    return None
+
+
 CONSTRAINTS = (
     Constraint("shared_memory", _check_shared_memory, "Q tile + the largest phase's staged tiles fit in shared memory"),
     Constraint("hidden_chunks", _check_hidden_chunks, "hidden a multiple of BLOCK_K (and of BLOCK_O for q_out)"),
     Constraint("block_m_exceeds_rows", _check_block_m, "no query tile larger than the query rows"),
+    Constraint("fused_out_projection_races", _check_fused_out_projection,
+               "FUSION=q_out is blocked until its cross-program race is fixed"),
     Constraint("unfused_is_one_config", _check_unfused_is_one_config,
                "parameters a path ignores are parked, so each path is measured once per setting that matters"),
 )
