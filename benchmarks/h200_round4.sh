@@ -5,10 +5,10 @@
 # benchmarks (GPU 0); the exhaustive sweeps and Nsight Compute profiles (GPU 1). Part B: the
 # Qwen2.5-Omni-7B searches for the shipped tables, profiles and the energy bench. Part C, alone on
 # the machine: the fused layer's GPU tests and bench again, then the multi-GPU sweep.
-#   OUT=dir bash benchmarks/h200_round4.sh A|B|C|D    (databases persist in .devdb4/ between parts)
+#   OUT=dir bash benchmarks/h200_round4.sh A|B|C|D|E    (databases persist in .devdb4/ between parts)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
-part=${1:?part A, B, C or D}
+part=${1:?part A, B, C, D or E}
 dbdir=${DBDIR:-.devdb4}
 mkdir -p "$dbdir"
 db=$dbdir/main.db        # part A GPU 1, then part B GPU 0
@@ -86,6 +86,14 @@ case $part in
     args=(); for n in text_over_image multi_image_spans multi_image_causal video_audio_prefill dit_joint decode_like; do args+=(--shape "$(shape $n)"); done
     step 80 python -m omnitune bench attention "${args[@]}" --dtype bf16 --json "$OUT/attention_tuned_vs_sdpa_h200.json"
     step 40 python -m omnitune bench kv_cache_write --shape t=65536,hkv=8,d=128,block_size=16 --shape t=64,hkv=4,d=128,block_size=16 --dtype bf16 --json "$OUT/kv_cache_write_h200.json"
+    ;;
+  E)
+    # The exhaustive sweeps again with the timing fix, alone on the machine (part A's ran beside
+    # another lane and before the fix: CVs of 17-112% on kernels under 50 µs), then the long-context
+    # paged-decode shape that part D's time limit cut.
+    step 330 python benchmarks/exhaustive_sweep.py --db "$dbdir/sweeps.db" --out "$OUT/sweeps_h200.json" --workers 14 \
+      --sweep attn_cross_128x256 --sweep attn_short_prefill_765 --sweep kvw_t4 --sweep kvw_t64 --sweep kvw_t1024 --sweep kvw_t16384
+    step 45 python benchmarks/paged_decode_bench.py --only b4_ctx16384 --out "$OUT/paged_decode_b4_h200.json"
     ;;
 esac
 tar czf "$OUT/devdb.tgz" "$dbdir"
