@@ -106,6 +106,9 @@ def _energy_cells(energy: dict | None) -> list[str]:
         return ["—", "—"]
     if "energy_per_call_mj" not in energy:
         return [energy.get("energy", "—"), "—"]
+    if energy.get("host_paced"):
+        # The GPU idled between launches: a per-call figure would charge it to the kernel.
+        return ["host-paced", _fmt(energy["power_w_mean"], ".0f")]
     return [_fmt(energy["energy_per_call_mj"], ".3f"), _fmt(energy["power_w_mean"], ".0f")]
 
 

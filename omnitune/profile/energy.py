@@ -5,7 +5,9 @@ window belongs partly to the flush, and many windows are shorter than the counte
 tens of ms on Hopper) — their energy reads as not measured. This measurement is separate: the
 kernel alone, called back to back (L2 warm, as in a model's layer loop) for at least
 `min_window_s`, the total-energy counter read before and after, divided by the calls. Idle power
-is not subtracted: the figure is what the GPU drew per call while running this kernel.
+is not subtracted: the figure is what the GPU drew per call while running this kernel. A kernel
+shorter than its launch on the host (tens of µs through Python) cannot be run back to back this
+way: the GPU waits for the host between calls, and omnitune bench marks such a row "host-paced".
 """
 
 from __future__ import annotations
