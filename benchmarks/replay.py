@@ -20,8 +20,11 @@ configs that Triton's @autotune would all time, so its count is fixed and it may
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import multiprocessing
+import os
 import random
 import sqlite3
 import statistics
@@ -268,39 +271,47 @@ def sweep_doc(sweep: Sweep, results: Sequence[StrategyResult], seeds: int) -> di
 
 def plot(docs: Sequence[dict], path: Path) -> None:
     """Median trials to within 2% per strategy and sweep (p90 as the whisker), as a share of the
-    sweep's valid configs, log scale."""
+    sweep's valid configs, log scale; a strategy that never came within 2% is marked ×."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    strategies = list(dict.fromkeys(r["strategy"].split(" (")[0] if r["strategy"].startswith("triton") else r["strategy"]
-                                    for d in docs for r in d["strategies"]))
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(docs)), 4.8))
+    def family(name: str) -> str:
+        return name.split(" (")[0] if name.startswith("triton") else name
+
+    strategies = list(dict.fromkeys(family(r["strategy"]) for d in docs for r in d["strategies"]))
+    colors = {name: f"C{i}" for i, name in enumerate(strategies)}
+    fig, ax = plt.subplots(figsize=(max(9, 1.9 * len(docs)), 5.2))
     width = 0.8 / len(strategies)
     for i, name in enumerate(strategies):
-        xs, med, lo, hi = [], [], [], []
+        xs, med, hi, never = [], [], [], []
         for j, doc in enumerate(docs):
             for r in doc["strategies"]:
-                if (r["strategy"].split(" (")[0] if r["strategy"].startswith("triton") else r["strategy"]) != name:
+                if family(r["strategy"]) != name:
                     continue
+                x = j + (i - (len(strategies) - 1) / 2) * width
                 if r["median_trials"] is None:
+                    never.append(x)
                     continue
                 share = 100.0 / doc["valid_configs"]
-                xs.append(j + (i - (len(strategies) - 1) / 2) * width)
+                xs.append(x)
                 med.append(r["median_trials"] * share)
-                lo.append(0.0)
                 hi.append((r["p90_trials"] - r["median_trials"]) * share)
-        ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, label=name)
+        if xs:
+            ax.bar(xs, med, width, yerr=[[0.0] * len(hi), hi], capsize=2, color=colors[name], label=name)
+        if never:
+            ax.scatter(never, [100.0] * len(never), marker="x", color=colors[name],
+                       label=f"{name}: never within 2%" if not xs else None)
     ax.axhline(10, color="gray", linestyle="--", linewidth=1)
-    ax.text(len(docs) - 0.5, 10.5, "10% of the space", ha="right", va="bottom", fontsize=8, color="gray")
+    ax.text(-0.45, 10.8, "10% of the space", ha="left", va="bottom", fontsize=8, color="gray")
     ax.set_yscale("log")
     ax.set_ylabel("trials to within 2% of the best (% of valid configs)\nbar: median, whisker: p90")
     ax.set_xticks(range(len(docs)))
     ax.set_xticklabels([f"{d['kernel']}\n{_short(d['problem_key'])}\n{d['valid_configs']} configs" for d in docs],
                        fontsize=7)
     ax.set_title("Search efficiency replayed over exhaustive H200 sweeps")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -309,7 +320,15 @@ def plot(docs: Sequence[dict], path: Path) -> None:
 def _short(problem_key: str) -> str:
     """The fields of a problem key that differ from their usual values, for an axis label."""
     skip = {"d=128", "causal=0", "spans=0", "span_len=0", "h=28", "hkv=4", "block_size=16"}
-    return ",".join(p for p in problem_key.split(",") if p not in skip)
+    kept = [p for p in problem_key.split(",") if p not in skip]
+    return "\n".join(",".join(kept[i:i + 3]) for i in range(0, len(kept), 3))
+
+
+_SWEEPS: list[Sweep] = []
+
+
+def _replay_one(index: int, seeds: int) -> list[StrategyResult]:
+    return replay(_SWEEPS[index], seeds, _SWEEPS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -323,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the --all results")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweeps replayed at once (--all)")
     args = parser.parse_args(argv)
     rows: list[dict] = []
     for path in args.trials_json or ([] if args.db else [None]):
@@ -331,9 +351,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows += load_rows(None, path)
     if args.all:
         sweeps = exhaustive_sweeps(rows)
+        _SWEEPS[:] = sweeps
+        # One process per sweep (forked: they share the loaded sweeps); the seeds stay sequential.
+        with multiprocessing.get_context("fork").Pool(max(1, min(args.jobs, len(sweeps)))) as pool:
+            per_sweep = pool.map(functools.partial(_replay_one, seeds=args.seeds), range(len(sweeps)))
         docs = []
-        for sweep in sweeps:
-            results = replay(sweep, args.seeds, sweeps)
+        for sweep, results in zip(sweeps, per_sweep):
             print(table_text(sweep, results) + "\n", flush=True)
             docs.append(sweep_doc(sweep, results, args.seeds))
         if args.out is not None:
