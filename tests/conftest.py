@@ -81,3 +81,21 @@ def assert_constraint_case(spec, cases, name, limits=None) -> None:
     assert name in [n for n, _ in spec.violations(problem, bad, torch.float16, limits)]
     good = spec.default_config(problem, torch.float16)
     assert name not in [n for n, _ in spec.violations(problem, good, torch.float16)]
+
+
+@pytest.fixture
+def tables_dir(tmp_path, monkeypatch):
+    """An OMNITUNE_CONFIG_DIR of our own, and no shipped tables (a fake package location), so
+    that tables committed to the repository cannot change what a runtime test sees."""
+    import omnitune
+    from omnitune import runtime
+
+    fake_package = tmp_path / "site" / "omnitune"
+    fake_package.mkdir(parents=True)
+    monkeypatch.setattr(omnitune, "__file__", str(fake_package / "__init__.py"))
+    directory = tmp_path / "tables"
+    directory.mkdir()
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(directory))
+    runtime.clear_cache()
+    yield directory
+    runtime.clear_cache()

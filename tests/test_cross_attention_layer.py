@@ -13,7 +13,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import omnitune
 import omnitune.runtime as runtime
 from omnitune import export
 from omnitune.cli import app
@@ -199,17 +198,10 @@ def test_bad_head_dim_is_a_shape_error():
 
 
 @pytest.fixture
-def layer_state(tmp_path, monkeypatch):
-    """Our own (empty) table directory, no shipped tables, and fresh runtime state."""
-    fake_package = tmp_path / "site" / "omnitune"
-    fake_package.mkdir(parents=True)
-    monkeypatch.setattr(omnitune, "__file__", str(fake_package / "__init__.py"))
-    directory = tmp_path / "tables"
-    directory.mkdir()
-    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(directory))
-    runtime.clear_cache()
+def layer_state(tables_dir):
+    """Our own (empty) table directory, no shipped tables, and fresh runtime and layer state."""
     layers.clear_state()
-    yield directory
+    yield tables_dir
     runtime.clear_cache()
     layers.clear_state()
 

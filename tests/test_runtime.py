@@ -76,18 +76,8 @@ def _write(config_dir: Path, content, device_name=GPU) -> Path:
 
 
 @pytest.fixture
-def config_dir(tmp_path, monkeypatch):
-    """An OMNITUNE_CONFIG_DIR of our own, and no shipped tables (a fake package location), so
-    that tables committed to the repository cannot change what these tests see."""
-    fake_package = tmp_path / "site" / "omnitune"
-    fake_package.mkdir(parents=True)
-    monkeypatch.setattr(omnitune, "__file__", str(fake_package / "__init__.py"))
-    directory = tmp_path / "tables"
-    directory.mkdir()
-    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(directory))
-    runtime.clear_cache()
-    yield directory
-    runtime.clear_cache()
+def config_dir(tables_dir):
+    return tables_dir
 
 
 @pytest.fixture

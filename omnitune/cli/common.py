@@ -75,6 +75,14 @@ def parse_config_option(spec: KernelSpec, text: str, problem, dtype: torch.dtype
     return spec.complete_config(values, problem, dtype)
 
 
+def search_dtype_option() -> str:
+    """--dtype of the commands that search (search, worker): bf16 on a GPU, fp16 under the
+    interpreter (which computes bf16 wrongly)."""
+    return typer.Option(
+        None, "--dtype", help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret]", show_default=False,
+    )
+
+
 def interpret_option(help_extra: str = "") -> bool:
     return typer.Option(
         False, "--interpret",

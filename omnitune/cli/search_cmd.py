@@ -25,6 +25,7 @@ from omnitune.cli.common import (
     load_spec,
     parse_dtype_option,
     parse_problems,
+    search_dtype_option,
 )
 from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
@@ -59,9 +60,7 @@ def search(
         help="With --model: the kernels to search, comma-separated. \\[default: every kernel of the preset]",
         show_default=False,
     ),
-    dtype: str = typer.Option(
-        None, "--dtype", help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret]", show_default=False,
-    ),
+    dtype: str = search_dtype_option(),
     trials: int = typer.Option(
         50, "--trials", "-n", min=1,
         help="Configs to measure per shape, in total: a rerun resumes and counts the configs already measured. "

@@ -8,7 +8,7 @@ import os
 import typer
 
 from omnitune.cli import app
-from omnitune.cli.common import interpret_option
+from omnitune.cli.common import interpret_option, search_dtype_option
 from omnitune.errors import DeviceError, OmnituneError
 
 # Seconds between a running trial's heartbeats; a trial silent for four of them is failed and
@@ -27,9 +27,7 @@ def worker(
     shape: list[str] = typer.Option(
         ..., "--shape", "-s", help="Problem to tune for (repeatable: one study per shape), as for omnitune search.",
     ),
-    dtype: str = typer.Option(
-        None, "--dtype", help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret]", show_default=False,
-    ),
+    dtype: str = search_dtype_option(),
     trials: int = typer.Option(
         50, "--trials", "-n", min=1,
         help="The study's total budget, shared by every worker: a worker stops once the measured and running "

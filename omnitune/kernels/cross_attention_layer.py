@@ -640,7 +640,6 @@ SPEC = KernelSpec(
     bytes_moved=bytes_moved,
     match=MatchPolicy(exact=("hidden", "h", "hkv", "d", "bias"), max_ratio=4.0),
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
-    # The unfused path right after the default: every search then learns whether fusion wins.
     # The default is the unfused path; then the fused configs that were fastest in the H200 sweep of
     # benchmarks/fused_layer_bench.py: decode-like (16-row tiles) and long-context (64-row tiles).
     known_good=(
