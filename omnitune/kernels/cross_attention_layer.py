@@ -596,7 +596,7 @@ CONSTRAINTS = (
 )
 
 def default_config(problem: CrossAttentionLayerProblem, dtype: torch.dtype) -> Config:
-    """The unfused path. On the H200 it beat the best fused config of a small sweep on 7 of the 9
+    """The unfused path. On the H200 it beat the best fused config of a small sweep on 8 of the 9
     shapes of benchmarks/fused_layer_bench.py (benchmarks/results/fused_layer_h200.json), and the
     fused output projection mismatched there (see the module doc): so a problem nobody tuned runs
     what is fastest most often, and fusion is used only where a search measured that it wins."""
