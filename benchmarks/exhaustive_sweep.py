@@ -46,7 +46,8 @@ def run_sweep(name: str, db: Path, dtype: str, workers: int | None) -> dict:
     print(f"[{name}] {report.summary()}", flush=True)
     start = time.perf_counter()
     command = [sys.executable, "-m", "omnitune", "search", kernel, "--shape", shape, "--dtype", dtype,
-               "--sampler", "grid", "--trials", str(len(valid)), "--finalists", "3", "--db", str(db)]
+               "--sampler", "grid", "--trials", str(len(valid)), "--finalists", "3", "--db", str(db),
+               "--precompile", "0"]  # compiled above, and timed apart
     rc = subprocess.call(command)
     search_s = time.perf_counter() - start
     print(f"[{name}] {len(valid)} valid configs: precompile {report.seconds:.0f} s, search {search_s:.0f} s, rc {rc}",

@@ -275,3 +275,13 @@ def test_search_model_searches_every_preset_problem_of_the_chosen_kernels(tmp_db
     assert result.exit_code == 0, result.output
     assert [name for name, *_ in searched] == ["attention"]  # a DiT has no KV cache
     assert "kv_cache_write: " in result.output and "skipped" in result.output
+
+
+def test_precompile_workers_default_on_a_gpu_and_off_under_the_interpreter():
+    from omnitune.cli.search_cmd import _precompile_workers
+
+    assert _precompile_workers(None, interpret=True) == 0
+    assert _precompile_workers(6, interpret=True) == 0
+    assert _precompile_workers(None, interpret=False) >= 1
+    assert _precompile_workers(0, interpret=False) == 0
+    assert _precompile_workers(3, interpret=False) == 3

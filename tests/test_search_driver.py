@@ -455,3 +455,19 @@ def test_an_error_in_one_slot_stops_the_search_and_reaches_the_caller(storage_ur
     study = load_study(storage_url)
     assert not [t for t in study.trials if t.state is optuna.trial.TrialState.RUNNING]  # nothing left in flight
     assert_each_config_measured_once(healthy.calls + broken.calls)
+
+
+def test_precompile_is_given_the_planned_configs_still_to_measure_within_the_budget(storage_url):
+    handed: list[list[Config]] = []
+    first = FakeRunner()
+    search(first, storage_url, trials=6, sampler="grid", precompile=handed.append)
+    assert handed == [first.calls]  # exactly what the grid then measured, in order, before any of it
+    # Resumed with a larger budget: only the configs not measured yet, at most the budget left.
+    second = FakeRunner()
+    search(second, storage_url, trials=9, sampler="grid", precompile=handed.append)
+    assert handed[1] == second.calls and len(second.calls) == 3
+    assert not set(handed[1]) & set(first.calls)
+    # TPE: the default (and any known-good or warm-start configs) is all the driver knows ahead.
+    handed.clear()
+    search(FakeRunner(), storage_url.replace("studies", "tpe"), trials=6, sampler="tpe", precompile=handed.append)
+    assert handed == [[_toy_default(PROBLEM, torch.float32)]]

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 RESUME_HINT = "rerun the same command to resume: finished trials are kept and not measured again"
 
 
+# Below this many known configs, starting the compile processes costs about what it saves.
+PRECOMPILE_MIN_CONFIGS = 8
+
+
 @app.command()
 def search(
     kernel: str = typer.Argument(
@@ -113,6 +117,14 @@ def search(
         "sharing one study trial by trial. With --interpret the numbers only name CPU workers.",
         show_default=False,
     ),
+    precompile: int = typer.Option(
+        None, "--precompile", min=0,
+        help="Compile the configs the search will certainly measure (the default, known-good and warm-start "
+        f"configs; with --sampler grid or a small space, every valid one) in this many processes before "
+        f"measuring them one by one; only when there are at least {PRECOMPILE_MIN_CONFIGS}. 0: off. "
+        "\\[default: the CPU cores less two on a GPU; off with --interpret]",
+        show_default=False,
+    ),
     interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
 ) -> None:
     """Search a kernel's launch configs for the fastest one that matches the reference.
@@ -148,7 +160,8 @@ def search(
             _search_all(target.spec, target.problems, target.dtype, trials=trials, timeout_s=remaining_s,
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
-                        isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list)
+                        isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list,
+                        precompile_workers=_precompile_workers(precompile, interpret))
     except KeyboardInterrupt:
         err_console.print(f"interrupted; {RESUME_HINT}")
         raise typer.Exit(130) from None
@@ -215,6 +228,17 @@ def parse_gpus(text: str, interpret: bool) -> list[int]:
     return gpus
 
 
+def _precompile_workers(requested: int | None, interpret: bool) -> int:
+    """Processes for --precompile: none under the interpreter (nothing to compile)."""
+    if interpret:
+        return 0
+    if requested is None:
+        from omnitune.search.precompile import default_workers
+
+        return default_workers()
+    return requested
+
+
 def _profile_top_possible(count: int, interpret: bool) -> int:
     """--profile-top as it can run here: 0, with one line saying why, without ncu or a GPU."""
     if not count:
@@ -246,7 +270,7 @@ def _search_all(
     spec: KernelSpec, problems: list, dtype: torch.dtype, *, trials: int, timeout_s: float | None,
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
-    gpus: list[int] | None = None, heartbeat_interval_s: int | None = None,
+    gpus: list[int] | None = None, heartbeat_interval_s: int | None = None, precompile_workers: int = 0,
 ) -> None:
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
@@ -294,6 +318,13 @@ def _search_all(
 
         factories = [make_runner] if not gpus else [partial(make_runner, gpu=gpu) for gpu in gpus]
 
+        def precompile_upcoming(configs, problem=problem):
+            if precompile_workers and len(configs) >= PRECOMPILE_MIN_CONFIGS:
+                from omnitune.search.precompile import precompile
+
+                report = precompile(spec, problem, dtype, configs, workers=precompile_workers)
+                console.print(f"{escape(_title(spec, problem, dtype))}: {report.summary()}", soft_wrap=True)
+
         view = _LiveView(spec, problem, dtype, trials, sampler, interpret)
         try:
             with Live(view, console=console, transient=True, refresh_per_second=4):
@@ -301,7 +332,7 @@ def _search_all(
                     spec, problem, dtype, runner_factories=factories, device=device, trials=trials,
                     storage_url=storage_url, db=database, sampler=sampler, seed=seed, timeout_s=remaining_s,
                     limits=limits, progress=view.update, finalists=finalists,
-                    heartbeat_interval_s=heartbeat_interval_s,
+                    heartbeat_interval_s=heartbeat_interval_s, precompile=precompile_upcoming,
                 )
         except SearchInterrupted as stop:
             _close(runners)

@@ -195,6 +195,7 @@ def run_search(
     finalists: int = DEFAULT_FINALISTS,
     finalist_rounds: int = DEFAULT_ROUNDS,
     heartbeat_interval_s: int | None = None,
+    precompile: Callable[[Sequence[Config]], None] | None = None,
 ) -> SearchOutcome:
     """Search `spec`'s config space for `problem` in `dtype` until the study holds `trials`
     measured configs, every valid config is measured, or `timeout_s` has passed; then re-time the
@@ -212,6 +213,11 @@ def run_search(
     finalists are re-timed on the first. `heartbeat_interval_s`: the trials record heartbeats in
     the storage, and trials of workers whose heartbeat stopped (a dead host) are failed and
     retried once (see docs/distributed.md).
+
+    `precompile`, when given, is called once before the first trial with the configs the driver
+    will measure itself next (default, known-good, warm start; with an enumeration, the valid
+    configs in order), at most the budget left, none measured yet: compiling them in parallel
+    (omnitune.search.precompile) leaves each trial only its measurement.
     """
     if runner_factories is None:
         if runner_factory is None:
@@ -224,6 +230,7 @@ def run_search(
         runner_factories=list(runner_factories), heartbeat_interval_s=heartbeat_interval_s, device=device, trials=trials, storage_url=storage_url, db=db,
         sampler=parse_sampler(sampler), seed=seed, timeout_s=timeout_s,
         limits=limits or DeviceLimits(), progress=progress, finalists=finalists, finalist_rounds=finalist_rounds,
+        precompile=precompile,
     )
     return search.run()
 
@@ -345,6 +352,7 @@ class _Search:
         timeout_s: float | None, limits: DeviceLimits, progress: Callable[[SearchProgress], None] | None,
         finalists: int = DEFAULT_FINALISTS, finalist_rounds: int = DEFAULT_ROUNDS,
         heartbeat_interval_s: int | None = None,
+        precompile: Callable[[Sequence[Config]], None] | None = None,
     ):
         if trials < 1:
             raise SearchError(f"the trial budget must be at least 1, got {trials}")
@@ -355,6 +363,7 @@ class _Search:
         if finalist_rounds < 2:
             raise SearchError(f"re-timing needs at least 2 rounds, got {finalist_rounds}")
         self.finalists, self.finalist_rounds = finalists, finalist_rounds
+        self.precompile = precompile
         self.spec, self.problem, self.dtype = spec, problem, dtype
         self.runner_factories = runner_factories
         self.runners: dict[int, MeasuresConfigs] = {}  # by slot (one per GPU), built when first needed
@@ -417,12 +426,24 @@ class _Search:
         if self.db is not None:
             # Catch up rows that a killed run stored in Optuna but not yet in the catalogue.
             record_trials(self.db, study_records(self.facts, self.study.get_trials(deepcopy=False)))
+        if self.precompile is not None:
+            upcoming = self.upcoming_planned()
+            if upcoming:
+                self.precompile(upcoming)
         try:
             reason = self._loop(0) if len(self.runner_factories) == 1 else self._run_slots()
             retiming = self._retime_finalists(reason)
         except KeyboardInterrupt:
             raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
         return self._outcome(reason, retiming)
+
+    def upcoming_planned(self) -> list[Config]:
+        """The planned configs not measured yet, valid here, at most the budget left."""
+        left = self.trials - self.ledger.measured_total
+        busy = self._busy()
+        upcoming = [c for c in self.planned if c not in busy
+                    and not self.spec.violations(self.problem, c, self.dtype, self.limits)]
+        return upcoming[:max(0, left)]
 
     def _runner_of(self, slot: int) -> MeasuresConfigs:
         if slot not in self.runners:
