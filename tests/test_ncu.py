@@ -198,7 +198,8 @@ def attention_case(tmp_path, monkeypatch):
     clear_cache()
 
 
-def _store_trial(database, spec, problem, config, time_ms: float, number: int, device: str) -> None:
+def _store_trial(database, spec, problem, config, time_ms: float, number: int, device: str,
+                 extra: dict | None = None) -> None:
     from omnitune.store import TrialRecord, record_trial
 
     record_trial(database, TrialRecord(
@@ -207,7 +208,7 @@ def _store_trial(database, spec, problem, config, time_ms: float, number: int, d
         device_name="Test GPU", sampler="tpe", config_json=json.dumps(config.as_dict(), sort_keys=True),
         config_label=config.label(), status="ok", time_ms=time_ms, p20_ms=time_ms, p80_ms=time_ms,
         rel_error=1e-4, tflops=1.0, tbps=1.0, detail="", representative=True, is_default=number == 0,
-        extra_json="{}", source_hash="x", torch_version="t", triton_version="3.6.0", omnitune_version="0.1.0",
+        extra_json=json.dumps(extra or {}), source_hash="x", torch_version="t", triton_version="3.6.0", omnitune_version="0.1.0",
         measured_at="2026-11-29T00:00:00Z",
     ))
 
@@ -240,6 +241,14 @@ def test_tuned_config_comes_from_the_database_best(attention_case, tmp_db):
     _store_trial(database, spec, problem, default.replace(num_stages=1), 0.5, 2, "Other_GPU")
     tuned, which = resolve_config(spec, problem, dtype, "tuned", database, "Test GPU")
     assert (tuned, which) == (faster, "tuned")
+    # Re-timed side by side, the default won: the database's best is then the re-timing's, as in
+    # omnitune report and export.
+    for number, (config, median, of) in enumerate(((default, 1.1, 0), (faster, 1.3, 1)), start=3):
+        _store_trial(database, spec, problem, config, median, number, "Test_GPU", extra={"finalist": {
+            "session": 1, "retime_of": of, "search_time_ms": 1.0, "median_ms": median, "mean_ms": median,
+            "cv": 0.01, "noisy": False, "rounds": 30}})
+    tuned, _ = resolve_config(spec, problem, dtype, "tuned", database, "Test GPU")
+    assert tuned == default
 
 
 def test_ncu_target_reports_a_user_error_in_one_line(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 from pathlib import Path
 
 import pandas as pd
@@ -402,6 +403,7 @@ def test_the_best_is_the_fastest_re_timed_median_of_the_latest_re_timing(tmp_pat
     assert (best["trials"], best["ok_trials"], best["failures"]) == (4, 3, "pruned 1")  # re-timings not counted
     cells = next(r for r in markdown_rows(report.render_markdown(report.summarize(report.load_trials(path)))))
     assert cells["CV"] == "3.0% noisy" and cells["ms"] == "1.320"
+    assert _best_view(path) == (TIED.label(), 1.32, 1.90)  # the database's view agrees
 
     # A later re-timing (of other finalists) supersedes the first; without the default in it,
     # the default's time is the search's.
@@ -411,6 +413,16 @@ def test_the_best_is_the_fastest_re_timed_median_of_the_latest_re_timing(tmp_pat
     best = _row(report.summarize(report.load_trials(path)), PREFILL)
     assert (best["best_config"], best["time_ms"], best["noisy"]) == (FAST.label(), 1.35, False)
     assert best["default_time_ms"] == DEFAULT_MS
+    assert _best_view(path) == (FAST.label(), 1.35, DEFAULT_MS)
+    # Without any re-timing, the view is the search's fastest trial.
+    assert _best_view(results_db(tmp_path / "searched.db", search_rows)) == (FAST.label(), FAST_MS, DEFAULT_MS)
+
+
+def _best_view(path: Path) -> tuple:
+    """(config label, ms, default ms) of the results database's `best` view for the prefill key."""
+    with sqlite3.connect(path) as con:
+        return con.execute("SELECT config_label, time_ms, default_time_ms FROM best WHERE problem_key = ?",
+                           [SPEC.problem_key(PREFILL)]).fetchone()
 
 
 # --- figures -------------------------------------------------------------------------------------

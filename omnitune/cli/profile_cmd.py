@@ -56,7 +56,8 @@ def calibrate_cmd(db: str = typer.Option(None, "--db", help=_DB_HELP)) -> None:
 
 
 def _best_in_db(database: Any, spec: KernelSpec, problem: Any, dtype: torch.dtype, device: str) -> Config | None:
-    """The fastest ok config the results database holds for this key, or None."""
+    """The best config the results database holds for this key (its `best` view: the finalists'
+    latest re-timing where there is one, as in report and export), or None."""
     if "best" not in database.view_names():
         return None
     rows = list(database.query(

@@ -3,7 +3,8 @@
 SQLite through sqlite-utils, schema versioned by numbered migrations. Optuna's own storage holds
 the studies and is the truth about trials; the `trials` table is derived from it and can be
 rebuilt with `rebuild_catalogue`. See docs for the schema; the `best` view gives, per kernel ×
-problem × dtype × device, the fastest correct config with the default config's time beside it.
+problem × dtype × device, the fastest correct config (the finalists' latest re-timing where there
+is one, as report and export choose) with the default config's time beside it.
 """
 
 from omnitune.store._catalogue import (

@@ -103,6 +103,57 @@ MIGRATIONS: tuple[Migration, ...] = (
                 WHERE r.position = 1""",
         ),
     ),
+    Migration(
+        2,
+        "the best view prefers the finalists' latest re-timing, as report and export do",
+        (
+            "DROP VIEW best",
+            # Per key: where the finalists were re-timed (a trial whose extra_json holds
+            # "finalist"), the fastest median of the latest re-timing session, and the default's
+            # re-timed median if it was re-timed with them; elsewhere the search's fastest trial
+            # and the default's fastest time (omnitune.report.best_per_key).
+            f"""CREATE VIEW best AS
+                WITH tagged AS (
+                    SELECT trials.*, json_extract(extra_json, '$.finalist.session') AS retime_session
+                    FROM trials WHERE status = 'ok' AND time_ms IS NOT NULL
+                ),
+                latest AS (
+                    SELECT kernel, problem_key, dtype, device_key, MAX(retime_session) AS session
+                    FROM tagged WHERE retime_session IS NOT NULL
+                    GROUP BY kernel, problem_key, dtype, device_key
+                ),
+                candidates AS (
+                    SELECT t.*, l.session IS NOT NULL AS retimed FROM tagged t LEFT JOIN latest l
+                        ON l.kernel = t.kernel AND l.problem_key = t.problem_key
+                        AND l.dtype = t.dtype AND l.device_key = t.device_key
+                    WHERE (l.session IS NULL AND t.retime_session IS NULL) OR t.retime_session = l.session
+                ),
+                ranked AS (
+                    SELECT candidates.*, ROW_NUMBER() OVER (
+                        PARTITION BY kernel, problem_key, dtype, device_key
+                        ORDER BY time_ms, trial_number) AS position
+                    FROM candidates
+                ),
+                searched_defaults AS (
+                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
+                    FROM tagged WHERE is_default = 1 AND retime_session IS NULL
+                    GROUP BY kernel, problem_key, dtype, device_key
+                ),
+                retimed_defaults AS (
+                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
+                    FROM candidates WHERE is_default = 1 AND retimed
+                    GROUP BY kernel, problem_key, dtype, device_key
+                )
+                SELECT {_TRIAL_SELECT}, COALESCE(rd.time_ms, sd.time_ms) AS default_time_ms,
+                       COALESCE(rd.time_ms, sd.time_ms) / r.time_ms AS speedup_over_default
+                FROM ranked r
+                LEFT JOIN retimed_defaults rd ON rd.kernel = r.kernel AND rd.problem_key = r.problem_key
+                    AND rd.dtype = r.dtype AND rd.device_key = r.device_key
+                LEFT JOIN searched_defaults sd ON sd.kernel = r.kernel AND sd.problem_key = r.problem_key
+                    AND sd.dtype = r.dtype AND sd.device_key = r.device_key
+                WHERE r.position = 1""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
