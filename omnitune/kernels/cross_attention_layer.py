@@ -34,10 +34,9 @@ interpreter, which runs programs one after another, it is exact — so the race 
 programs, and not yet found. Until it is, no search, runtime table or user config can select it;
 the tests still check its arithmetic on the CPU.
 
-The workspace (fp32 sums, int32 counters) is allocated zeroed once: by make_inputs for the spec,
-and cached per (device, stream, B, Lq, hidden) by omnitune.runtime.layers. The counters are sized
-for the smallest BLOCK_M, so one workspace serves every config. A launch that raises part-way
-may leave it dirty; both owners zero it again before anything else uses it.
+The workspace (fp32 sums, int32 counters) is allocated zeroed once, by make_inputs. The counters
+are sized for the smallest BLOCK_M, so one workspace serves every config. A launch that raises
+part-way may leave it dirty: it is zeroed again before anything else uses it.
 
 Why the K/V projection is NOT fused: x_kv · Wkvᵀ does not depend on the query. Fused into the
 attention loop it would be recomputed by every query tile and by every query head of a GQA group:
