@@ -211,6 +211,22 @@ def test_energy_per_call_divides_the_counter_over_back_to_back_calls(monkeypatch
     assert window_calls >= 10 and len(calls) > window_calls  # the probe ran first
     assert result["energy_per_call_mj"] == pytest.approx(2_000 / window_calls)
     assert result["power_w_mean"] == pytest.approx(2.0 / result["window_s"])
+    assert "host_paced" not in result  # no timed figure to compare with
+
+
+def test_a_window_paced_by_the_host_is_marked(monkeypatch):
+    from omnitune.profile.energy import energy_per_call
+
+    def slow_launch():  # the host needs ~1 ms per call; the device time says 1 µs
+        time.sleep(0.001)
+
+    _install(monkeypatch, fake_pynvml(energy_mj=(5_000, 6_000)))
+    paced = energy_per_call(slow_launch, min_window_s=0.02, synchronize=lambda: None, timed_ms=0.001)
+    assert paced["host_paced"] is True
+    telemetry._opened.clear()
+    _install(monkeypatch, fake_pynvml(energy_mj=(5_000, 6_000)))
+    kept_up = energy_per_call(slow_launch, min_window_s=0.02, synchronize=lambda: None, timed_ms=5.0)
+    assert kept_up["host_paced"] is False
 
 
 def test_energy_without_nvml_or_without_a_counter_change(monkeypatch):

@@ -19,10 +19,6 @@ from omnitune.search.runner import classify_exception
 from omnitune.spec import Config, KernelSpec
 
 
-# Back-to-back calls slower than this many times the timed call: the host set the pace.
-HOST_PACED_FACTOR = 1.5
-
-
 @dataclass(frozen=True)
 class BenchRow:
     name: str                   # "omnitune[default]", "sdpa_flash", ...
@@ -75,12 +71,7 @@ def _bench_one(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         timing = time_cuda(run, repetitions=repetitions, max_seconds=2.0, flusher=flusher)
-        drawn = energy_per_call(run) if energy else None
-        if drawn and "window_s" in drawn:
-            # Back to back, a call that the host launches slower than the GPU runs it leaves the
-            # GPU waiting: the energy is then per launch at the host's pace, not the kernel's.
-            paced_ms = drawn["window_s"] * 1e3 / drawn["calls"]
-            drawn["host_paced"] = paced_ms > HOST_PACED_FACTOR * timing.median_ms
+        drawn = energy_per_call(run, timed_ms=timing.median_ms) if energy else None
     return BenchRow(
         name, kind, status, timing.median_ms, timing.p20_ms, timing.p80_ms,
         tflops(flop_count, timing.median_ms), tbps(byte_count, timing.median_ms), err, cfg,

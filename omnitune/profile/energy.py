@@ -7,7 +7,8 @@ kernel alone, called back to back (L2 warm, as in a model's layer loop) for at l
 `min_window_s`, the total-energy counter read before and after, divided by the calls. Idle power
 is not subtracted: the figure is what the GPU drew per call while running this kernel. A kernel
 shorter than its launch on the host (tens of µs through Python) cannot be run back to back this
-way: the GPU waits for the host between calls, and omnitune bench marks such a row "host-paced".
+way: the GPU waits for the host between calls. Given the call's timed device time, such a window
+is marked host_paced (omnitune bench shows "host-paced" instead of charging idle time to it).
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ import torch
 from omnitune.profile.telemetry import NvmlSampler
 
 DEFAULT_WINDOW_S = 0.5
+# Back-to-back calls slower than this many times the timed call: the host set the pace.
+HOST_PACED_FACTOR = 1.5
 
 
 def energy_per_call(
     run: Callable[[], Any], *, min_window_s: float = DEFAULT_WINDOW_S, sampler: NvmlSampler | None = None,
-    synchronize: Callable[[], None] = torch.cuda.synchronize,
+    synchronize: Callable[[], None] = torch.cuda.synchronize, timed_ms: float | None = None,
 ) -> dict[str, Any]:
     """{"energy_per_call_mj", "power_w_median", "calls", "window_s", ...} for `run` called back to
-    back; {"energy": "not available"} without NVML, {"energy": "not measured"} when the counter
-    did not move."""
+    back, with "host_paced" when `timed_ms` (the call's device time) is given; {"energy": "not
+    available"} without NVML, {"energy": "not measured"} when the counter did not move."""
     sampler = sampler or NvmlSampler()
     if not sampler.available():
         return {"energy": "not available"}
@@ -51,9 +54,10 @@ def energy_per_call(
     synchronize()
     window_s = time.perf_counter() - start
     summary = sampler.stop(calls)
+    paced = {} if timed_ms is None else {"host_paced": window_s * 1e3 / calls > HOST_PACED_FACTOR * timed_ms}
     energy_j = summary.get("energy_j")
     if energy_j is None:
-        return {"energy": "not measured", "calls": calls, "window_s": window_s}
+        return {"energy": "not measured", "calls": calls, "window_s": window_s, **paced}
     return {
         "energy_per_call_mj": energy_j * 1000.0 / calls,
         "power_w_mean": energy_j / window_s,
@@ -63,4 +67,5 @@ def energy_per_call(
         "throttled_power": summary.get("throttled_power"),
         "calls": calls,
         "window_s": window_s,
+        **paced,
     }

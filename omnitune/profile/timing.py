@@ -10,7 +10,7 @@ against each other without drift between them passing for a difference (the sear
 
 Host latency stays out of the figure. A launch through Python (argument checks, grid, the
 kernel's launcher) takes 60–120 µs of CPU time on the H200 host, more when other processes load
-the CPU: longer than the flush that precedes it, so the GPU would sit idle inside the timed
+the CPU: it can outlast the flush that precedes it, and then the GPU sits idle inside the timed
 window waiting for the launch, and a 50 µs kernel would read as whatever the host took. Before
 each start event the GPU is therefore given a spin (torch.cuda._sleep) sized from the host time
 of the warm-up calls: while it spins the host enqueues the call, and the events time only the
@@ -20,6 +20,7 @@ device's work — the kernels and the gaps between them, as in a CUDA graph repl
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -91,8 +92,6 @@ class HostCushion:
     def warm_up(cls, fns: Sequence[Callable[[], object]], calls: int) -> HostCushion:
         """Run each fn `calls` times (at least once) and size the spin from the slowest host
         enqueue time seen after the first call (which may compile)."""
-        import time
-
         host_s = 0.0
         for fn in fns:
             for i in range(max(1, calls)):
