@@ -60,15 +60,15 @@ def _sweep(name: str) -> list[dict]:
     query heads of a group share each K/V tile)."""
     picks: list[dict] = []
     if name == "b4_ctx16384":
-        # 16 (sequence, kv head) pairs: 16-128 splits give 256-2,048 programs over 132 SMs.
-        for splits in (16, 32, 64, 128):
+        # 16 (sequence, kv head) pairs: 16-128 splits give 256-2,048 programs over 132 SMs; the
+        # counts that are not powers of two (24, 48, 96) fill waves the powers of two do not.
+        for splits in (16, 24, 32, 48, 64):
             for block_n in (64, 128):
                 for stages in (2, 3):
-                    picks.append(dict(NUM_SPLITS=splits, BLOCK_N=block_n, num_stages=stages, FUSED_REDUCE=True))
-                picks.append(dict(NUM_SPLITS=splits, BLOCK_N=block_n, num_stages=2, FUSED_REDUCE=False))
-        picks += [dict(NUM_SPLITS=s, BLOCK_N=32, num_stages=3, FUSED_REDUCE=True) for s in (64, 128)]
-        picks += [dict(NUM_SPLITS=s, BLOCK_N=128, num_stages=2, num_warps=8, FUSED_REDUCE=True) for s in (32, 64)]
-        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=3, num_warps=2, FUSED_REDUCE=True) for s in (64, 128)]
+                    picks.append(dict(NUM_SPLITS=splits, BLOCK_N=block_n, num_stages=stages, FUSED_REDUCE=False))
+        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=2, FUSED_REDUCE=False) for s in (96, 128)]
+        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=2, FUSED_REDUCE=True) for s in (32, 64, 128)]
+        picks += [dict(NUM_SPLITS=32, BLOCK_N=128, num_stages=st, num_warps=8, FUSED_REDUCE=False) for st in (2, 3)]
     else:
         # 256 pairs: two programs per SM already without splitting; few splits, short tails.
         for splits in (1, 2, 4, 8):

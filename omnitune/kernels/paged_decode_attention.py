@@ -27,7 +27,7 @@ Pages and tiles. Keys are taken BLOCK_N at a time; each key's page is looked up 
 table on its own, so BLOCK_N (a power of two, ≥ 16 for tl.dot) need not relate to block_size: a
 tile may cover part of a page or several pages, and any block_size works. Each split's range is a
 multiple of BLOCK_N keys (whole pages when BLOCK_N ≥ block_size, both powers of two), so only the
-last tile of a sequence is partial.
+last tile of a sequence is partial; the tiles are shared out evenly, so any split count balances.
 
 Grid. split kernel: axis 0: sequence; axis 1: query head — or, with PACK_GQA, kv head, the
 program's rows then being all GROUP query heads × Lq tokens that share it, so each K/V page is
@@ -118,10 +118,13 @@ def _paged_decode_split(
     ctx = tl.load(ContextLens + b)
     limit = ctx - LQ + qi + 1  # row r sees keys [0, limit_r)
 
-    # This split's keys: [k_start, k_end), a whole number of BLOCK_N tiles except at the end.
-    keys_per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    k_start = split * keys_per_split
-    k_end = tl.minimum(k_start + keys_per_split, ctx)
+    # This split's keys: [k_start, k_end), whole BLOCK_N tiles (only the context's last is partial)
+    # shared out as evenly as the tiles allow: split s starts at tile ⌈s·tiles / NUM_SPLITS⌉. Any
+    # split count balances (24 splits of 256 tiles: 10 or 11 each), and split 0 is never empty:
+    # it holds key 0, which every query row sees (the combine relies on it).
+    tiles = tl.cdiv(ctx, BLOCK_N)
+    k_start = tl.cdiv(split * tiles, NUM_SPLITS) * BLOCK_N
+    k_end = tl.minimum(tl.cdiv((split + 1) * tiles, NUM_SPLITS) * BLOCK_N, ctx)
 
     offs_d = tl.arange(0, BLOCK_D)
     d_valid = offs_d < HEAD_DIM
@@ -662,11 +665,10 @@ def _check_block_n(problem, config, dtype, limits):
 
 
 def _check_empty_splits(problem, config, dtype, limits):
-    # Splits are whole BLOCK_N tiles; past ctx / tile the last splits get no key and only cost
+    # Splits are whole BLOCK_N tiles; with fewer tiles than splits some get no key and only cost
     # a launch slot and a round trip through the scratch buffers.
     splits, block_n = int(config["NUM_SPLITS"]), int(config["BLOCK_N"])
-    keys_per_split = triton.cdiv(triton.cdiv(problem.ctx, splits), block_n) * block_n
-    if (splits - 1) * keys_per_split >= problem.ctx:
+    if triton.cdiv(problem.ctx, block_n) < splits:
         return f"NUM_SPLITS={splits} of {block_n}-key tiles leaves splits of the {problem.ctx}-token context empty"
     return None
 
@@ -679,7 +681,9 @@ def _check_fused_reduce(problem, config, dtype, limits):
 
 
 PARAMS = (
-    Param("NUM_SPLITS", (1, 2, 4, 8, 16, 32, 64, 128), "contiguous key ranges per sequence (1 = no split, one launch)"),
+    Param("NUM_SPLITS", (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128),
+          "contiguous key ranges per sequence (1 = no split, one launch); not only powers of two, so "
+          "that a grid can fill whole waves of the SMs"),
     Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
     Param("num_warps", (1, 2, 4, 8), "warps per program"),
     Param("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),

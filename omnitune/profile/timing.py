@@ -2,7 +2,9 @@
 
 Warm-up first (compilation, autotuning caches and allocator growth stay out of the numbers); then
 each repetition is timed alone between two events, with the L2 cache flushed *before* the start
-event so that every repetition reads its inputs from HBM, as a real model layer does. The
+event so that every repetition reads its inputs from HBM, as a real model layer does. The flush
+reads a buffer larger than the L2 rather than writing one, so that it leaves no dirty lines whose
+write-back the timed kernel would pay for (L2Flusher). The
 median is the figure; p20 and p80 give the spread.
 
 `time_interleaved` times several candidates round-robin instead, so that they can be ranked
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-# Larger than any L2 we target (H200: 60 MiB); writing it evicts everything the kernel left.
+# Larger than any L2 we target (H200: 60 MiB): passing all of it through the L2 evicts everything
+# the kernel left.
 _FLUSH_BYTES = 256 * 1024 * 1024
+FLUSH_MODES = ("read", "write")
 # The GPU spins this many times the host's enqueue time of one call (at least the minimum): room
 # for a host that is slower on some repetitions than in the warm-up.
 _CUSHION_FACTOR = 3.0
@@ -71,13 +75,26 @@ def summarize(samples_ms: list[float]) -> Timing:
 
 
 class L2Flusher:
-    """Owns one large buffer; zeroing it evicts the L2 between repetitions."""
+    """Owns one buffer larger than the L2 and evicts the L2 with it between repetitions.
 
-    def __init__(self, device: torch.device | str | None = None):
-        self.buffer = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device=device or "cuda")
+    mode "read" (the default) reads the buffer: the L2 is left holding clean lines, which cost
+    nothing to evict, so the HBM traffic inside the timed window is the kernel's own. mode "write"
+    zeroes the buffer instead, leaving the L2 full of dirty lines: a kernel that streams more than
+    the L2 holds then also pays for writing them back to HBM, which a layer in a model, whose L2
+    holds mostly weights it read, does not. "write" is what omnitune timed with before; it is kept
+    so that the difference can be measured (benchmarks/l2_flush_study.py)."""
+
+    def __init__(self, device: torch.device | str | None = None, mode: str = "read"):
+        if mode not in FLUSH_MODES:
+            raise ValueError(f"flush mode {mode!r}: use one of {', '.join(FLUSH_MODES)}")
+        self.mode = mode
+        self.buffer = torch.ones(_FLUSH_BYTES // 4, dtype=torch.int32, device=device or "cuda")
 
     def __call__(self) -> None:
-        self.buffer.zero_()
+        if self.mode == "read":
+            self.buffer.amax()  # the result is not needed, only the pass over the buffer
+        else:
+            self.buffer.zero_()
 
 
 class HostCushion:
@@ -189,7 +206,7 @@ def time_interleaved(
     warmup: int = 2,
     max_seconds: float = 2.0,
     flush_l2: bool = True,
-    flusher: L2Flusher | None = None,
+    flusher: L2Flusher | Sequence[L2Flusher | None] | None = None,
 ) -> list[list[float]]:
     """Time several callables against each other: round-robin (interleaved_order), each call
     alone between two CUDA events with the L2 flushed before it. Returns, per callable, one
@@ -197,12 +214,17 @@ def time_interleaved(
 
     Timing candidates one after another lets clock and temperature drift between them pass for a
     difference; interleaved, every candidate sees the same drift. Stops after the round in which
-    `max_seconds` of kernel time have passed (at least 5 rounds)."""
+    `max_seconds` of kernel time have passed (at least 5 rounds). `flusher` may also be a sequence,
+    one flusher (or None: no flush) per callable, to compare ways of flushing side by side."""
     if not torch.cuda.is_available():
         raise RuntimeError("time_interleaved needs a CUDA device")
     order = interleaved_order(len(fns), rounds)
     cushion = HostCushion.warm_up(fns, warmup)
-    flusher = flusher if flusher is not None else (L2Flusher() if flush_l2 else None)
+    if flusher is None:
+        flusher = L2Flusher() if flush_l2 else None
+    flushers = list(flusher) if isinstance(flusher, Sequence) else [flusher] * len(fns)
+    if len(flushers) != len(fns):
+        raise ValueError(f"{len(flushers)} flushers for {len(fns)} callables")
     samples: list[list[float]] = [[] for _ in fns]
     spent_ms = 0.0
     per_round = len(fns)
@@ -210,8 +232,8 @@ def time_interleaved(
         events = []
         for index in order[first:first + per_round]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if flusher is not None:
-                flusher()
+            if flushers[index] is not None:
+                flushers[index]()
             cushion()
             start.record()
             fns[index]()

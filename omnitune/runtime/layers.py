@@ -10,9 +10,9 @@ error, too little shared memory, a driver error) falls back to the unfused resul
 warning per problem (logger "omnitune.runtime"), and that problem is not tried fused again in
 this process.
 
-The fused output projection (FUSION=q_out) is blocked by a constraint (a race on the H200), so no
-config reaching this wrapper uses the workspace it would need; when it is unblocked, a workspace
-per (device, stream, B, Lq, hidden), zeroed again after a failed launch, belongs here.
+The fused output projection needs a zeroed fp32 workspace that every launch leaves zeroed; it is
+allocated once per (device, stream, B, Lq, hidden) and kept here, and zeroed again after a
+failed launch. Calls on one stream are ordered, so they can share it; another stream gets its own.
 
 Import discipline as for omnitune.runtime: the kernel module (Triton) is imported on first call.
 """
@@ -30,6 +30,7 @@ from omnitune.spec import Config
 
 logger = logging.getLogger("omnitune.runtime")
 
+_workspaces: dict[tuple, object] = {}
 _broken: set[tuple] = set()
 _lock = threading.Lock()
 
@@ -66,7 +67,8 @@ def cross_attention_layer(
     if config is not None:
         kernel.SPEC.require_valid(problem, cfg, x_q.dtype)  # ConfigError: the caller's mistake
 
-    inputs = kernel.LayerInputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, None,
+    workspace = _workspace(kernel, problem, x_q.device) if cfg["FUSION"] == "q_out" else None
+    inputs = kernel.LayerInputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, workspace,
                                 sm_scale=problem.d ** -0.5)
     identity = (problem, x_q.dtype, x_q.device, cfg)
     if cfg["FUSION"] == "none" or identity in _broken:
@@ -78,6 +80,8 @@ def cross_attention_layer(
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 — any failure of the fused kernel rolls back
+        if workspace is not None:
+            workspace.rezero()
         with _lock:
             first = identity not in _broken
             _broken.add(identity)
@@ -93,7 +97,19 @@ def cross_attention_layer(
 
 
 def clear_state() -> None:
-    """Forget the problems whose fused launch failed (for tests)."""
+    """Forget cached workspaces and the problems whose fused launch failed (for tests)."""
     with _lock:
+        _workspaces.clear()
         _broken.clear()
 
+
+def _workspace(kernel, problem, device: torch.device):
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, problem.b, problem.lq, problem.hidden)
+    ws = _workspaces.get(key)
+    if ws is None:
+        with _lock:
+            ws = _workspaces.get(key)
+            if ws is None:
+                ws = _workspaces[key] = kernel.Workspace.zeroed(problem.b, problem.lq, problem.hidden, device)
+    return ws

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Fifth H200 round, one H200. Part A (diagnosis): where the fused output projection of the
+# cross-attention layer goes wrong (kernel variants, compute-sanitizer); what the L2 flush does to
+# memory-bound figures (read vs write flush, side by side); Nsight Compute on the long-context
+# paged decode; GPU tests of the changed code. Part B: the measurements that follow from A.
+#   OUT=dir bash benchmarks/h200_round5.sh A|B|C
+set -uo pipefail
+export PYTHONUNBUFFERED=1 COLUMNS=160
+part=${1:?part A, B or C}
+step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
+B4=b=4,h=32,hkv=4,lq=1,ctx=16384,d=128,block_size=16
+
+case $part in
+  A)
+    step 200 python benchmarks/q_out_diagnosis.py --out "$OUT/q_out_variants_h200.json"
+    step 150 compute-sanitizer --tool racecheck --racecheck-report all python benchmarks/q_out_diagnosis.py --sanitize as_is
+    step 100 compute-sanitizer --tool synccheck python benchmarks/q_out_diagnosis.py --sanitize as_is
+    step 200 python benchmarks/l2_flush_study.py --out "$OUT/l2_flush_study_h200.json"
+    step 90 python -m omnitune profile paged_decode_attention --shape "$B4" --config tuned --launches 2
+    step 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_timing.py \
+      tests/test_paged_decode_attention.py tests/test_paged_decode_fused_reduce.py
+    ;;
+  B)
+    # A showed: the atomics are right (host_finalize, plain_partials exact), the last-arrival
+    # read-out is not, and barriers do not help. Now: reading the sums with atomics; the flush
+    # study again (A's JSON was not written); the long-context paged decode sweep, read flush.
+    step 150 python benchmarks/q_out_diagnosis.py --variants as_is xchg_read add0_read --out "$OUT/q_out_atomic_read_h200.json"
+    step 150 python benchmarks/l2_flush_study.py --out "$OUT/l2_flush_study_h200.json"
+    step 240 python benchmarks/paged_decode_bench.py --only b4_ctx16384 --out "$OUT/paged_decode_b4_read_flush_h200.json"
+    ;;
+  C)
+    # B showed: reading the sums with atomics makes q_out exact (48 of 48 launches); the kernel
+    # now does that. Its GPU tests (several launches per config), then fused against unfused.
+    step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cross_attention_layer.py
+    step 330 python benchmarks/fused_layer_bench.py --out "$OUT/fused_layer_h200_round5.json"
+    ;;
+esac
