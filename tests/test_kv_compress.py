@@ -187,9 +187,11 @@ def _hand_built(dtype, device):
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 def test_evicted_tokens_are_averaged_into_their_most_similar_kept_token(dtype, device):
+    # merge_threshold=-1: every evicted token merges, however dissimilar (3–5 and 7 are far from
+    # the attended 2 and 6: cosine ≈ 0.12)
     q, k, v, modality = _hand_built(dtype, device)
     out = compress_kv(q, k, v, modality, keep_ratio={"image": 0.25, Modality.AUDIO: 0.5},
-                      config={"BLOCK_N": 16, "BLOCK_E": 16, "BLOCK_K": 16})
+                      config={"BLOCK_N": 16, "BLOCK_E": 16, "BLOCK_K": 16}, merge_threshold=-1)
     kept = [0, 1, 2, 6, *range(8, 16)]
     assert out.lengths.tolist() == [12]
     assert out.positions[0, 0].tolist() == kept
@@ -199,6 +201,18 @@ def test_evicted_tokens_are_averaged_into_their_most_similar_kept_token(dtype, d
     tol = 1e-6 if dtype == torch.float32 else 1e-3
     assert relative_error(out.k[0, 0].float(), want_k) <= tol
     assert relative_error(out.v[0, 0].float(), want_v) <= tol
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_default_threshold_keeps_attended_pivots_undiluted(dtype, device):
+    # The same case at the default threshold: no evicted token is similar enough to 2 or 6, so
+    # all are dropped and the attended keys stay bitwise what they were.
+    q, k, v, modality = _hand_built(dtype, device)
+    out = compress_kv(q, k, v, modality, keep_ratio={"image": 0.25, Modality.AUDIO: 0.5},
+                      config={"BLOCK_N": 16, "BLOCK_E": 16, "BLOCK_K": 16})
+    kept = [0, 1, 2, 6, *range(8, 16)]
+    assert out.positions[0, 0].tolist() == kept
+    assert torch.equal(out.k[0, 0], k[0, 0, kept]) and torch.equal(out.v[0, 0], v[0, 0, kept])
 
 
 def test_zero_ratio_drops_a_modality_and_unnamed_modalities_stay_whole(device):
