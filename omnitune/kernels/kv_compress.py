@@ -9,9 +9,11 @@ Algorithm, per sequence b and kv head, after prefill:
      then recomputes each key tile's scores against every window row of the GQA group and sums
      the normalised probabilities: importance[b, hk, j] = mean over the group's heads and the W
      rows of softmax(q kᵀ · sm_scale)[row, j].
-  2. Selection (PyTorch: a stable sort per modality). Protected, always kept: text tokens and the
-     last `recent` tokens. Of every other modality m, the quota[b, m] most important tokens are
-     kept (ties: the earlier position), the rest are evicted.
+  2. Selection (PyTorch: one stable sort of the scores per sequence and kv head, whatever the
+     modalities; a token's rank within its modality is a cumulative count along that order).
+     Protected, always kept: text tokens and the last `recent` tokens. Of every other modality
+     m, the quota[b, m] most important tokens are kept (ties: the earlier position), the rest
+     are evicted.
   3. Merge (Triton, `_merge_evicted`). Each evicted token finds the kept token (the pivot) of its
      own modality whose key is most cosine-similar (ties: the earlier kept token). If that
      similarity s reaches `merge_threshold`, its key and value, times a weight w, are added with
@@ -50,6 +52,7 @@ Algorithm, per sequence b and kv head, after prefill:
      towards them, which changes little for a near-duplicate and hurts for anything else.
   4. Compaction: the kept tokens, in their original order, make the output [B, Hkv, L, D]; a
      sequence that keeps fewer than the longest one is padded with zeros (its length returned).
+     The kept and evicted positions come from a cumulative count and a searchsorted, no sort.
 Step 2 and the final division are plain PyTorch; the reference (float64 on the CPU) shares only
 step 2's selection function, fed with its own scores, and writes each merge mode out on its own.
 
@@ -304,27 +307,35 @@ def select_tokens(
 ) -> torch.Tensor:
     """Which tokens survive: [B, Hkv, N] bool. scores [B, Hkv, N]; modality [B, N]; quotas
     [B, len(Modality)] tokens of each modality kept by importance (the TEXT column is ignored:
-    text is kept whole); the last `recent` tokens are always kept. Ties keep the earlier token."""
+    text is kept whole); the last `recent` tokens are always kept. Ties keep the earlier token.
+
+    One stable descending sort of the scores per (sequence, kv head), whatever the modalities:
+    walking that order, a candidate's rank within its own modality is the running count of that
+    modality's candidates (a cumulative sum), and it is kept if the rank is below the quota. The
+    stable sort puts equal scores in position order, so the earlier token wins a tie."""
     b, hkv, n = scores.shape
     positions = torch.arange(n, device=scores.device)
     protected = (modality == Modality.TEXT) | (positions >= n - recent)[None, :]
-    keep = protected[:, None, :].expand(b, hkv, n).clone()
-    ranks = positions.expand(b, hkv, n)
-    for m in COMPRESSIBLE:
-        candidate = ((modality == m) & ~protected)[:, None, :]
-        masked = scores.masked_fill(~candidate, float("-inf"))
-        order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
-        rank = torch.empty_like(order).scatter_(-1, order, ranks)
-        keep |= candidate & (rank < quotas[:, int(m)][:, None, None])
-    return keep
+    group = torch.where(protected, 0, modality).to(torch.int64)  # 0: not a candidate
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    group_sorted = group[:, None, :].expand(b, hkv, n).gather(-1, order)
+    one_hot = group_sorted[..., None] == torch.arange(len(Modality), device=scores.device)
+    rank = (one_hot.cumsum(-2) * one_hot).sum(-1) - 1  # rank within its modality, sorted order
+    quota = quotas.to(torch.int64).gather(1, group)[:, None, :].expand(b, hkv, n).gather(-1, order)
+    kept_sorted = (group_sorted > 0) & (rank < quota)
+    keep = torch.zeros_like(kept_sorted).scatter_(-1, order, kept_sorted)
+    return keep | protected[:, None, :]
 
 
 def _positions_of(mask: torch.Tensor, width: int) -> torch.Tensor:
-    """The positions where mask [B, Hkv, N] is set, ascending, padded with −1 to `width`."""
-    n = mask.shape[-1]
-    positions = torch.arange(n, device=mask.device)
-    order = torch.sort(torch.where(mask, positions, positions + n), dim=-1).values[..., :width]
-    return torch.where(order < n, order, torch.full_like(order, -1))
+    """The positions where mask [B, Hkv, N] is set, ascending, padded with −1 to `width`
+    (contiguous: the merge kernel indexes it so). No sort: the running count of set entries is
+    non-decreasing, and the s-th set entry (from 1) is where that count first reaches s."""
+    *lead, n = mask.shape
+    counts = mask.cumsum(-1)
+    wanted = torch.arange(1, width + 1, device=mask.device).expand(*lead, width).contiguous()
+    found = torch.searchsorted(counts, wanted)  # n where the row has fewer than s set entries
+    return torch.where(found < n, found, -1)
 
 
 @dataclass(frozen=True)
@@ -458,11 +469,10 @@ def _quotas(modality: torch.Tensor, keep_ratio: Mapping, recent: int) -> torch.T
         ratios[m] = float(ratio)
     n = modality.shape[1]
     outside_recent = torch.arange(n, device=modality.device) < n - recent
-    quotas = torch.zeros((modality.shape[0], len(Modality)), dtype=torch.int64, device=modality.device)
-    for m, ratio in ratios.items():
-        candidates = ((modality == m) & outside_recent).sum(-1)
-        quotas[:, int(m)] = torch.floor(candidates.double() * ratio + 0.5).to(torch.int64)
-    return quotas
+    kinds = torch.arange(len(Modality), device=modality.device)
+    candidates = ((modality[..., None] == kinds) & outside_recent[:, None]).sum(1)  # [B, len(Modality)]
+    share = torch.tensor([ratios.get(m, 0.0) for m in Modality], dtype=torch.float64, device=modality.device)
+    return torch.floor(candidates.double() * share + 0.5).to(torch.int64)  # TEXT: 0
 
 
 def _check_inputs(q_window, k, v, modality, recent) -> None:
