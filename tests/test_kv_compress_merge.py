@@ -296,12 +296,14 @@ def test_unknown_merge_mode_is_one_clear_error(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("threshold", [ALWAYS, NEVER], ids=["always", "never"])
 @pytest.mark.parametrize("merge", MERGE_MODES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_gpu_each_mode_matches_reference_at_a_real_shape(merge, dtype):
-    # threshold -1: every evicted token merges (the factory's copies are < 0.85 from their anchor)
+def test_gpu_each_mode_matches_reference_at_a_real_shape(merge, threshold, dtype):
+    # -1: every evicted token merges (the factory's copies are < 0.85 from their anchor, so the
+    # default threshold would merge none of them); 1.01: none merges, the kernel masks every add
     problem = SPEC.parse_shape(f"b=2,h=28,hkv=4,n=1024,d=128,window=32,recent=32,keep_pct=25,merge={merge},"
-                               "merge_threshold=-1")
+                               f"merge_threshold={threshold}")
     inputs = SPEC.make_inputs(problem, dtype, "cuda", 5)
     expected = SPEC.reference(inputs)
     out = SPEC.new_output(inputs)
