@@ -16,23 +16,29 @@ draws from the same topic mix: what the window marks important is what later que
 a real prompt. Values are Gaussian (shared per run, as above).
 
 Measured (bf16, CUDA events, L2 flushed): the score accumulation (omnitune.kernels.kv_compress.
-importance: its two kernels), the merge kernel alone (plain and similarity-weighted), and the
-whole compress_kv call in each merge mode (average, pivotal, weighted, none); ms and GB/s
+importance: its two kernels), the selection and compaction in PyTorch (select_tokens and the
+kept/evicted positions, from given scores), the merge kernel alone (plain at the default merge
+threshold and at -1, where every evicted token merges; similarity-weighted), and the whole
+compress_kv call in each merge mode (average, pivotal, weighted, none; default threshold); ms and GB/s
 of cache read (the full K and V, 2·B·Hkv·N·D·2 bytes, over the time; the score pass reads only K,
 so its GB/s count K alone). Then, at the default budgets (image 0.4, audio 0.3: the middle of the
 design's 0.3–0.5 and 0.2–0.4) and at two others: bytes saved, the cache share per modality before
 and after, and fidelity — the relative error ‖o_c − o_f‖/‖o_f‖ of attention outputs of 16 held-out
 queries per head over the compressed cache (o_c) against the full cache (o_f) — for each merge
-mode (average, pivotal, weighted, and "none": our selection without merging), so the run shows
-which merge helps, beside two baselines with the same byte budget (the same kept length per
-sequence and kv head): random eviction within each modality, and keeping the most recent tokens
-only.
+mode at the default merge threshold (average, pivotal, weighted, and "none": our selection
+without merging), so the run shows which merge helps, beside two baselines with the same byte
+budget (the same kept length per sequence and kv head): random eviction within each modality, and
+keeping the most recent tokens only. At the default budgets also each merging mode at the merge
+thresholds MERGE_THRESHOLDS (-1: every evicted token merges, as before the threshold existed), with
+the share of evicted tokens each threshold merges (JSON: budgets.default.fidelity_by_threshold,
+merged_share_by_threshold).
 
     PYTHONPATH=$PWD python benchmarks/kv_compress_bench.py --out $OUT/kv_compress_bench_h200.json
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python benchmarks/kv_compress_bench.py --tiny --out /tmp/kvc.json
 
-About 30 s on one H200 before the merge modes; they add four timed calls (≤ 1 s each) and three
-compressions per budget, so well under 70 s is expected (not yet measured). --tiny (a small
+About 30 s on one H200 before the merge modes; they add six timed calls (≤ 1 s each), four
+compressions per budget and 18 more at the default budget, so well under 90 s is expected (not yet
+measured). --tiny (a small
 cache, on the CPU under the interpreter) checks the script.
 """
 
@@ -60,6 +66,7 @@ DEFAULT_BUDGET = {"image": 0.4, "audio": 0.3}
 OTHER_BUDGETS = {"aggressive": {"image": 0.2, "audio": 0.15}, "generous": {"image": 0.6, "audio": 0.5}}
 MERGE_ROWS = {"average": "merge average", "pivotal": "merge pivotal", "weighted": "merge weighted",
               "none": "select, no merge"}
+MERGE_THRESHOLDS = (-1.0, 0.5, 0.7, 0.8, kvc.DEFAULT_MERGE_THRESHOLD, 0.9)
 
 
 @dataclass(frozen=True)
@@ -171,7 +178,8 @@ def timed(fn, device, repetitions=30):
     return 1e3 * (time.perf_counter() - start)
 
 
-def merge_launcher(q_window, k, v, modality, quotas, recent, config, merge="average"):
+def merge_launcher(q_window, k, v, modality, quotas, recent, config, merge="average",
+                   threshold=kvc.DEFAULT_MERGE_THRESHOLD):
     """The merge kernel alone, set up as _compress sets it up (selection done beforehand); the
     average and pivotal modes launch the same kernel, weighted the similarity-weighted one."""
     b, hkv, _, d = k.shape
@@ -189,7 +197,7 @@ def merge_launcher(q_window, k, v, modality, quotas, recent, config, merge="aver
         kvc._merge_evicted[(max(1, -(-evicted_max // block_e)), b * hkv)](
             k, v, modality_ids, kept_pos, evicted_pos, sum_k, sum_v, count,
             *k.stride(), *v.stride(), modality_ids.stride(0), hkv, longest, evicted_max,
-            HEAD_DIM=d, BLOCK_D=triton_next_pow2(d), BLOCK_E=block_e, BLOCK_K=int(config["BLOCK_K"]),
+            kvc._kernel_threshold(threshold), HEAD_DIM=d, BLOCK_D=triton_next_pow2(d), BLOCK_E=block_e, BLOCK_K=int(config["BLOCK_K"]),
             IEEE_DOT=k.dtype == torch.float32, SIM_WEIGHTED=merge == "weighted", num_warps=int(config["num_warps"]),
             num_stages=int(config["num_stages"]))
     return run, evicted_max
@@ -197,6 +205,56 @@ def merge_launcher(q_window, k, v, modality, quotas, recent, config, merge="aver
 
 def triton_next_pow2(x: int) -> int:
     return 1 << (x - 1).bit_length()
+
+
+def selection_launcher(q_window, k, modality, quotas, recent, config):
+    """Step 2 and the positions of step 4 alone, as _compress runs them (scores computed
+    beforehand; the kept and evicted widths known, so no device sync inside)."""
+    scores = importance(q_window, k, 1 / math.sqrt(k.shape[-1]), config)
+    keep = select_tokens(scores, modality, quotas, recent)
+    evict = ~keep & (modality != Modality.TEXT)[:, None, :]
+    longest, evicted_max = int(keep.sum(-1).max()), int(evict.sum(-1).max())
+
+    def run():
+        kept = select_tokens(scores, modality, quotas, recent)
+        dropped = ~kept & (modality != Modality.TEXT)[:, None, :]
+        kvc._positions_of(kept, longest), kvc._positions_of(dropped, evicted_max)
+    return run
+
+
+def merged_share(q_window, k, modality, quotas, recent, config, threshold):
+    """Of the evicted tokens with a kept token of their modality, the share whose best cosine
+    similarity reaches the threshold (what it merges); fp32 on the device."""
+    keep = select_tokens(importance(q_window, k, 1 / math.sqrt(k.shape[-1]), config), modality, quotas, recent)
+    unit = torch.nn.functional.normalize(k.float(), dim=-1)
+    merged = total = 0
+    for bi in range(k.shape[0]):
+        for hk in range(k.shape[1]):
+            kept = keep[bi, hk].nonzero().flatten()
+            evicted = (~keep[bi, hk] & (modality[bi] != Modality.TEXT)).nonzero().flatten()
+            sim = unit[bi, hk, evicted] @ unit[bi, hk, kept].T
+            sim = sim.masked_fill(modality[bi, evicted][:, None] != modality[bi, kept][None, :], float("-inf"))
+            best = sim.max(dim=1).values if kept.numel() else torch.full_like(evicted, float("-inf"), dtype=sim.dtype)
+            has_pivot = torch.isfinite(best)
+            total += int(has_pivot.sum())
+            merged += int((has_pivot & ((threshold <= -1) | (best >= threshold))).sum())
+    return merged / max(1, total)
+
+
+def threshold_rows(lay, q_window, q_held, k, v, modality, budget, config):
+    """Each merging mode at each of MERGE_THRESHOLDS: relative error of held-out attention, and
+    the share of evicted tokens each threshold merges."""
+    full = attend(q_held, k, v)
+    errors = {}
+    for mode in ("average", "pivotal", "weighted"):
+        errors[mode] = {}
+        for t in MERGE_THRESHOLDS:
+            out = compress_kv(q_window, k, v, modality, keep_ratio=budget, recent=lay.recent, config=config,
+                              merge=mode, merge_threshold=t)
+            errors[mode][f"{t:g}"] = relative_error(attend(q_held, out.k, out.v, out.lengths.to(k.device)), full)
+    quotas = kvc._quotas(modality, budget, lay.recent)
+    shares_ = {f"{t:g}": merged_share(q_window, k, modality, quotas, lay.recent, config, t) for t in MERGE_THRESHOLDS}
+    return errors, shares_
 
 
 def fidelity_rows(lay, q_window, q_held, k, v, modality, budget, config, seed):
@@ -261,9 +319,14 @@ def main() -> None:
     sm_scale = 1 / math.sqrt(lay.d)
     merge, evicted = merge_launcher(q_window, k, v, modality, quotas, lay.recent, config)
     merge_weighted, _ = merge_launcher(q_window, k, v, modality, quotas, lay.recent, config, "weighted")
+    merge_always, _ = merge_launcher(q_window, k, v, modality, quotas, lay.recent, config, threshold=-1.0)
+    selection = selection_launcher(q_window, k, modality, quotas, lay.recent, config)
     timings = {
         "importance": (timed(lambda: importance(q_window, k, sm_scale, config), device), kv_bytes / 2),
+        # the selection reads no K/V: its GB/s count K and V like the whole call's, for comparison
+        "selection_and_positions": (timed(selection, device), kv_bytes),
         "merge_kernel": (timed(merge, device), kv_bytes),
+        "merge_kernel[threshold -1]": (timed(merge_always, device), kv_bytes),
         "merge_kernel[weighted]": (timed(merge_weighted, device), kv_bytes),
     }
     for mode in MERGE_ROWS:
@@ -290,6 +353,15 @@ def main() -> None:
         ours = {row: f["fidelity_rel_error"][row] for row in MERGE_ROWS.values()}
         f["best_of_ours"] = min(ours, key=ours.get)
         print(f"    best of our modes: {f['best_of_ours']}")
+        if name == "default":
+            f["fidelity_by_threshold"], f["merged_share_by_threshold"] = threshold_rows(
+                lay, q_window, q_held, k, v, modality, bud, config)
+            print(f"    by merge threshold (held-out error; 'none' {f['fidelity_rel_error']['select, no merge']:.4f}):")
+            for t in MERGE_THRESHOLDS:
+                key = f"{t:g}"
+                print(f"      {key:>5s}: " + ", ".join(
+                    f"{mode} {f['fidelity_by_threshold'][mode][key]:.4f}" for mode in f["fidelity_by_threshold"])
+                    + f"; merges {100 * f['merged_share_by_threshold'][key]:.1f}% of the evicted")
 
     from omnitune.profile.device import current_device_facts
 
@@ -303,7 +375,8 @@ def main() -> None:
         "structure": {"topics": TOPICS, "salient_share": SALIENT_SHARE, "topic_logit_boost": TOPIC_LOGIT_BOOST,
                       "run_noise": RUN_NOISE,
                       "held_out_queries": HELD_OUT_QUERIES},
-        "merge_rows": MERGE_ROWS, "throughput": throughput, "budgets": fidelity,
+        "merge_rows": MERGE_ROWS, "merge_threshold": kvc.DEFAULT_MERGE_THRESHOLD,
+        "merge_thresholds": MERGE_THRESHOLDS, "throughput": throughput, "budgets": fidelity,
         "wall_s": time.perf_counter() - started,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

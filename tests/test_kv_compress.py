@@ -156,6 +156,42 @@ def test_select_tokens_follows_the_rule_token_by_token():
             assert set(keep[bi, hk].nonzero().flatten().tolist()) == want
 
 
+def _select_by_loop(scores, modality, quotas, recent):
+    """The selection rule written out token by token, for one (sequence, kv head) at a time."""
+    b, hkv, n = scores.shape
+    keep = torch.zeros((b, hkv, n), dtype=torch.bool)
+    for bi in range(b):
+        for hk in range(hkv):
+            for j in range(n):
+                keep[bi, hk, j] = int(modality[bi, j]) == T or j >= n - recent
+            for m in (I, A, V):
+                cands = [j for j in range(n) if int(modality[bi, j]) == m and j < n - recent]
+                cands.sort(key=lambda j: (-float(scores[bi, hk, j]), j))  # ties: the earlier token
+                keep[bi, hk, cands[: int(quotas[bi, m])]] = True
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_select_tokens_and_positions_match_a_loop_on_random_ties(seed):
+    # fp32 scores from 3 values (ties everywhere), random layouts, recent windows from 0 to n,
+    # quotas from 0 to more than a modality has
+    gen = torch.Generator().manual_seed(100 + seed)
+    b, hkv, n = 3, 2, int(torch.randint(8, 70, (1,), generator=gen))
+    modality = torch.randint(0, 4, (b, n), generator=gen)
+    scores = torch.randint(0, 3, (b, hkv, n), generator=gen).float() / 7
+    quotas = torch.randint(0, n // 2 + 2, (b, len(Modality)), generator=gen)
+    recent = (0, n, int(torch.randint(0, n, (1,), generator=gen)))[seed % 3]
+    keep = select_tokens(scores, modality, quotas, recent)
+    assert torch.equal(keep, _select_by_loop(scores, modality, quotas, recent))
+    for width in (int(keep.sum(-1).max()), 3):
+        pos = kvc._positions_of(keep, width)
+        assert pos.is_contiguous() and pos.shape == (b, hkv, width)
+        for bi in range(b):
+            for hk in range(hkv):
+                want = keep[bi, hk].nonzero().flatten().tolist()[:width]
+                assert pos[bi, hk].tolist() == want + [-1] * (width - len(want))
+
+
 # ------------------------------------------------------------------------------------------------
 # The public function
 # ------------------------------------------------------------------------------------------------
@@ -187,9 +223,11 @@ def _hand_built(dtype, device):
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 def test_evicted_tokens_are_averaged_into_their_most_similar_kept_token(dtype, device):
+    # merge_threshold=-1: every evicted token merges, however dissimilar (3–5 and 7 are far from
+    # the attended 2 and 6: cosine ≈ 0.12)
     q, k, v, modality = _hand_built(dtype, device)
     out = compress_kv(q, k, v, modality, keep_ratio={"image": 0.25, Modality.AUDIO: 0.5},
-                      config={"BLOCK_N": 16, "BLOCK_E": 16, "BLOCK_K": 16})
+                      config={"BLOCK_N": 16, "BLOCK_E": 16, "BLOCK_K": 16}, merge_threshold=-1)
     kept = [0, 1, 2, 6, *range(8, 16)]
     assert out.lengths.tolist() == [12]
     assert out.positions[0, 0].tolist() == kept
@@ -199,6 +237,18 @@ def test_evicted_tokens_are_averaged_into_their_most_similar_kept_token(dtype, d
     tol = 1e-6 if dtype == torch.float32 else 1e-3
     assert relative_error(out.k[0, 0].float(), want_k) <= tol
     assert relative_error(out.v[0, 0].float(), want_v) <= tol
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_default_threshold_keeps_attended_pivots_undiluted(dtype, device):
+    # The same case at the default threshold: no evicted token is similar enough to 2 or 6, so
+    # all are dropped and the attended keys stay bitwise what they were.
+    q, k, v, modality = _hand_built(dtype, device)
+    out = compress_kv(q, k, v, modality, keep_ratio={"image": 0.25, Modality.AUDIO: 0.5},
+                      config={"BLOCK_N": 16, "BLOCK_E": 16, "BLOCK_K": 16})
+    kept = [0, 1, 2, 6, *range(8, 16)]
+    assert out.positions[0, 0].tolist() == kept
+    assert torch.equal(out.k[0, 0], k[0, 0, kept]) and torch.equal(out.v[0, 0], v[0, 0, kept])
 
 
 def test_zero_ratio_drops_a_modality_and_unnamed_modalities_stay_whole(device):

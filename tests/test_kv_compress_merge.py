@@ -1,6 +1,8 @@
-"""kv_compress merge modes (average, pivotal, weighted, none): each against the float64 reference
-on fresh random inputs, each mode's conservation law, and what no mode may change (which tokens
-are kept, text). Under the interpreter on the CPU (fp32 and fp16), on the GPU when there is one."""
+"""kv_compress merge modes (average, pivotal, weighted, none) and the merge threshold: each mode
+against the float64 reference on fresh random inputs at thresholds that merge every evicted token
+(-1) or some of them, each mode's conservation law over the tokens it merged, a threshold that
+merges nothing giving exactly "none", and what no mode may change (which tokens are kept, text).
+Under the interpreter on the CPU (fp32 and fp16), on the GPU when there is one."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 
 from omnitune.errors import InputError, ShapeError
 from omnitune.kernels import kv_compress as kvc
-from omnitune.kernels.kv_compress import MERGE_MODES, KVCompressInputs, Modality, compress_kv
+from omnitune.kernels.kv_compress import DEFAULT_MERGE_THRESHOLD, MERGE_MODES, KVCompressInputs, Modality, compress_kv
 from omnitune.spec import relative_error
 
 SPEC = kvc.SPEC
@@ -22,6 +24,8 @@ T, I, A, V = (int(m) for m in (Modality.TEXT, Modality.IMAGE, Modality.AUDIO, Mo
 TILES = {"BLOCK_N": 16, "BLOCK_E": 16, "BLOCK_K": 16, "num_warps": 2, "num_stages": 1}
 RATIO = {"image": 0.25, "audio": 0.5, "video": 0.2}
 RECENT = 6
+ALWAYS = -1.0  # every evicted token with a kept token of its modality merges
+NEVER = 1.01   # above any cosine similarity: nothing merges
 
 
 def _random_case(dtype, device, seed):
@@ -40,9 +44,9 @@ def _random_case(dtype, device, seed):
     return randn(2, 4, w, d), randn(2, 2, n, d), randn(2, 2, n, d), modality.to(device)
 
 
-def _reference_for(q, k, v, modality, merge):
+def _reference_for(q, k, v, modality, merge, threshold):
     inputs = KVCompressInputs(q, k, v, modality, kvc._quotas(modality, RATIO, RECENT), RECENT,
-                              1 / math.sqrt(q.shape[-1]), merge)
+                              1 / math.sqrt(q.shape[-1]), merge, threshold)
     return SPEC.reference(inputs)
 
 
@@ -65,17 +69,31 @@ def _assignment(k, modality, positions):
     return kept, out
 
 
+def _middle_threshold(q, k, v, modality):
+    """A threshold that merges about half the evicted tokens of the case, placed in the widest gap
+    between their best similarities (float64) near the median, so that no token's similarity in
+    the kernel's precision (fp16 keys: ~1e-3) lands on the other side of it than in float64."""
+    out = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge="none")
+    sims = sorted(s for bi in range(k.shape[0]) for hk in range(k.shape[1])
+                  for _, _, s in _assignment(k[bi, hk].cpu(), modality[bi].cpu(), out.positions[bi, hk].cpu())[1])
+    middle = range(len(sims) // 4, 3 * len(sims) // 4)
+    i = max(middle, key=lambda i: sims[i + 1] - sims[i])
+    assert sims[i + 1] - sims[i] > 5e-3, "no clear gap near the median: pick another seed"
+    return (sims[i] + sims[i + 1]) / 2
+
+
 # ------------------------------------------------------------------------------------------------
 # Every mode against the reference
 # ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+@pytest.mark.parametrize("threshold", [ALWAYS, DEFAULT_MERGE_THRESHOLD], ids=["always", "default"])
 @pytest.mark.parametrize("merge", MERGE_MODES)
-def test_spec_launch_matches_reference_for_each_mode(merge, dtype, device):
-    problem = dataclasses.replace(SPEC.example_problem, merge=merge)
+def test_spec_launch_matches_reference_for_each_mode(merge, threshold, dtype, device):
+    problem = dataclasses.replace(SPEC.example_problem, merge=merge, merge_threshold=threshold)
     inputs = SPEC.make_inputs(problem, dtype, device, 21)
-    assert inputs.merge == merge
+    assert inputs.merge == merge and inputs.merge_threshold == threshold
     expected = SPEC.reference(inputs)
     out = SPEC.new_output(inputs)
     assert bool(out.isnan().all())
@@ -84,13 +102,16 @@ def test_spec_launch_matches_reference_for_each_mode(merge, dtype, device):
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
-def test_modes_match_reference_on_plain_random_inputs_and_differ_from_each_other(dtype, device):
+@pytest.mark.parametrize("threshold", ["always", "middle"])
+def test_modes_match_reference_on_plain_random_inputs_and_differ_from_each_other(threshold, dtype, device):
     q, k, v, modality = _random_case(dtype, device, seed=31)
+    t = ALWAYS if threshold == "always" else _middle_threshold(q, k, v, modality)
     results = {}
     for merge in MERGE_MODES:
-        out = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge=merge)
+        out = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge=merge,
+                          merge_threshold=t)
         got = torch.stack([out.k, out.v])
-        assert relative_error(got, _reference_for(q, k, v, modality, merge)) <= SPEC.tolerance[dtype], merge
+        assert relative_error(got, _reference_for(q, k, v, modality, merge, t)) <= SPEC.tolerance[dtype], merge
         results[merge] = got.double()
     # the modes are not the same computation under different names
     for a in MERGE_MODES:
@@ -104,14 +125,21 @@ def test_modes_match_reference_on_plain_random_inputs_and_differ_from_each_other
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("threshold", ["always", "middle"])
 @pytest.mark.parametrize("merge", MERGE_MODES)
-def test_each_mode_conserves_what_it_should(merge, device):
+def test_each_mode_conserves_what_it_should(merge, threshold, device):
+    # Over the tokens the threshold lets merge (all of them at -1); the others are dropped and
+    # count nowhere, so a pivot none of them chose stays as it was.
     q, k, v, modality = _random_case(torch.float32, device, seed=47)
-    out = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge=merge)
-    checked = 0
+    t = ALWAYS if threshold == "always" else _middle_threshold(q, k, v, modality)
+    out = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge=merge,
+                      merge_threshold=t)
+    checked = dropped = 0
     for bi in range(2):
         for hk in range(2):
-            kept, merges = _assignment(k[bi, hk].cpu(), modality[bi].cpu(), out.positions[bi, hk].cpu())
+            kept, candidates = _assignment(k[bi, hk].cpu(), modality[bi].cpu(), out.positions[bi, hk].cpu())
+            merges = [(e, row, sim) for e, row, sim in candidates if sim >= t]
+            dropped += len(candidates) - len(merges)
             for name, src, got in (("k", k, out.k), ("v", v, out.v)):
                 x = src[bi, hk].double().cpu()
                 o = got[bi, hk, : len(kept)].double().cpu()
@@ -137,9 +165,12 @@ def test_each_mode_conserves_what_it_should(merge, device):
                     lhs, rhs = (count[:, None] * (2 * o - pivots)).sum(0), merged_sum.sum(0)
                     assert torch.allclose(o[count == 0], pivots[count == 0], rtol=0, atol=1e-6), name
                 assert relative_error(lhs, rhs) <= 1e-5, (name, bi, hk)
+                untouched = count == 0
+                assert torch.allclose(o[untouched], pivots[untouched], rtol=0, atol=1e-6), name
                 checked += len(merges)
     if merge != "none":
         assert checked > 20  # the laws were exercised on many merged tokens
+    assert (dropped == 0) == (threshold == "always") and (threshold == "always" or dropped > 10)
 
 
 def test_weighted_merging_clamps_negative_similarity(device):
@@ -154,14 +185,30 @@ def test_weighted_merging_clamps_negative_similarity(device):
     v = torch.randn(1, 1, 8, d, generator=torch.Generator().manual_seed(3))
     q = 3 * e[0].expand(1, 1, 4, d).clone()
     modality = torch.tensor([[T, I, I, I, T, T, T, T]])
+    # the clamp matters only below a threshold of 0: here every token merges
     out = compress_kv(q.to(device), k.to(device), v.to(device), modality.to(device),
-                      keep_ratio={"image": 1 / 3}, config=TILES, merge="weighted")
+                      keep_ratio={"image": 1 / 3}, config=TILES, merge="weighted", merge_threshold=ALWAYS)
     assert out.positions[0, 0].tolist() == [0, 1, 4, 5, 6, 7]
     unit = torch.nn.functional.normalize(k[0, 0].double(), dim=-1)
     s2, s3 = float(unit[2] @ unit[1]), float(unit[3] @ unit[1])
     assert s2 > 0 > s3
     want_v = (v[0, 0, 1].double() + s2 * v[0, 0, 2].double()) / (1 + s2)  # token 3 weighs nothing
     assert relative_error(out.v[0, 0, 1].double().cpu(), want_v) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+@pytest.mark.parametrize("merge", MERGING)
+def test_threshold_above_one_merges_nothing_and_gives_exactly_none(merge, dtype, device):
+    # the kernel runs and masks every atomic: the kept tokens come out bitwise as with "none"
+    q, k, v, modality = _random_case(dtype, device, seed=61)
+    none = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge="none")
+    out = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge=merge,
+                      merge_threshold=NEVER)
+    assert torch.equal(out.positions, none.positions)
+    assert torch.equal(out.k, none.k) and torch.equal(out.v, none.v)
+    everything = compress_kv(q, k, v, modality, keep_ratio=RATIO, recent=RECENT, config=TILES, merge=merge,
+                             merge_threshold=ALWAYS)
+    assert relative_error(everything.k, none.k) > 1e-2  # the same case does merge at -1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,6 +262,28 @@ def test_problem_key_round_trips_each_mode_and_rejects_unknown_ones():
         plain, torch.float16)
 
 
+def test_problem_key_round_trips_the_threshold_and_matches_only_the_same_one():
+    p = dataclasses.replace(SPEC.example_problem, merge_threshold=0.5)
+    assert "merge_threshold=0.5" in SPEC.problem_key(p)
+    assert SPEC.parse_shape(SPEC.problem_key(p)) == p
+    assert SPEC.parse_shape("b=1,h=2,hkv=1,n=64,d=32,window=8").merge_threshold == DEFAULT_MERGE_THRESHOLD
+    assert SPEC.parse_shape("b=1,h=2,hkv=1,n=64,d=32,window=8,merge_threshold=-1").merge_threshold == -1.0
+    with pytest.raises(ShapeError, match="merge_threshold='high' is not a valid float"):
+        SPEC.parse_shape("b=1,h=2,hkv=1,n=64,d=32,window=8,merge_threshold=high")
+    with pytest.raises(ShapeError, match="impossible.*finite"):
+        SPEC.parse_shape("b=1,h=2,hkv=1,n=64,d=32,window=8,merge_threshold=nan")
+    # a config tuned at one threshold is not looked up for another (a negative one has no ratio)
+    assert SPEC.match.distance(p, p) == 0.0
+    assert SPEC.match.distance(p, dataclasses.replace(p, merge_threshold=-1.0)) is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "0.9", True, None])
+def test_bad_merge_threshold_is_one_clear_error(bad, device):
+    q, k, v, modality = _random_case(torch.float32, device, seed=1)
+    with pytest.raises(InputError, match="merge_threshold=.*use a cosine similarity"):
+        compress_kv(q, k, v, modality, keep_ratio=RATIO, config=TILES, merge_threshold=bad)
+
+
 def test_unknown_merge_mode_is_one_clear_error(device):
     q, k, v, modality = _random_case(torch.float32, device, seed=1)
     with pytest.raises(InputError, match="merge='max'; choose one of average, pivotal, weighted, none"):
@@ -227,10 +296,14 @@ def test_unknown_merge_mode_is_one_clear_error(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("threshold", [ALWAYS, NEVER], ids=["always", "never"])
 @pytest.mark.parametrize("merge", MERGE_MODES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_gpu_each_mode_matches_reference_at_a_real_shape(merge, dtype):
-    problem = SPEC.parse_shape(f"b=2,h=28,hkv=4,n=1024,d=128,window=32,recent=32,keep_pct=25,merge={merge}")
+def test_gpu_each_mode_matches_reference_at_a_real_shape(merge, threshold, dtype):
+    # -1: every evicted token merges (the factory's copies are < 0.85 from their anchor, so the
+    # default threshold would merge none of them); 1.01: none merges, the kernel masks every add
+    problem = SPEC.parse_shape(f"b=2,h=28,hkv=4,n=1024,d=128,window=32,recent=32,keep_pct=25,merge={merge},"
+                               f"merge_threshold={threshold}")
     inputs = SPEC.make_inputs(problem, dtype, "cuda", 5)
     expected = SPEC.reference(inputs)
     out = SPEC.new_output(inputs)

@@ -9,13 +9,17 @@ Algorithm, per sequence b and kv head, after prefill:
      then recomputes each key tile's scores against every window row of the GQA group and sums
      the normalised probabilities: importance[b, hk, j] = mean over the group's heads and the W
      rows of softmax(q kᵀ · sm_scale)[row, j].
-  2. Selection (PyTorch: a stable sort per modality). Protected, always kept: text tokens and the
-     last `recent` tokens. Of every other modality m, the quota[b, m] most important tokens are
-     kept (ties: the earlier position), the rest are evicted.
+  2. Selection (PyTorch: one stable sort of the scores per sequence and kv head, whatever the
+     modalities; a token's rank within its modality is a cumulative count along that order).
+     Protected, always kept: text tokens and the last `recent` tokens. Of every other modality
+     m, the quota[b, m] most important tokens are kept (ties: the earlier position), the rest
+     are evicted.
   3. Merge (Triton, `_merge_evicted`). Each evicted token finds the kept token (the pivot) of its
-     own modality whose key is most cosine-similar (ties: the earlier kept token) and its key and
-     value, times a weight w, are added with atomics to that pivot's fp32 sums, w to its fp32
-     weight sum; a token with no kept token of its modality is dropped. The `merge` mode then
+     own modality whose key is most cosine-similar (ties: the earlier kept token). If that
+     similarity s reaches `merge_threshold`, its key and value, times a weight w, are added with
+     atomics to that pivot's fp32 sums, w to its fp32 weight sum; otherwise (s below the
+     threshold, or no kept token of its modality) the token is dropped, as in "none". A
+     threshold ≤ −1 merges every evicted token (the kernel compares with −inf). The `merge` mode then
      decides, in one PyTorch division, what the pivot p becomes with the c tokens e_i (key or
      value alike) merged into it. The three modes are LOOK-M's merging strategies (Wan et al.,
      "LOOK-M: Look-Once Optimization in KV Cache for Efficient Multimodal Long-Context
@@ -30,8 +34,25 @@ Algorithm, per sequence b and kv head, after prefill:
                  were (the merge kernel is not launched).
      Pivotal and weighted keep a strongly attended pivot's key closer to itself than plain
      averaging does, which dilutes it with every merged token.
+     The threshold (default DEFAULT_MERGE_THRESHOLD = 0.85) is what keeps merging from hurting.
+     Without it every evicted token is merged, however unrelated: in D = 128 the best match of
+     a noise key among a few hundred kept keys has s ≈ 0.1–0.3, and a strongly attended pivot
+     whose key is averaged with such tokens loses the component the queries look for. Only a
+     near-duplicate should merge: two tokens sharing a key b (|b|² ≈ D) up to independent noise
+     of σ = 0.3 per dimension, as neighbouring image patches in the benchmark's structured
+     cache, have s ≈ 1/(1 + σ²) ≈ 0.92; but a salient pivot, whose key adds a topic component
+     of half that squared norm, against its own plain neighbour has only s ≈ 0.75, and merging
+     those two halves the pivot's lead in the logits. 0.85 sits in that gap. On the CPU
+     (benchmarks/kv_compress_fidelity_cpu.py: the benchmark's cache at the Qwen2.5-Omni layout,
+     one sequence, default budgets, float64 reference, 3 seeds) the held-out attention error is
+     0.60–0.63 with every token merged, 0.51–0.53 at 0.5 and 0.7, 0.16 at 0.8, 0.046 at 0.85
+     and 0.9, against 0.0458 for "none": thresholded merging ties with dropping (≤ 1 % worse),
+     it does not beat it. A merged token is attended as one token, so merging cannot give the
+     queries back the attention mass of the tokens it absorbed; it can only move the pivot
+     towards them, which changes little for a near-duplicate and hurts for anything else.
   4. Compaction: the kept tokens, in their original order, make the output [B, Hkv, L, D]; a
      sequence that keeps fewer than the longest one is padded with zeros (its length returned).
+     The kept and evicted positions come from a cumulative count and a searchsorted, no sort.
 Step 2 and the final division are plain PyTorch; the reference (float64 on the CPU) shares only
 step 2's selection function, fed with its own scores, and writes each merge mode out on its own.
 
@@ -92,6 +113,8 @@ class Modality(enum.IntEnum):
 
 COMPRESSIBLE = (Modality.IMAGE, Modality.AUDIO, Modality.VIDEO)
 MERGE_MODES = ("average", "pivotal", "weighted", "none")
+# An evicted token is merged only into a pivot at least this cosine-similar (module docstring).
+DEFAULT_MERGE_THRESHOLD = 0.85
 
 
 @triton.jit
@@ -202,6 +225,7 @@ def _merge_evicted(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_mb,
     HKV, L, E,
+    threshold,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -254,7 +278,9 @@ def _merge_evicted(
         best = tl.where(better, tile_best, best)
         target = tl.where(better, tile_arg, target)
 
-    merged = e_valid & (target >= 0)
+    # below the threshold the best pivot is not a near-duplicate: the token is dropped, not
+    # merged (its key would only dilute the pivot's)
+    merged = e_valid & (target >= 0) & (best >= threshold)
     ev = tl.load(V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh + e_pos[:, None] * stride_vn
                  + offs_d[None, :] * stride_vd, mask=e_mask, other=0.0).to(tl.float32)
     if SIM_WEIGHTED:
@@ -281,27 +307,35 @@ def select_tokens(
 ) -> torch.Tensor:
     """Which tokens survive: [B, Hkv, N] bool. scores [B, Hkv, N]; modality [B, N]; quotas
     [B, len(Modality)] tokens of each modality kept by importance (the TEXT column is ignored:
-    text is kept whole); the last `recent` tokens are always kept. Ties keep the earlier token."""
+    text is kept whole); the last `recent` tokens are always kept. Ties keep the earlier token.
+
+    One stable descending sort of the scores per (sequence, kv head), whatever the modalities:
+    walking that order, a candidate's rank within its own modality is the running count of that
+    modality's candidates (a cumulative sum), and it is kept if the rank is below the quota. The
+    stable sort puts equal scores in position order, so the earlier token wins a tie."""
     b, hkv, n = scores.shape
     positions = torch.arange(n, device=scores.device)
     protected = (modality == Modality.TEXT) | (positions >= n - recent)[None, :]
-    keep = protected[:, None, :].expand(b, hkv, n).clone()
-    ranks = positions.expand(b, hkv, n)
-    for m in COMPRESSIBLE:
-        candidate = ((modality == m) & ~protected)[:, None, :]
-        masked = scores.masked_fill(~candidate, float("-inf"))
-        order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
-        rank = torch.empty_like(order).scatter_(-1, order, ranks)
-        keep |= candidate & (rank < quotas[:, int(m)][:, None, None])
-    return keep
+    group = torch.where(protected, 0, modality).to(torch.int64)  # 0: not a candidate
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    group_sorted = group[:, None, :].expand(b, hkv, n).gather(-1, order)
+    one_hot = group_sorted[..., None] == torch.arange(len(Modality), device=scores.device)
+    rank = (one_hot.cumsum(-2) * one_hot).sum(-1) - 1  # rank within its modality, sorted order
+    quota = quotas.to(torch.int64).gather(1, group)[:, None, :].expand(b, hkv, n).gather(-1, order)
+    kept_sorted = (group_sorted > 0) & (rank < quota)
+    keep = torch.zeros_like(kept_sorted).scatter_(-1, order, kept_sorted)
+    return keep | protected[:, None, :]
 
 
 def _positions_of(mask: torch.Tensor, width: int) -> torch.Tensor:
-    """The positions where mask [B, Hkv, N] is set, ascending, padded with −1 to `width`."""
-    n = mask.shape[-1]
-    positions = torch.arange(n, device=mask.device)
-    order = torch.sort(torch.where(mask, positions, positions + n), dim=-1).values[..., :width]
-    return torch.where(order < n, order, torch.full_like(order, -1))
+    """The positions where mask [B, Hkv, N] is set, ascending, padded with −1 to `width`
+    (contiguous: the merge kernel indexes it so). No sort: the running count of set entries is
+    non-decreasing, and the s-th set entry (from 1) is where that count first reaches s."""
+    *lead, n = mask.shape
+    counts = mask.cumsum(-1)
+    wanted = torch.arange(1, width + 1, device=mask.device).expand(*lead, width).contiguous()
+    found = torch.searchsorted(counts, wanted)  # n where the row has fewer than s set entries
+    return torch.where(found < n, found, -1)
 
 
 @dataclass(frozen=True)
@@ -353,8 +387,15 @@ def combine_merged(kept: torch.Tensor, merged_sum: torch.Tensor, weight: torch.T
     return (kept + merged_sum) / (1.0 + weight)[..., None]
 
 
+def _kernel_threshold(merge_threshold: float) -> float:
+    """The similarity the merge kernel compares with: at or below −1 every token merges, even
+    one whose rounded similarity to its pivot came out a hair under −1."""
+    return float("-inf") if merge_threshold <= -1.0 else float(merge_threshold)
+
+
 def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, config: Config,
-              merge: str = "average", out: torch.Tensor | None = None) -> CompressedKV:
+              merge: str = "average", merge_threshold: float = DEFAULT_MERGE_THRESHOLD,
+              out: torch.Tensor | None = None) -> CompressedKV:
     """Steps 1–4. `out`, if given, is [2, B, Hkv, L, D] with L the longest kept length; otherwise
     it is allocated (one device sync to learn L)."""
     b, h, w, d = q_window.shape
@@ -388,7 +429,7 @@ def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, co
         _merge_evicted[(triton.cdiv(evicted_max, block_e), b * hkv)](
             k, v, modality_ids, kept_pos, evicted_pos, sum_k, sum_v, weight,
             *k.stride(), *v.stride(), modality_ids.stride(0),
-            hkv, longest, evicted_max,
+            hkv, longest, evicted_max, _kernel_threshold(merge_threshold),
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_E=block_e, BLOCK_K=int(config["BLOCK_K"]),
             IEEE_DOT=ieee, SIM_WEIGHTED=merge == "weighted", **common,
         )
@@ -428,11 +469,10 @@ def _quotas(modality: torch.Tensor, keep_ratio: Mapping, recent: int) -> torch.T
         ratios[m] = float(ratio)
     n = modality.shape[1]
     outside_recent = torch.arange(n, device=modality.device) < n - recent
-    quotas = torch.zeros((modality.shape[0], len(Modality)), dtype=torch.int64, device=modality.device)
-    for m, ratio in ratios.items():
-        candidates = ((modality == m) & outside_recent).sum(-1)
-        quotas[:, int(m)] = torch.floor(candidates.double() * ratio + 0.5).to(torch.int64)
-    return quotas
+    kinds = torch.arange(len(Modality), device=modality.device)
+    candidates = ((modality[..., None] == kinds) & outside_recent[:, None]).sum(1)  # [B, len(Modality)]
+    share = torch.tensor([ratios.get(m, 0.0) for m in Modality], dtype=torch.float64, device=modality.device)
+    return torch.floor(candidates.double() * share + 0.5).to(torch.int64)  # TEXT: 0
 
 
 def _check_inputs(q_window, k, v, modality, recent) -> None:
@@ -490,6 +530,7 @@ def compress_kv(
     sm_scale: float | None = None,
     config: Config | dict | None = None,
     merge: str = "average",
+    merge_threshold: float = DEFAULT_MERGE_THRESHOLD,
 ) -> CompressedKV:
     """Compress one prefill's K/V [B, Hkv, N, D], modality-aware.
 
@@ -499,11 +540,18 @@ def compress_kv(
     a modality not named is kept whole, text always is. recent: the last tokens, kept whatever
     they are. Evicted tokens are merged into the most similar kept token of their modality, as
     `merge` says: "average" (the default), "pivotal", "weighted" or "none" (evicted tokens are
-    dropped; see the module docstring). Returns CompressedKV (k, v [B, Hkv, L, D] in the input dtype, lengths, positions).
+    dropped; see the module docstring), but only where the cosine similarity of the two keys is
+    at least `merge_threshold` (default DEFAULT_MERGE_THRESHOLD); an evicted token with no pivot
+    that similar is dropped. −1 merges every evicted token, anything above 1 none.
+    Returns CompressedKV (k, v [B, Hkv, L, D] in the input dtype, lengths, positions).
     """
     _check_inputs(q_window, k, v, modality, recent)
     if merge not in MERGE_MODES:
         raise InputError(f"merge={merge!r}; choose one of {', '.join(MERGE_MODES)}")
+    if isinstance(merge_threshold, bool) or not isinstance(merge_threshold, (int, float)) \
+            or not math.isfinite(merge_threshold):
+        raise InputError(f"merge_threshold={merge_threshold!r}; use a cosine similarity such as 0.85 "
+                         "(-1 merges every evicted token, above 1 none)")
     quotas = _quotas(modality, keep_ratio, recent)
     b, h, w, d = q_window.shape
     if sm_scale is None:
@@ -517,6 +565,7 @@ def compress_kv(
         b=b, h=h, hkv=hkv, n=lookup_n, d=d,
         window=min(w, tail_length(lookup_n)), recent=min(recent, tail_length(lookup_n)),
         keep_pct=min(100, max(1, round(100 * kept / max(1, compressible)))), merge=merge,
+        merge_threshold=float(merge_threshold),
     )
     if config is None:
         from omnitune.runtime import get_config
@@ -526,7 +575,8 @@ def compress_kv(
         cfg = config
     else:
         cfg = SPEC.complete_config(config, problem, k.dtype)
-    return _compress(q_window, k, v, modality.to(torch.int64), quotas, recent, float(sm_scale), cfg, merge)
+    return _compress(q_window, k, v, modality.to(torch.int64), quotas, recent, float(sm_scale), cfg, merge,
+                     float(merge_threshold))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -549,7 +599,8 @@ class KVCompressProblem:
     """One compression of b sequences of n tokens laid out, in order, as: text n/8, image 3n/8,
     text n/16, audio n/8, text n/16, video n/8, text (the rest, which holds the observation
     window of `window` queries and the `recent` window). Each modality keeps keep_pct % of its
-    tokens (nearest, at least one); the evicted ones are merged as `merge` says (MERGE_MODES)."""
+    tokens (nearest, at least one); the evicted ones are merged as `merge` says (MERGE_MODES),
+    each only into a pivot at least `merge_threshold` cosine-similar (the others are dropped)."""
 
     b: int
     h: int
@@ -560,6 +611,7 @@ class KVCompressProblem:
     recent: int = 0
     keep_pct: int = 25
     merge: str = "average"
+    merge_threshold: float = DEFAULT_MERGE_THRESHOLD
 
     def __post_init__(self):
         for name in ("b", "h", "hkv", "n", "d", "window", "keep_pct"):
@@ -567,6 +619,8 @@ class KVCompressProblem:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.merge not in MERGE_MODES:
             raise ValueError(f"merge={self.merge!r} is not one of {', '.join(MERGE_MODES)}")
+        if not math.isfinite(self.merge_threshold):
+            raise ValueError(f"merge_threshold={self.merge_threshold} must be a finite cosine similarity")
         if self.recent < 0 or self.keep_pct > 100:
             raise ValueError("recent must be ≥ 0 and keep_pct ≤ 100")
         if self.h % self.hkv:
@@ -613,6 +667,7 @@ class KVCompressInputs:
     recent: int
     sm_scale: float
     merge: str = "average"
+    merge_threshold: float = DEFAULT_MERGE_THRESHOLD
 
 
 def make_inputs(problem: KVCompressProblem, dtype: torch.dtype, device, seed: int) -> KVCompressInputs:
@@ -661,6 +716,7 @@ def make_inputs(problem: KVCompressProblem, dtype: torch.dtype, device, seed: in
         recent=p.recent,
         sm_scale=1.0 / math.sqrt(p.d),
         merge=p.merge,
+        merge_threshold=p.merge_threshold,
     )
 
 
@@ -679,7 +735,7 @@ def new_output(inputs: KVCompressInputs) -> torch.Tensor:
 def launch(inputs: KVCompressInputs, out: torch.Tensor, config: Config) -> None:
     """The whole pipeline, writing the compressed K and V into out [2, B, Hkv, L, D]."""
     _compress(inputs.q_window, inputs.k, inputs.v, inputs.modality, inputs.quotas, inputs.recent,
-              inputs.sm_scale, config, inputs.merge, out=out)
+              inputs.sm_scale, config, inputs.merge, inputs.merge_threshold, out=out)
 
 
 def _reference_dtype(t: torch.Tensor) -> torch.dtype:
@@ -749,8 +805,10 @@ def reference(inputs: KVCompressInputs) -> torch.Tensor:
                     same = modality[bi][evicted][:, None] == modality[bi][kept][None, :]
                     sim = sim.masked_fill(~same, float("-inf"))
                     best, target = sim.max(dim=1)  # the first maximum: the earlier kept token
+                    always = inputs.merge_threshold <= -1
                     for e, t, s, ok in zip(evicted.tolist(), target.tolist(), best.tolist(), same.any(dim=1).tolist()):
-                        if ok:  # no kept token of its modality: dropped
+                        # dropped: no kept token of its modality, or none similar enough
+                        if ok and (always or s >= inputs.merge_threshold):
                             groups[t].append((e, s))
                 rows = [torch.tensor([e for e, _ in g], dtype=torch.int64, device=q.device) for g in groups]
                 sims = [torch.tensor([s for _, s in g], dtype=acc, device=q.device) for g in groups]
@@ -879,15 +937,17 @@ SPEC = KernelSpec(
     tolerance={torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2},
     flops=flops,
     bytes_moved=bytes_moved,
-    match=MatchPolicy(exact=("h", "hkv", "d"), max_ratio=4.0),
+    match=MatchPolicy(exact=("h", "hkv", "d", "merge_threshold"), max_ratio=4.0),
     aliases={"heads": ("h",), "kv_heads": ("hkv",), "tokens": ("n",)},
     example_problem=KVCompressProblem(b=2, h=4, hkv=2, n=64, d=32, window=8, recent=4, keep_pct=25),
     sample_problems=(
         KVCompressProblem(b=1, h=7, hkv=1, n=80, d=64, window=4, keep_pct=10),             # GQA 7
         KVCompressProblem(b=1, h=2, hkv=2, n=48, d=32, window=6, recent=6, keep_pct=100),  # no merge
         KVCompressProblem(b=1, h=1, hkv=1, n=512, d=128, window=64, keep_pct=5),  # a 64-row window
-        KVCompressProblem(b=1, h=4, hkv=2, n=64, d=32, window=8, keep_pct=25, merge="weighted"),
-        KVCompressProblem(b=1, h=4, hkv=2, n=64, d=32, window=8, keep_pct=25, merge="pivotal"),
+        # -1: the factory's copies are < 0.85 from their anchor, so only -1 exercises the merge
+        KVCompressProblem(b=1, h=4, hkv=2, n=64, d=32, window=8, keep_pct=25, merge="weighted", merge_threshold=-1.0),
+        KVCompressProblem(b=1, h=4, hkv=2, n=64, d=32, window=8, keep_pct=25, merge="pivotal", merge_threshold=-1.0),
+        KVCompressProblem(b=1, h=4, hkv=2, n=64, d=32, window=8, keep_pct=25, merge_threshold=-1.0),
     ),
     module=__name__,
 )
