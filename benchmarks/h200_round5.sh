@@ -3,10 +3,10 @@
 # cross-attention layer goes wrong (kernel variants, compute-sanitizer); what the L2 flush does to
 # memory-bound figures (read vs write flush, side by side); Nsight Compute on the long-context
 # paged decode; GPU tests of the changed code. Part B: the measurements that follow from A.
-#   OUT=dir bash benchmarks/h200_round5.sh A|B|C
+#   OUT=dir bash benchmarks/h200_round5.sh A|B|C|D
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
-part=${1:?part A, B or C}
+part=${1:?part A, B, C or D}
 step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
 B4=b=4,h=32,hkv=4,lq=1,ctx=16384,d=128,block_size=16
 
@@ -33,5 +33,10 @@ case $part in
     # now does that. Its GPU tests (several launches per config), then fused against unfused.
     step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cross_attention_layer.py
     step 330 python benchmarks/fused_layer_bench.py --out "$OUT/fused_layer_h200_round5.json"
+    ;;
+  D)
+    # kv_compress with the merge threshold and the one-sort selection; then every GPU test.
+    step 200 python benchmarks/kv_compress_bench.py --out "$OUT/kv_compress_h200_round5.json"
+    step 330 python -m pytest -q -m gpu -p no:cacheprovider tests/
     ;;
 esac
