@@ -3,10 +3,10 @@
 # cross-attention layer goes wrong (kernel variants, compute-sanitizer); what the L2 flush does to
 # memory-bound figures (read vs write flush, side by side); Nsight Compute on the long-context
 # paged decode; GPU tests of the changed code. Part B: the measurements that follow from A.
-#   OUT=dir bash benchmarks/h200_round5.sh A|B|C|D
+#   OUT=dir bash benchmarks/h200_round5.sh A|B|C|D|E
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
-part=${1:?part A, B, C or D}
+part=${1:?part A, B, C, D or E}
 step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
 B4=b=4,h=32,hkv=4,lq=1,ctx=16384,d=128,block_size=16
 
@@ -38,5 +38,17 @@ case $part in
     # kv_compress with the merge threshold and the one-sort selection; then every GPU test.
     step 200 python benchmarks/kv_compress_bench.py --out "$OUT/kv_compress_h200_round5.json"
     step 330 python -m pytest -q -m gpu -p no:cacheprovider tests/
+    ;;
+  E)
+    # The paged decode kernel now loads each tile's page numbers one iteration ahead, so the
+    # pipeliner keeps num_stages − 1 K/V tiles in flight (one before). GPU tests, the sweep on
+    # both shapes, then the shipped table searched again (Qwen2.5-Omni-7B's problems and issue 5's
+    # long-context shape) and exported into $OUT/tuned_configs.
+    step 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_paged_decode_attention.py tests/test_paged_decode_fused_reduce.py
+    step 200 python benchmarks/paged_decode_bench.py --out "$OUT/paged_decode_h200_round5.json"
+    step 260 python -m omnitune search --model qwen2.5-omni-7b --kernels paged_decode_attention --trials 20 \
+      --db "$OUT/paged.db" --timeout 200 --finalists 2
+    step 60 python -m omnitune search paged_decode_attention --shape $B4 --dtype bf16 --trials 20 --db "$OUT/paged.db" --finalists 2
+    step 20 python -m omnitune export --db "$OUT/paged.db" --out "$OUT/tuned_configs" --kernel paged_decode_attention
     ;;
 esac

@@ -61,14 +61,14 @@ def _sweep(name: str) -> list[dict]:
     picks: list[dict] = []
     if name == "b4_ctx16384":
         # 16 (sequence, kv head) pairs: 16-128 splits give 256-2,048 programs over 132 SMs; the
-        # counts that are not powers of two (24, 48, 96) fill waves the powers of two do not.
+        # counts that are not powers of two (24, 48) fill waves the powers of two do not. Stages
+        # 3 and 4 keep 2 and 3 K/V tiles in flight per program.
         for splits in (16, 24, 32, 48, 64):
-            for block_n in (64, 128):
-                for stages in (2, 3):
-                    picks.append(dict(NUM_SPLITS=splits, BLOCK_N=block_n, num_stages=stages, FUSED_REDUCE=False))
-        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=2, FUSED_REDUCE=False) for s in (96, 128)]
-        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=2, FUSED_REDUCE=True) for s in (32, 64, 128)]
-        picks += [dict(NUM_SPLITS=32, BLOCK_N=128, num_stages=st, num_warps=8, FUSED_REDUCE=False) for st in (2, 3)]
+            for block_n, stages in ((64, 3), (64, 4), (128, 3), (32, 4)):
+                picks.append(dict(NUM_SPLITS=splits, BLOCK_N=block_n, num_stages=stages, FUSED_REDUCE=False))
+        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=3, FUSED_REDUCE=False) for s in (96, 128)]
+        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=st, FUSED_REDUCE=True) for s, st in ((32, 3), (64, 3), (32, 4))]
+        picks.append(dict(NUM_SPLITS=32, BLOCK_N=128, num_stages=3, num_warps=8, FUSED_REDUCE=False))
     else:
         # 256 pairs: two programs per SM already without splitting; few splits, short tails.
         for splits in (1, 2, 4, 8):
@@ -76,7 +76,7 @@ def _sweep(name: str) -> list[dict]:
                 for stages in (2, 3):
                     picks.append(dict(NUM_SPLITS=splits, BLOCK_N=block_n, num_stages=stages,
                                       FUSED_REDUCE=splits > 1))
-        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=st, FUSED_REDUCE=False) for s in (2, 4) for st in (2, 3)]
+        picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=st, FUSED_REDUCE=False) for s in (2, 4) for st in (2, 3, 4)]
         picks += [dict(NUM_SPLITS=s, BLOCK_N=64, num_stages=3, num_warps=2, FUSED_REDUCE=True) for s in (2, 4)]
         picks += [dict(NUM_SPLITS=s, BLOCK_N=128, num_stages=2, num_warps=8, FUSED_REDUCE=True) for s in (2, 4)]
     return picks

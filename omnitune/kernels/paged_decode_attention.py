@@ -143,11 +143,20 @@ def _paged_decode_split(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    # The tile's page numbers are loaded one iteration ahead (page_next). Loaded in the same
+    # iteration, they would make the K/V addresses depend on a load of that iteration, and Triton's
+    # software pipeliner then keeps ONE K/V tile in flight whatever num_stages says (compiled for
+    # sm_90: one buffer each for 3 or 4 stages); carried over from the previous iteration, the
+    # K/V loads get num_stages − 1 buffers, the memory-level parallelism a decode step lives on.
+    # PAGE_SIZE is a constexpr: a power of two makes the page arithmetic a shift and a mask.
+    first = k_start + offs_n
+    page_next = tl.load(table + (first // PAGE_SIZE) * stride_btp, mask=first < k_end, other=0)
     for start_n in range(k_start, k_end, BLOCK_N):
         n = start_n + offs_n
         key_valid = n < k_end
-        # PAGE_SIZE is a constexpr: a power of two makes these a shift and a mask.
-        page = tl.load(table + (n // PAGE_SIZE) * stride_btp, mask=key_valid, other=0).to(tl.int64)
+        page = page_next.to(tl.int64)
+        ahead = n + BLOCK_N
+        page_next = tl.load(table + (ahead // PAGE_SIZE) * stride_btp, mask=ahead < k_end, other=0)
         in_page = (n % PAGE_SIZE).to(tl.int64)
         kv_mask = key_valid[:, None] & d_valid[None, :]
         k = tl.load(k_head + page[:, None] * stride_kcb + in_page[:, None] * stride_kcs
@@ -633,10 +642,12 @@ def _rows(problem: PagedDecodeProblem, config: Config) -> int:
 
 
 def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
-    # Q tile plus K and V tiles for each pipeline stage, as in the attention kernel's model.
+    # Q tile plus K and V tiles for each pipeline buffer: num_stages − 1 of each (at least one),
+    # as Triton's pipeliner allocates them for this loop on sm_90.
     elt = element_bytes(dtype)
     bd = triton.next_power_of_2(problem.d)
-    need = elt * bd * (_block_m(_rows(problem, config)) + int(config["num_stages"]) * 2 * int(config["BLOCK_N"]))
+    buffers = max(1, int(config["num_stages"]) - 1)
+    need = elt * bd * (_block_m(_rows(problem, config)) + buffers * 2 * int(config["BLOCK_N"]))
     have = limits.shared_memory_per_block_bytes
     if need > have:
         return f"needs ~{need // 1024} KiB of shared memory, the device has {have // 1024} KiB"
