@@ -9,6 +9,12 @@ q_out ms, the best fused path's speedup over unfused, and what the rollback woul
 fastest of the three: a tuned table measures all paths, so it is never slower than unfused).
 
     python benchmarks/fused_layer_bench.py --out benchmarks/results/fused_layer_h200.json [--quick]
+    python benchmarks/fused_layer_bench.py --kv-cached --out benchmarks/results/fused_layer_kv_cached_h200.json
+
+--kv-cached runs the decode-like shapes as a decode step does: with the attended modality's K/V
+projected once beforehand (kv_cached=True), so that no path runs the K/V GEMM and the comparison is
+fused against unfused per step. Each such shape also times, for context, the unfused layer that
+still projects x_kv (`unfused_uncached_ms`) and the K/V GEMM that caching takes out of the step.
 
 Budget: compiling a config takes about a second. The full run sweeps up to 6 configs per fused
 path per shape, --quick 3; once --budget-s seconds have passed, the remaining shapes drop to the
@@ -18,6 +24,7 @@ quick sweep so that the run ends within about four minutes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
@@ -25,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from omnitune.kernels.cross_attention_layer import SPEC, CrossAttentionLayerProblem, fused_config, project_kv
+from omnitune.kernels.cross_attention_layer import SPEC, CrossAttentionLayerProblem, fused_config, kv_projection, unfused
 from omnitune.profile.bench import run_bench
 from omnitune.profile.device import current_device_facts
 from omnitune.profile.timing import L2Flusher, time_cuda
@@ -71,7 +78,8 @@ def bench_shape(name: str, problem, count: int) -> dict:
             configs[f"{fusion}#{i}"] = cfg
     start = time.perf_counter()
     rows = run_bench(SPEC, problem, DTYPE, configs, baselines=True)
-    kv_gemm = _time_kv_gemm(problem)
+    kv_gemm, uncached = _time_uncached_parts(problem)
+    torch.cuda.empty_cache()  # those inputs are gone now
 
     def best(prefix):
         ok = [r for r in rows if r.kind == "omnitune" and r.name.startswith(f"omnitune[{prefix}") and r.status == "ok"]
@@ -84,12 +92,17 @@ def bench_shape(name: str, problem, count: int) -> dict:
     fused = {k: v for k, v in paths.items() if k != "none" and v is not None}
     best_fused = min(fused, key=fused.get) if fused else None
     choice = min((k for k, v in paths.items() if v is not None), key=paths.get)
+    fastest = min(v for v in paths.values() if v is not None)
     return {
-        "name": name, "problem_key": SPEC.problem_key(problem), "dtype": "bf16",
+        "name": name, "problem_key": SPEC.problem_key(problem), "dtype": "bf16", "kv_cached": problem.kv_cached,
         "flops": SPEC.flops(problem), "bytes": SPEC.bytes_moved(problem, DTYPE),
         "configs_per_path": count, "wall_s": time.perf_counter() - start,
         "rows": [r.as_record() for r in rows],
-        "kv_gemm_ms": kv_gemm.median_ms, "kv_gemm_share_of_unfused": kv_gemm.median_ms / unfused_ms,
+        "kv_gemm_ms": kv_gemm.median_ms,
+        # Uncached, the GEMM is part of the unfused layer; cached, it is what caching took out.
+        "kv_gemm_share_of_unfused": None if problem.kv_cached else kv_gemm.median_ms / unfused_ms,
+        "unfused_uncached_ms": uncached.median_ms if uncached else None,
+        "speedup_cached_fastest_vs_uncached_unfused": uncached.median_ms / fastest if uncached else None,
         "unfused_ms": unfused_ms, "best_q_ms": paths["q"], "best_q_out_ms": paths["q_out"],
         "best_q_config": _config_of(rows, best("q#")), "best_q_out_config": _config_of(rows, best("q_out#")),
         "best_fused": best_fused,
@@ -100,12 +113,14 @@ def bench_shape(name: str, problem, count: int) -> dict:
     }
 
 
-def _time_kv_gemm(problem):
-    """The K/V projection alone: the GEMM every path runs identically."""
-    inputs = SPEC.make_inputs(problem, DTYPE, "cuda", 1)
-    timing = time_cuda(lambda: project_kv(inputs), flusher=L2Flusher())
-    torch.cuda.empty_cache()
-    return timing
+def _time_uncached_parts(problem):
+    """The K/V projection alone (the GEMM every uncached path runs identically, and the one a
+    cached problem no longer runs), and for a cached problem the unfused layer that still runs it."""
+    inputs = SPEC.make_inputs(dataclasses.replace(problem, kv_cached=False), DTYPE, "cuda", 1)
+    flusher = L2Flusher()
+    kv_gemm = time_cuda(lambda: kv_projection(inputs.x_kv, inputs.wkv, inputs.bkv), flusher=flusher)
+    uncached = time_cuda(lambda: unfused(inputs), flusher=flusher) if problem.kv_cached else None
+    return kv_gemm, uncached
 
 
 def _config_of(rows, row):
@@ -119,15 +134,19 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=120.0,
                         help="after this many seconds, the remaining shapes get the quick sweep")
     parser.add_argument("--only", nargs="*", help="shape names to run (default: all)")
+    parser.add_argument("--kv-cached", action="store_true",
+                        help="only the decode-like shapes, with K/V projected once beforehand (kv_cached)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     started = time.perf_counter()
     results = []
     for name, model, b, lq, lk in SHAPES:
-        if args.only and name not in args.only:
+        if (args.only and name not in args.only) or (args.kv_cached and "decode" not in name):
             continue
-        problem = CrossAttentionLayerProblem(b=b, lq=lq, lk=lk, **MODELS[model])
+        problem = CrossAttentionLayerProblem(b=b, lq=lq, lk=lk, kv_cached=args.kv_cached, **MODELS[model])
+        if args.kv_cached:
+            name += ", K/V cached"
         late = time.perf_counter() - started > args.budget_s
         res = bench_shape(name, problem, QUICK if args.quick or late else FULL)
         results.append(res)
@@ -136,19 +155,24 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         payload = {"device": current_device_facts().as_dict(), "source_hash": SPEC.source_hash(),
                    "command": "python benchmarks/fused_layer_bench.py --out " + str(args.out)
-                   + (" --quick" if args.quick else ""),
+                   + (" --quick" if args.quick else "") + (" --kv-cached" if args.kv_cached else ""),
                    "total_s": time.perf_counter() - started, "results": results}
         args.out.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
     def ms(x):
         return f"{x:8.4f}" if isinstance(x, float) else "       —"
 
-    print(f"\n{'shape':30s} {'unfused':>8s} {'KV GEMM':>8s} {'best q':>8s} {'best q_out':>10s} "
-          f"{'fused/unf':>9s}  rollback")
+    # Cached, "KV GEMM" is the projection taken out of each step, and "uncached" the unfused layer
+    # that still runs it: how much a decode step gains from caching alone.
+    print(f"\n{'shape':36s} {'unfused':>8s} {'KV GEMM':>8s} {'best q':>8s} {'best q_out':>10s} "
+          f"{'fused/unf':>9s}  {'rollback':8s}" + (f" {'uncached':>8s} {'gain':>6s}" if args.kv_cached else ""))
     for r in results:
         sp = r["speedup_best_fused_vs_unfused"]
-        print(f"{r['name']:30s} {ms(r['unfused_ms'])} {ms(r['kv_gemm_ms'])} {ms(r['best_q_ms'])} "
-              f"{ms(r['best_q_out_ms'])}  {(f'{sp:7.2f}x' if sp else '      —')}  {r['rollback_choice']}")
+        line = (f"{r['name']:36s} {ms(r['unfused_ms'])} {ms(r['kv_gemm_ms'])} {ms(r['best_q_ms'])} "
+                f"{ms(r['best_q_out_ms'])}  {(f'{sp:7.2f}x' if sp else '      —')}  {r['rollback_choice']:8s}")
+        if r["kv_cached"]:
+            line += f" {ms(r['unfused_uncached_ms'])} {r['speedup_cached_fastest_vs_uncached_unfused']:5.2f}x"
+        print(line)
     print(f"total {time.perf_counter() - started:.0f} s; wrote {args.out}")
 
 

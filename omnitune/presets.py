@@ -18,7 +18,8 @@ finds a tuned problem for the traffic in between:
 - the fused cross-attention layer (text queries over an image's or a video's hidden states, with
   the model's projections): decode-like steps (batch 1–8, 1–16 queries, 1k–4k attended tokens),
   text → image prefill (batch 2–8, 256–512 queries over ~4k tokens) and long video (batch 1–2,
-  128–512 queries over 8k–16k tokens), one problem each.
+  128–512 queries over 8k–16k tokens), one problem each; and the decode-like steps again with the
+  attended K/V projected once and cached (kv_cached, matched exactly), one problem.
 
 tests/test_presets.py checks that coverage on a grid of problems between these points.
 
@@ -66,9 +67,12 @@ DIT_SIDES_PX = (512, 1024)
 # Paged KV caches use pages of this many tokens (vLLM's default).
 KV_BLOCK_SIZE = 16
 
-# Fused cross-attention layer (b, lq, lk): decode-like, text → image prefill, long video.
-CROSS_LAYER_PROBLEMS = ((2, 4, 2048, "decode-like"), (8, 512, 4096, "text → image prefill"),
-                        (1, 256, 16384, "long video"))
+# Fused cross-attention layer (b, lq, lk, role, kv_cached): decode-like, text → image prefill, long
+# video; and the decode step again with the image's K/V projected once and reused (kv_cached), as
+# a decode loop runs it: a different mix of work, tuned apart.
+CROSS_LAYER_PROBLEMS = ((2, 4, 2048, "decode-like", False), (8, 512, 4096, "text → image prefill", False),
+                        (1, 256, 16384, "long video", False),
+                        (2, 4, 2048, "decode-like, K/V cached", True))
 
 KERNELS = ("attention", "kv_cache_write", "paged_decode_attention", "cross_attention_layer")
 
@@ -246,7 +250,8 @@ def _cross_attention_layers(p: ModelPreset) -> list[PresetProblem]:
 
     return [
         PresetProblem("cross_attention_layer", CrossAttentionLayerProblem(
-            b=b, lq=lq, lk=lk, hidden=p.hidden, h=p.heads, hkv=p.kv_heads, d=p.head_dim,
-        ), f"{what}: batch {b}, {lq} text queries over {lk} image/video tokens, with the projections")
-        for b, lq, lk, what in CROSS_LAYER_PROBLEMS
+            b=b, lq=lq, lk=lk, hidden=p.hidden, h=p.heads, hkv=p.kv_heads, d=p.head_dim, kv_cached=cached,
+        ), f"{what}: batch {b}, {lq} text queries over {lk} image/video tokens, "
+           + ("K/V projected once, Q/O projections per call" if cached else "with the projections"))
+        for b, lq, lk, what, cached in CROSS_LAYER_PROBLEMS
     ]

@@ -18,7 +18,7 @@ from omnitune import export
 from omnitune.cli import app
 from omnitune.errors import ConfigError, InputError, ShapeError
 from omnitune.kernels import cross_attention_layer as kernel
-from omnitune.kernels.cross_attention_layer import PARKED, SPEC, UNFUSED, CrossAttentionLayerProblem
+from omnitune.kernels.cross_attention_layer import FUSIONS, PARKED, SPEC, UNFUSED, CrossAttentionLayerProblem
 from omnitune.runtime import layers
 from omnitune.spec import Config, DeviceLimits
 
@@ -417,6 +417,155 @@ def test_cli_shape_errors_are_one_line():
     assert "head dim d=80" in result.stderr and "Traceback" not in result.output
 
 
+# --- cached K/V (kv_cached): the attended modality projected once, reused by every step ------------
+
+CACHED = P(b=2, lq=5, lk=19, hidden=128, h=4, hkv=2, d=64, bias=True, kv_cached=True)
+
+
+def without_x_kv(inputs):
+    """The inputs with x_kv, Wkv and bkv gone: a path that still reads them fails."""
+    return dataclasses.replace(inputs, x_kv=None, wkv=None, bkv=None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("fusion, small", [("none", False), ("q", True), ("q_out", True)])
+def test_cached_kv_paths_match_the_reference(dtype, fusion, small):
+    inputs = SPEC.make_inputs(CACHED, dtype, DEVICE, 3)
+    ref = SPEC.reference(inputs)  # projects x_kv itself, in float64
+    assert ref.abs().mean() > 0.1
+    cached = without_x_kv(inputs)
+    out = SPEC.new_output(cached)
+    SPEC.launch(cached, out, config_for(CACHED, dtype, fusion, small))
+    assert SPEC.compare(out, ref) <= TOLERANCE[dtype]
+
+
+def test_make_inputs_projects_the_cached_kv_once_with_the_layers_gemm():
+    inputs = SPEC.make_inputs(CACHED, torch.float32, DEVICE, 0)
+    assert inputs.kv.shape == (CACHED.b, CACHED.lk, 2 * CACHED.hkv * CACHED.d)
+    assert torch.equal(inputs.kv, torch.nn.functional.linear(inputs.x_kv, inputs.wkv, inputs.bkv))
+    assert SPEC.make_inputs(dataclasses.replace(CACHED, kv_cached=False), torch.float32, DEVICE, 0).kv is None
+
+
+def test_no_path_runs_the_kv_gemm_on_cached_kv(monkeypatch):
+    inputs = SPEC.make_inputs(CACHED, torch.float32, DEVICE, 0)
+
+    def must_not_run(*args):
+        raise AssertionError("the K/V GEMM ran although K/V are cached")
+
+    monkeypatch.setattr(kernel, "kv_projection", must_not_run)
+    for fusion in FUSIONS:
+        SPEC.launch(inputs, SPEC.new_output(inputs), config_for(CACHED, torch.float32, fusion, small=True))
+
+
+def test_a_wrong_cached_kv_fails_the_reference_check():
+    # The reference projects x_kv itself, so cached K/V that are not x_kv's projection are caught.
+    inputs = SPEC.make_inputs(CACHED, torch.float32, DEVICE, 0)
+    bad = dataclasses.replace(inputs, kv=inputs.kv.clone())
+    bad.kv[..., : CACHED.hkv * CACHED.d] *= 1.5  # K scaled: another softmax
+    out = SPEC.new_output(bad)
+    SPEC.launch(bad, out, Config(UNFUSED))
+    assert SPEC.compare(out, SPEC.reference(bad)) > 1e-2
+
+
+def test_cached_flops_and_bytes_leave_out_the_kv_projection():
+    p, cached = dataclasses.replace(CACHED, kv_cached=False), CACHED
+    kv_width = 2 * p.hkv * p.d
+    assert SPEC.flops(p) - SPEC.flops(cached) == 2.0 * p.b * p.lk * p.hidden * kv_width
+    # fp16: 2 bytes. Cached reads kv [B, Lk, 2·hkv·d] instead of x_kv [B, Lk, hidden], Wkv and bkv.
+    saved = p.b * p.lk * p.hidden + kv_width * p.hidden + kv_width - p.b * p.lk * kv_width
+    assert SPEC.bytes_moved(p, torch.float16) - SPEC.bytes_moved(cached, torch.float16) == 2 * saved
+
+
+def test_kv_cached_is_in_the_problem_key_and_matched_exactly():
+    key = SPEC.problem_key(CACHED)
+    assert key == "b=2,lq=5,lk=19,hidden=128,h=4,hkv=2,d=64,bias=1,kv_cached=1"
+    assert SPEC.parse_shape(key) == CACHED
+    assert SPEC.parse_shape(SPEC.problem_key(CACHED).replace(",kv_cached=1", "")).kv_cached is False
+    uncached = dataclasses.replace(CACHED, kv_cached=False)
+    assert SPEC.problem_key(uncached).endswith(",kv_cached=0")
+    assert SPEC.match.distance(CACHED, uncached) is None
+    assert SPEC.match.distance(CACHED, dataclasses.replace(CACHED, b=4)) == 1.0
+    assert "kv_cached" in SPEC.match.exact
+
+
+def test_the_shipped_table_loads_and_answers_only_uncached_problems():
+    from pathlib import Path
+
+    from omnitune.runtime import _tables
+
+    path = Path(kernel.__file__).parents[2] / "tuned_configs" / "cross_attention_layer" / "NVIDIA_H200.json"
+    table = _tables.load_table(path, SPEC, "omnitune search ...")
+    raw = json.loads(path.read_text())["entries"]
+    assert table is not None and set(table.entries) == set(raw)  # no entry skipped
+    assert all(not e.problem.kv_cached for e in table.entries.values())
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_runtime_with_kv_given_matches_runtime_with_x_kv(layer_state, fusion):
+    inputs, args, heads = layer_args(CACHED)
+    x_q, x_kv, wq, wkv, wo, bq, bkv, bo = args
+    kv = layers.project_kv(x_kv, wkv, bkv)
+    assert torch.equal(kv, inputs.kv)
+    cached = layers.cross_attention_layer(x_q, None, wq, None, wo, bq, None, bo, **heads, kv=kv,
+                                          config={"FUSION": fusion})
+    projected = layers.cross_attention_layer(*args, **heads, config={"FUSION": fusion})
+    assert torch.allclose(cached, projected, rtol=1e-5, atol=1e-6)
+    assert SPEC.compare(cached, SPEC.reference(inputs)) <= TOLERANCE[torch.float32]
+
+
+def test_runtime_with_kv_looks_up_the_cached_problem(layer_state, monkeypatch):
+    uncached = dataclasses.replace(CACHED, kv_cached=False)
+    chosen = config_for(CACHED, torch.float32, "q", small=True)
+    _table_says(layer_state, CACHED, chosen)  # tuned: fused for cached K/V only
+    monkeypatch.setattr(runtime, "_current_device_name", lambda: H200)
+    seen = []
+    real = kernel.launch_fused
+    monkeypatch.setattr(kernel, "launch_fused", lambda i, o, c: (seen.append(c), real(i, o, c)))
+    inputs, args, heads = layer_args(CACHED)
+    x_q, x_kv, wq, wkv, wo, bq, bkv, bo = args
+    out = layers.cross_attention_layer(x_q, None, wq, None, wo, bq, None, bo, **heads,
+                                       kv=layers.project_kv(x_kv, wkv, bkv))
+    assert seen == [chosen]
+    assert SPEC.compare(out, SPEC.reference(inputs)) <= TOLERANCE[torch.float32]
+    # the same shapes with x_kv are another problem: not matched to the cached entry
+    assert runtime.lookup("cross_attention_layer", uncached, torch.float32).rung is runtime.Rung.DEFAULT
+    layers.cross_attention_layer(*args, **heads)
+    assert seen == [chosen]
+
+
+def test_bad_cached_kv_is_one_clear_input_error(layer_state):
+    inputs, args, heads = layer_args(CACHED)
+    x_q, x_kv, wq, wkv, wo, bq, bkv, bo = args
+    kv = inputs.kv
+
+    def call(kv=kv, x_kv=None, wkv=None, bkv=None, bq=bq, bo=bo, heads=heads):
+        return layers.cross_attention_layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, **heads, kv=kv)
+
+    cases = [
+        (dict(kv=kv[..., :-64]), "kv's last dim must be 2·kv_heads·d = 256"),
+        (dict(kv=kv[:1]), r"kv \[1, 19, 256\] has batch 1, x_q \[2, 5, 128\] has 2"),
+        (dict(kv=kv[0]), "x_q and kv must be 3-D"),
+        (dict(x_kv=x_kv), "kv replaces x_kv, wkv and bkv .*pass x_kv as None"),
+        (dict(wkv=wkv, bkv=bkv), "pass wkv, bkv as None"),
+        (dict(kv=None), "K/V need a source: give x_kv and wkv, or kv"),
+        (dict(kv=kv.half()), "one dtype"),
+        (dict(kv=kv.to("meta")), "one device"),
+        (dict(bo=None), "give all of bq, bo or none of them .*kv already holds bkv"),
+        (dict(kv=kv.tolist()), "kv must be a torch.Tensor, got list"),
+        (dict(heads=dict(heads=4, kv_heads=1)), "kv's last dim must be 2·kv_heads·d = 128"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(InputError, match=message) as info:
+            call(**kwargs)
+        assert "\n" not in str(info.value)
+    with pytest.raises(InputError, match="wkv must be"):
+        layers.project_kv(x_kv, wkv[:, :64], bkv)
+    with pytest.raises(InputError, match="x_kv must be 3-D"):
+        layers.project_kv(x_kv[0], wkv, bkv)
+    with pytest.raises(InputError, match="bkv must be None or a tensor of shape"):
+        layers.project_kv(x_kv, wkv, bkv[:-1])
+
+
 # --- on the GPU, at Qwen2.5-Omni-7B's dimensions ---------------------------------------------------
 
 QWEN7B = dict(hidden=3584, h=28, hkv=4, d=128)
@@ -471,3 +620,30 @@ def test_runtime_layer_on_gpu_and_bench_shows_both_paths(layer_state, tmp_path):
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "b.json").read_text())["results"][0]["rows"]
     assert {r["name"] for r in rows if r["status"] == "ok"} >= {"omnitune[default]", "unfused (cuBLAS+SDPA)"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fusion", ["none", "q"])
+@pytest.mark.parametrize("b, lq, lk", [(2, 16, 1024), (8, 1, 4096)])
+def test_qwen7b_bf16_cached_kv_on_gpu(fusion, b, lq, lk):
+    problem = P(b=b, lq=lq, lk=lk, bias=True, kv_cached=True, **QWEN7B)
+    inputs = SPEC.make_inputs(problem, torch.bfloat16, DEVICE, 0)
+    ref = SPEC.reference(inputs)  # from x_kv, projected in fp32
+    cached = without_x_kv(inputs)  # the paths must read kv alone
+    out = SPEC.new_output(cached)
+    SPEC.launch(cached, out, config_for(problem, torch.bfloat16, fusion))
+    assert SPEC.compare(out, ref) <= SPEC.tolerance[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_runtime_layer_with_cached_kv_on_gpu(layer_state):
+    problem = P(b=2, lq=4, lk=2048, bias=True, kv_cached=True, **QWEN7B)
+    inputs, args, heads = layer_args(problem, torch.bfloat16)
+    x_q, x_kv, wq, wkv, wo, bq, bkv, bo = args
+    kv = layers.project_kv(x_kv, wkv, bkv)
+    ref = SPEC.reference(inputs)
+    for fusion in ("none", "q"):
+        for _ in range(2):  # a decode loop: the same cached kv, step after step
+            out = layers.cross_attention_layer(x_q, None, wq, None, wo, bq, None, bo, **heads, kv=kv,
+                                               config={"FUSION": fusion})
+            assert SPEC.compare(out, ref) <= SPEC.tolerance[torch.bfloat16]

@@ -105,6 +105,8 @@ def _traffic(preset) -> dict[str, list]:
                            itertools.product((2, 4, 8), (256, 512), (2048, 4096)),               # prefill
                            itertools.product((1, 2), (128, 256, 512), (8192, 16384)))             # long video
               for b, lq, lk in grid]
+    layers += [CrossAttentionLayerProblem(b=b, lq=lq, lk=lk, hidden=preset.hidden, h=h, hkv=hkv, d=d, kv_cached=True)
+               for b, lq, lk in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16), (1024, 2048, 4096))]  # decode steps
     return {"attention": attention, "paged_decode_attention": paged, "kv_cache_write": writes,
             "cross_attention_layer": layers}
 

@@ -47,6 +47,13 @@ BLOCK_M 64). It is computed once per call by one cuBLAS GEMM into [B, Lk, 2·hkv
 halves the attention reads through strides, without copies. Every path does this identically, so
 the comparison between paths is fair; benchmarks/fused_layer_bench.py times this GEMM alone so
 that its share of the layer is known.
+
+Cached K/V (kv_cached=True). In a decode loop the attended modality (an image, a video) does not
+change between steps, so production projects it once and reuses the result: the layer's inputs
+then hold kv [B, Lk, 2·hkv·d] itself (bias applied) and no path runs the K/V GEMM. That GEMM was
+20–85% of a decode-like layer call on the H200 (benchmarks/results/fused_layer_h200_round5.json),
+so a cached problem is a different problem for tuning: kv_cached is part of the problem key and
+matched exactly by the runtime. The reference still projects x_kv itself, in its own precision.
 """
 
 from __future__ import annotations
@@ -229,6 +236,8 @@ class CrossAttentionLayerProblem:
     hkv: int
     d: int
     bias: bool = False
+    kv_cached: bool = False
+    """The inputs hold the projected K/V [b, lk, 2·hkv·d]; the layer skips the K/V GEMM."""
 
     def __post_init__(self):
         for name in ("b", "lq", "lk", "hidden", "h", "hkv", "d"):
@@ -266,9 +275,9 @@ class Workspace:
 @dataclass
 class LayerInputs:
     x_q: torch.Tensor
-    x_kv: torch.Tensor
+    x_kv: torch.Tensor | None  # None when kv is given (the runtime with cached K/V)
     wq: torch.Tensor
-    wkv: torch.Tensor
+    wkv: torch.Tensor | None   # likewise
     wo: torch.Tensor
     bq: torch.Tensor | None
     bkv: torch.Tensor | None
@@ -277,22 +286,45 @@ class LayerInputs:
     hkv: int
     workspace: Workspace | None  # needed by FUSION=q_out only
     sm_scale: float
+    kv: torch.Tensor | None = None
+    """The projected K/V [B, Lk, 2·hkv·d] (K rows, then V rows, bias applied), computed once
+    and reused: every path reads it instead of projecting x_kv."""
 
     @property
     def d(self) -> int:
         return self.wq.shape[0] // self.h
 
 
-def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int) -> CrossAttentionLayerProblem:
-    """The problem these tensors describe; InputError for anything the layer cannot run on."""
-    named = {"x_q": x_q, "x_kv": x_kv, "wq": wq, "wkv": wkv, "wo": wo}
+def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int, kv=None) -> CrossAttentionLayerProblem:
+    """The problem these tensors describe; InputError for anything the layer cannot run on.
+
+    K/V come from exactly one source: x_kv projected by wkv (and bkv), or kv, that projection
+    already made (cached K/V, kv_cached=True). With kv, x_kv, wkv and bkv must be None: the layer
+    would not read them, and checking that they still agree with kv would cost the GEMM that
+    caching saves."""
+    cached = kv is not None
+    if cached:
+        extra = [n for n, t in (("x_kv", x_kv), ("wkv", wkv), ("bkv", bkv)) if t is not None]
+        if extra:
+            raise InputError(f"kv replaces x_kv, wkv and bkv (it is their projection): pass "
+                             f"{', '.join(extra)} as None when kv is given")
+        named = {"x_q": x_q, "kv": kv, "wq": wq, "wo": wo}
+    else:
+        if x_kv is None or wkv is None:
+            raise InputError("K/V need a source: give x_kv and wkv, or kv (x_kv already projected, "
+                             "e.g. by omnitune.runtime.layers.project_kv)")
+        named = {"x_q": x_q, "x_kv": x_kv, "wq": wq, "wkv": wkv, "wo": wo}
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if x_q.dim() != 3 or x_kv.dim() != 3:
-        raise InputError(f"x_q and x_kv must be 3-D [B, L, hidden], got {list(x_q.shape)} and {list(x_kv.shape)}")
+    source_name, source = ("kv", kv) if cached else ("x_kv", x_kv)
+    if x_q.dim() != 3 or source.dim() != 3:
+        raise InputError(f"x_q and {source_name} must be 3-D [B, L, hidden], got {list(x_q.shape)} "
+                         f"and {list(source.shape)}")
     b, lq, hidden = x_q.shape
-    if x_kv.shape[0] != b or x_kv.shape[2] != hidden:
+    if cached and kv.shape[0] != b:
+        raise InputError(f"kv {list(kv.shape)} has batch {kv.shape[0]}, x_q {list(x_q.shape)} has {b}")
+    if not cached and (x_kv.shape[0] != b or x_kv.shape[2] != hidden):
         raise InputError(f"x_kv {list(x_kv.shape)} does not match x_q {list(x_q.shape)} in batch and hidden")
     if not isinstance(h, int) or not isinstance(hkv, int) or h < 1 or hkv < 1 or h % hkv:
         raise InputError(f"heads={h!r} must be a positive multiple of kv_heads={hkv!r}")
@@ -301,14 +333,20 @@ def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int) -> Cross
     d = wq.shape[0] // h
     if d not in HEAD_DIMS:
         raise InputError(f"head dim {d} (wq rows / heads) is not supported; use one of {HEAD_DIMS}")
-    expected = {"wkv": (2 * hkv * d, hidden), "wo": (hidden, h * d)}
+    if cached and kv.shape[2] != 2 * hkv * d:
+        raise InputError(f"kv's last dim must be 2·kv_heads·d = {2 * hkv * d} (K rows, then V rows), "
+                         f"got {list(kv.shape)}")
+    expected = {"wo": (hidden, h * d)} if cached else {"wkv": (2 * hkv * d, hidden), "wo": (hidden, h * d)}
     for name, shape in expected.items():
         if tuple(named[name].shape) != shape:
             raise InputError(f"{name} must be {list(shape)}, got {list(named[name].shape)}")
-    biases = {"bq": (bq, h * d), "bkv": (bkv, 2 * hkv * d), "bo": (bo, hidden)}
+    biases = {"bq": (bq, h * d), "bo": (bo, hidden)}
+    if not cached:  # cached K/V carry bkv already
+        biases = {"bq": biases["bq"], "bkv": (bkv, 2 * hkv * d), "bo": biases["bo"]}
     given = [n for n, (t, _) in biases.items() if t is not None]
-    if given and len(given) != 3:
-        raise InputError(f"give all of bq, bkv, bo or none of them (got only {', '.join(given)})")
+    if given and len(given) != len(biases):
+        raise InputError(f"give all of {', '.join(biases)} or none of them (got only {', '.join(given)})"
+                         + ("; kv already holds bkv" if cached else ""))
     for name, (t, size) in biases.items():
         if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (size,)):
             raise InputError(f"{name} must be a tensor of shape [{size}]")
@@ -319,24 +357,35 @@ def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int) -> Cross
         raise InputError("all tensors must have one dtype")
     if x_q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise InputError(f"unsupported dtype {x_q.dtype}; use float16, bfloat16 or float32")
-    if lq == 0 or x_kv.shape[1] == 0 or hidden == 0:
+    lk = source.shape[1]
+    if lq == 0 or lk == 0 or hidden == 0:
         raise InputError("sequence lengths and hidden must be ≥ 1")
-    return CrossAttentionLayerProblem(b=b, lq=lq, lk=x_kv.shape[1], hidden=hidden, h=h, hkv=hkv, d=d,
-                                      bias=bq is not None)
+    return CrossAttentionLayerProblem(b=b, lq=lq, lk=lk, hidden=hidden, h=h, hkv=hkv, d=d,
+                                      bias=bq is not None, kv_cached=cached)
+
+
+def kv_projection(x_kv: torch.Tensor, wkv: torch.Tensor, bkv: torch.Tensor | None) -> torch.Tensor:
+    """[B, Lk, 2·hkv·d]: K then V of every kv head, by one GEMM. What every path runs per call,
+    and what cached K/V hold (made once by the same GEMM)."""
+    return F.linear(x_kv, wkv, bkv)
 
 
 def project_kv(inputs: LayerInputs) -> torch.Tensor:
-    """[B, Lk, 2·hkv·d]: K then V of every kv head, by one GEMM, for every path alike."""
-    return F.linear(inputs.x_kv, inputs.wkv, inputs.bkv)
+    """The K/V every path reads: the cached tensor when the inputs hold one (no GEMM), otherwise
+    x_kv projected now."""
+    if inputs.kv is not None:
+        return inputs.kv
+    return kv_projection(inputs.x_kv, inputs.wkv, inputs.bkv)
 
 
 def unfused(inputs: LayerInputs) -> torch.Tensor:
     """The layer through PyTorch: cuBLAS GEMMs and SDPA (GQA without expanding K/V where SDPA
     allows it). The baseline and the rollback path."""
     b, lq, _ = inputs.x_q.shape
-    lk, h, hkv, d = inputs.x_kv.shape[1], inputs.h, inputs.hkv, inputs.d
+    h, hkv, d = inputs.h, inputs.hkv, inputs.d
     q = F.linear(inputs.x_q, inputs.wq, inputs.bq).view(b, lq, h, d).transpose(1, 2)
-    kv = project_kv(inputs).view(b, lk, 2, hkv, d)
+    kv = project_kv(inputs)
+    kv = kv.reshape(b, kv.shape[1], 2, hkv, d)  # a view, unless a caller's cached kv is oddly strided
     k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
     o = _sdpa(q, k, v, inputs.sm_scale)
     return F.linear(o.transpose(1, 2).reshape(b, lq, h * d), inputs.wo, inputs.bo)
@@ -360,8 +409,8 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     x_q, wq, wo = inputs.x_q, inputs.wq, inputs.wo
     b, lq, hidden = x_q.shape
     h, hkv, d = inputs.h, inputs.hkv, inputs.d
-    lk = inputs.x_kv.shape[1]
     kv = project_kv(inputs)
+    lk = kv.shape[1]
     ws = inputs.workspace
     if fuse_out and ws is None:
         raise InputError("FUSION=q_out needs a workspace (Workspace.zeroed)")
@@ -427,7 +476,7 @@ def make_inputs(problem: CrossAttentionLayerProblem, dtype: torch.dtype, device,
 
     # Weights scaled by hidden^-½ (as initialized models are) keep activations O(1) in fp16.
     w = 1.0 / math.sqrt(p.hidden)
-    return LayerInputs(
+    inputs = LayerInputs(
         x_q=rand(p.b, p.lq, p.hidden),
         x_kv=rand(p.b, p.lk, p.hidden),
         wq=rand(p.h * p.d, p.hidden, scale=w),
@@ -441,6 +490,11 @@ def make_inputs(problem: CrossAttentionLayerProblem, dtype: torch.dtype, device,
         workspace=Workspace.zeroed(p.b, p.lq, p.hidden, device),
         sm_scale=1.0 / math.sqrt(p.d),
     )
+    if p.kv_cached:
+        # Projected once, as a decode loop does before its first step; x_kv and Wkv stay for the
+        # reference, which projects them itself.
+        inputs.kv = kv_projection(inputs.x_kv, inputs.wkv, inputs.bkv)
+    return inputs
 
 
 def new_output(inputs: LayerInputs) -> torch.Tensor:
@@ -449,7 +503,9 @@ def new_output(inputs: LayerInputs) -> torch.Tensor:
 
 def reference(inputs: LayerInputs) -> torch.Tensor:
     """The layer in plain matmuls and softmax — float64 on the CPU, float32 without TF32 on a
-    GPU — one sequence at a time so that long ones fit; independent of both paths."""
+    GPU — one sequence at a time so that long ones fit; independent of both paths. It projects
+    x_kv itself even when the inputs hold cached K/V (it checks that they are the projection);
+    only inputs without x_kv (the runtime's, with kv given) are taken from kv."""
     acc = torch.float64 if inputs.x_q.device.type == "cpu" else torch.float32
     b, lq, hidden = inputs.x_q.shape
     h, hkv, d = inputs.h, inputs.hkv, inputs.d
@@ -465,9 +521,12 @@ def reference(inputs: LayerInputs) -> torch.Tensor:
     try:
         for i in range(b):
             q = inputs.x_q[i].to(acc) @ wq.T
-            kv = inputs.x_kv[i].to(acc) @ wkv.T
+            if inputs.x_kv is not None:
+                kv = inputs.x_kv[i].to(acc) @ wkv.T + (bkv if bkv is not None else 0.0)
+            else:
+                kv = inputs.kv[i].to(acc)
             if bq is not None:
-                q, kv = q + bq, kv + bkv
+                q = q + bq
             q = q.view(lq, h, d).transpose(0, 1)                        # [h, lq, d]
             k = kv[:, :hkv * d].view(-1, hkv, d).transpose(0, 1)        # [hkv, lk, d]
             v = kv[:, hkv * d:].view(-1, hkv, d).transpose(0, 1)
@@ -482,10 +541,10 @@ def reference(inputs: LayerInputs) -> torch.Tensor:
 
 
 def flops(problem: CrossAttentionLayerProblem) -> float:
-    """The whole layer: Q, K/V and output projections, and QKᵀ and PV of attention."""
+    """The whole layer: Q, K/V (unless cached) and output projections, and QKᵀ and PV of attention."""
     p = problem
     q_proj = 2.0 * p.b * p.lq * p.hidden * p.h * p.d
-    kv_proj = 2.0 * p.b * p.lk * p.hidden * 2 * p.hkv * p.d
+    kv_proj = 0.0 if p.kv_cached else 2.0 * p.b * p.lk * p.hidden * 2 * p.hkv * p.d
     attention = 4.0 * p.b * p.h * p.lq * p.lk * p.d
     out_proj = 2.0 * p.b * p.lq * p.h * p.d * p.hidden
     return q_proj + kv_proj + attention + out_proj
@@ -493,11 +552,14 @@ def flops(problem: CrossAttentionLayerProblem) -> float:
 
 def bytes_moved(problem: CrossAttentionLayerProblem, dtype: torch.dtype) -> float:
     """The least HBM traffic any implementation needs: both inputs and all weights read once,
-    the output written once (intermediates assumed to stay on chip)."""
+    the output written once (intermediates assumed to stay on chip). With cached K/V the layer
+    reads kv [B, Lk, 2·hkv·d] instead of x_kv, Wkv and bkv."""
     p = problem
-    activations = p.b * p.lq * p.hidden * 2 + p.b * p.lk * p.hidden  # x_q, out, x_kv
-    weights = (p.h * p.d + 2 * p.hkv * p.d) * p.hidden + p.hidden * p.h * p.d
-    biases = (p.h * p.d + 2 * p.hkv * p.d + p.hidden) if p.bias else 0
+    kv_width = 2 * p.hkv * p.d
+    attended = p.b * p.lk * (kv_width if p.kv_cached else p.hidden)  # kv, or x_kv
+    activations = p.b * p.lq * p.hidden * 2 + attended  # x_q, out, and the attended side
+    weights = p.h * p.d * p.hidden * 2 + (0 if p.kv_cached else kv_width * p.hidden)  # Wq, Wo, Wkv
+    biases = (p.h * p.d + p.hidden + (0 if p.kv_cached else kv_width)) if p.bias else 0
     return float((activations + weights + biases) * element_bytes(dtype))
 
 
@@ -633,7 +695,7 @@ SPEC = KernelSpec(
     tolerance={torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2},
     flops=flops,
     bytes_moved=bytes_moved,
-    match=MatchPolicy(exact=("hidden", "h", "hkv", "d", "bias"), max_ratio=4.0),
+    match=MatchPolicy(exact=("hidden", "h", "hkv", "d", "bias", "kv_cached"), max_ratio=4.0),
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
     # The default is the unfused path; then the fused configs that were fastest in the H200 sweep of
     # benchmarks/fused_layer_bench.py: decode-like (16-row tiles) and long-context (64-row tiles).
@@ -648,6 +710,8 @@ SPEC = KernelSpec(
         # hidden ≠ h·d and not a multiple of 64; one kv head for two query heads
         CrossAttentionLayerProblem(b=1, lq=20, lk=33, hidden=96, h=2, hkv=1, d=64),
         CrossAttentionLayerProblem(b=1, lq=3, lk=7, hidden=128, h=1, hkv=1, d=128, bias=True),
+        # a decode step over cached K/V
+        CrossAttentionLayerProblem(b=2, lq=1, lk=21, hidden=128, h=4, hkv=2, d=64, bias=True, kv_cached=True),
     ),
     baselines=_baselines,
     module=__name__,

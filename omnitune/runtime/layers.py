@@ -1,7 +1,12 @@
 """Whole layers for production code, each taking the path its tuned table chose — with rollback.
 
-    from omnitune.runtime.layers import cross_attention_layer
+    from omnitune.runtime.layers import cross_attention_layer, project_kv
     out = cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=28, kv_heads=4)
+
+    # A decode loop over one image: its K/V are projected once and reused by every step.
+    kv = project_kv(x_kv, wkv, bkv)
+    for step in steps:
+        out = cross_attention_layer(x_q, None, wq, None, wo, bq, None, bo, heads=28, kv_heads=4, kv=kv)
 
 The tuned table (omnitune.runtime.get_config) says per problem whether the fused kernel or the
 unfused PyTorch path (cuBLAS + SDPA) won on this GPU; FUSION="none" takes the unfused path
@@ -13,6 +18,12 @@ this process.
 The fused output projection needs a zeroed fp32 workspace that every launch leaves zeroed; it is
 allocated once per (device, stream, B, Lq, hidden) and kept here, and zeroed again after a
 failed launch. Calls on one stream are ordered, so they can share it; another stream gets its own.
+
+Cached K/V: kv is x_kv's projection [B, Lk, 2·kv_heads·d] (K rows, then V rows, bkv applied),
+made by project_kv. Given kv, the layer skips the K/V GEMM and looks its path up as a kv_cached
+problem (tuned apart from the uncached one: a different mix of work). K/V then come from kv
+alone: x_kv, wkv and bkv must be None, since the layer would not read them and checking that they
+still agree with kv would cost the GEMM that caching saves.
 
 Import discipline as for omnitune.runtime: the kernel module (Triton) is imported on first call.
 """
@@ -35,11 +46,32 @@ _broken: set[tuple] = set()
 _lock = threading.Lock()
 
 
+def project_kv(x_kv: torch.Tensor, wkv: torch.Tensor, bkv: torch.Tensor | None = None) -> torch.Tensor:
+    """x_kv [B, Lk, hidden] projected to K/V [B, Lk, 2·kv_heads·d] (wkv's K rows, then its V rows,
+    plus bkv): the one GEMM the layer runs per call, made once, for cross_attention_layer(kv=...)."""
+    from omnitune.kernels import cross_attention_layer as kernel
+
+    for name, t in (("x_kv", x_kv), ("wkv", wkv)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x_kv.dim() != 3:
+        raise InputError(f"x_kv must be 3-D [B, Lk, hidden], got {list(x_kv.shape)}")
+    hidden = x_kv.shape[2]
+    if wkv.dim() != 2 or wkv.shape[1] != hidden or wkv.shape[0] % 2:
+        raise InputError(f"wkv must be [2·kv_heads·d, hidden={hidden}], got {list(wkv.shape)}")
+    if bkv is not None and (not isinstance(bkv, torch.Tensor) or tuple(bkv.shape) != (wkv.shape[0],)):
+        raise InputError(f"bkv must be None or a tensor of shape [{wkv.shape[0]}]")
+    tensors = [t for t in (x_kv, wkv, bkv) if t is not None]
+    if len({t.device for t in tensors}) != 1 or len({t.dtype for t in tensors}) != 1:
+        raise InputError("x_kv, wkv and bkv must share one device and one dtype")
+    return kernel.kv_projection(x_kv, wkv, bkv)
+
+
 def cross_attention_layer(
     x_q: torch.Tensor,
-    x_kv: torch.Tensor,
+    x_kv: torch.Tensor | None,
     wq: torch.Tensor,
-    wkv: torch.Tensor,
+    wkv: torch.Tensor | None,
     wo: torch.Tensor,
     bq: torch.Tensor | None = None,
     bkv: torch.Tensor | None = None,
@@ -48,16 +80,19 @@ def cross_attention_layer(
     heads: int,
     kv_heads: int,
     config: Config | dict | None = None,
+    kv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-attention of x_q [B, Lq, hidden] to x_kv [B, Lk, hidden], projections included.
 
     wq [heads·d, hidden]; wkv [2·kv_heads·d, hidden], the K projection's rows then V's;
     wo [hidden, heads·d]; biases bq, bkv, bo all or none. Head dim d (= wq rows / heads) 64 or
     128. config: None looks the path up in the tuned tables; a (partial) config forces one.
+    kv: cached K/V [B, Lk, 2·kv_heads·d] from project_kv, used instead of projecting x_kv; then
+    x_kv, wkv and bkv must be None, and bq, bo both or neither.
     Returns [B, Lq, hidden] in the inputs' dtype."""
     from omnitune.kernels import cross_attention_layer as kernel
 
-    problem = kernel.check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads)
+    problem = kernel.check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, kv)
     if config is None:
         cfg = get_config("cross_attention_layer", problem, dtype=x_q.dtype)
     elif isinstance(config, Config):
@@ -69,7 +104,7 @@ def cross_attention_layer(
 
     workspace = _workspace(kernel, problem, x_q.device) if cfg["FUSION"] == "q_out" else None
     inputs = kernel.LayerInputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, workspace,
-                                sm_scale=problem.d ** -0.5)
+                                sm_scale=problem.d ** -0.5, kv=kv)
     identity = (problem, x_q.dtype, x_q.device, cfg)
     if cfg["FUSION"] == "none" or identity in _broken:
         return kernel.unfused(inputs)
