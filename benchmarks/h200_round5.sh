@@ -3,12 +3,13 @@
 # cross-attention layer goes wrong (kernel variants, compute-sanitizer); what the L2 flush does to
 # memory-bound figures (read vs write flush, side by side); Nsight Compute on the long-context
 # paged decode; GPU tests of the changed code. Part B: the measurements that follow from A.
-#   OUT=dir bash benchmarks/h200_round5.sh A|B|C|D|E
+#   OUT=dir bash benchmarks/h200_round5.sh A|B|C|D|E|F
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
-part=${1:?part A, B, C, D or E}
+part=${1:?part A, B, C, D, E or F}
 step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
 B4=b=4,h=32,hkv=4,lq=1,ctx=16384,d=128,block_size=16
+KVC=b=4,h=28,hkv=4,n=3072,d=128,window=32,recent=32,keep_pct=35,merge=average,merge_threshold=0.85
 
 case $part in
   A)
@@ -50,5 +51,18 @@ case $part in
       --db "$OUT/paged.db" --timeout 200 --finalists 2
     step 60 python -m omnitune search paged_decode_attention --shape $B4 --dtype bf16 --trials 20 --db "$OUT/paged.db" --finalists 2
     step 20 python -m omnitune export --db "$OUT/paged.db" --out "$OUT/tuned_configs" --kernel paged_decode_attention
+    ;;
+  F)
+    # The layer's cached-K/V mode (decode steps: K/V of the attended modality projected once):
+    # its GPU tests, fused against unfused per step; then the shipped layer table searched again
+    # (q_out now valid, the cached decode problem new) and a kv_compress table; exported into
+    # $OUT/tuned_configs.
+    step 90 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cross_attention_layer.py
+    step 150 python benchmarks/fused_layer_bench.py --kv-cached --out "$OUT/fused_layer_kv_cached_h200.json"
+    step 150 python -m omnitune search --model qwen2.5-omni-7b --kernels cross_attention_layer --trials 12 \
+      --db "$OUT/f.db" --timeout 120 --finalists 2
+    step 80 python -m omnitune search kv_compress --shape "$KVC" --dtype bf16 --trials 16 --db "$OUT/f.db" --timeout 60 --finalists 2
+    step 20 python -m omnitune export --db "$OUT/f.db" --out "$OUT/tuned_configs" --kernel cross_attention_layer
+    step 20 python -m omnitune export --db "$OUT/f.db" --out "$OUT/tuned_configs" --kernel kv_compress
     ;;
 esac
