@@ -648,3 +648,19 @@ def test_runtime_layer_with_cached_kv_on_gpu(layer_state):
             out = layers.cross_attention_layer(x_q, None, wq, None, wo, bq, None, bo, **heads, kv=kv,
                                                config={"FUSION": fusion})
             assert SPEC.compare(out, ref) <= SPEC.tolerance[torch.bfloat16]
+
+
+def test_the_shipped_table_lends_a_fused_win_only_to_close_shapes():
+    # The H200 table chose q for the decode-like problem (b2 lq4 lk2k) by 5-10%; at b8 lq1 lk4k
+    # with cached K/V q measured 0.30x of unfused, so that shape must not borrow the entry.
+    def answer(b, lq, lk, cached):
+        problem = P(b=b, lq=lq, lk=lk, hidden=3584, h=28, hkv=4, d=128, kv_cached=cached)
+        return runtime.lookup("cross_attention_layer", problem, torch.bfloat16, device_name=H200)
+
+    for cached in (False, True):
+        exact = answer(2, 4, 2048, cached)
+        assert exact.rung is runtime.Rung.EXACT and exact.config["FUSION"] == "q"
+        near = answer(2, 8, 2048, cached)  # 2x the queries: close enough to lend
+        assert near.rung is runtime.Rung.NEAREST and near.config == exact.config
+        far = answer(8, 1, 4096, cached)   # 4x the batch and the queries: the unfused default
+        assert far.rung is runtime.Rung.DEFAULT and far.config["FUSION"] == "none"
