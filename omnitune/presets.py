@@ -72,12 +72,18 @@ KV_BLOCK_SIZE = 16
 # a decode loop runs it: a different mix of work, tuned apart. Decode-like and prefill at two
 # batches each: the layer's tuned entries are lent across at most 2x of batch (its MatchPolicy),
 # because batch is what flips the winner (fused won at b2 and lost 3x at b8 on the H200).
+# One query token is a regime of its own for the unfused path (SDPA's single-query kernels: at b8
+# lk4k with cached K/V, 0.050 ms for one token against 0.135 ms for four), so the one-token decode
+# step is tuned too rather than lent from four tokens.
 CROSS_LAYER_PROBLEMS = ((2, 4, 2048, "decode-like", False), (8, 4, 4096, "decode-like, batch 8", False),
+                        (2, 1, 2048, "decode step", False), (8, 1, 4096, "decode step, batch 8", False),
                         (8, 512, 4096, "text → image prefill", False),
                         (2, 512, 2048, "text → image prefill, batch 2", False),
                         (1, 256, 16384, "long video", False),
                         (2, 4, 2048, "decode-like, K/V cached", True),
-                        (8, 4, 4096, "decode-like, batch 8, K/V cached", True))
+                        (8, 4, 4096, "decode-like, batch 8, K/V cached", True),
+                        (2, 1, 2048, "decode step, K/V cached", True),
+                        (8, 1, 4096, "decode step, batch 8, K/V cached", True))
 
 KERNELS = ("attention", "kv_cache_write", "paged_decode_attention", "cross_attention_layer")
 
