@@ -422,21 +422,26 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     bq, bo = (inputs.bq.contiguous(), inputs.bo.contiguous()) if has_bias else (wq, wq)
     block_m = int(config["BLOCK_M"])
     grid = (triton.cdiv(lq, block_m), b * h)
-    _cross_attention_layer_fwd[grid](
-        x_q, wq, bq, kv, o, wo, bo,
-        out, sums, counters,
-        *x_q.stride(), *wq.stride(), *kv.stride(),
-        *(o.stride() if not fuse_out else (0, 0, 0, 0)),
-        *wo.stride(), *out.stride(), *sums.stride(),
-        h, hkv, lq, lk, hidden, triton.cdiv(lq, SMALLEST_BLOCK_M),
-        inputs.sm_scale * LOG2E,
-        D=d, GROUP=h // hkv,
-        BLOCK_M=block_m, BLOCK_N=int(config["BLOCK_N"]), BLOCK_K=int(config["BLOCK_K"]),
-        BLOCK_O=int(config["BLOCK_O"]),
-        HAS_BIAS=has_bias, FUSE_OUT=fuse_out, IEEE_DOT=x_q.dtype == torch.float32,
-        GPU_FENCE=fuse_out and x_q.is_cuda,  # the interpreter runs programs one by one: no inline PTX
-        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
-    )
+    try:
+        _cross_attention_layer_fwd[grid](
+            x_q, wq, bq, kv, o, wo, bo,
+            out, sums, counters,
+            *x_q.stride(), *wq.stride(), *kv.stride(),
+            *(o.stride() if not fuse_out else (0, 0, 0, 0)),
+            *wo.stride(), *out.stride(), *sums.stride(),
+            h, hkv, lq, lk, hidden, triton.cdiv(lq, SMALLEST_BLOCK_M),
+            inputs.sm_scale * LOG2E,
+            D=d, GROUP=h // hkv,
+            BLOCK_M=block_m, BLOCK_N=int(config["BLOCK_N"]), BLOCK_K=int(config["BLOCK_K"]),
+            BLOCK_O=int(config["BLOCK_O"]),
+            HAS_BIAS=has_bias, FUSE_OUT=fuse_out, IEEE_DOT=x_q.dtype == torch.float32,
+            GPU_FENCE=fuse_out and x_q.is_cuda,  # the interpreter runs programs one by one: no inline PTX
+            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+        )
+    except BaseException:
+        if fuse_out:  # a launch stopped part-way may have left partial sums behind
+            ws.rezero()
+        raise
     if not fuse_out:
         o2d = o.view(b * lq, h * d)
         if out.is_contiguous():  # one GEMM (bias in its epilogue) straight into `out`
@@ -452,13 +457,8 @@ def launch(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None:
     """The spec's launcher: the path the config's FUSION names."""
     if config["FUSION"] == "none":
         out.copy_(unfused(inputs))
-        return
-    try:
+    else:
         launch_fused(inputs, out, config)
-    except BaseException:
-        if inputs.workspace is not None:
-            inputs.workspace.rezero()  # a launch stopped part-way may have left partial sums behind
-        raise
 
 
 # ------------------------------------------------------------------------------------------------

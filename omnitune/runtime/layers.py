@@ -16,8 +16,8 @@ warning per problem (logger "omnitune.runtime"), and that problem is not tried f
 this process.
 
 The fused output projection needs a zeroed fp32 workspace that every launch leaves zeroed; it is
-allocated once per (device, stream, B, Lq, hidden) and kept here, and zeroed again after a
-failed launch. Calls on one stream are ordered, so they can share it; another stream gets its own.
+allocated once per (device, stream, B, Lq, hidden) and kept here (launch_fused zeroes it
+again after a failed launch). Calls on one stream are ordered, so they can share it; another stream gets its own.
 
 Cached K/V: kv is x_kv's projection [B, Lk, 2·kv_heads·d] (K rows, then V rows, bkv applied),
 made by project_kv. Given kv, the layer skips the K/V GEMM and looks its path up as a kv_cached
@@ -115,9 +115,7 @@ def cross_attention_layer(
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 — any failure of the fused kernel rolls back
-        if workspace is not None:
-            workspace.rezero()
-        with _lock:
+        with _lock:  # (launch_fused has already zeroed the workspace again)
             first = identity not in _broken
             _broken.add(identity)
         if first:
