@@ -20,6 +20,10 @@ if not _HAS_CUDA:
 
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
 
+# The public ops' check mode (values validated up front, clear InputErrors): the suite runs in
+# it; tests of the production path (no sync, bounds enforced in the kernels) pass check=False.
+os.environ.setdefault("OMNITUNE_CHECK", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     if _HAS_CUDA:

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
+from omnitune.kernels import _dispatch
 from omnitune.spec import (
     Config,
     Constraint,
@@ -59,13 +60,13 @@ SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, Out, RowLimit,
+    Q, K, V, Out, Spans,
     k_desc, v_desc,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    stride_lb,
+    stride_sb, stride_ss, stride_se, NUM_SPANS,
     H, HKV, LQ, LK,
     qk_scale,
     HEAD_DIM: tl.constexpr,
@@ -111,7 +112,19 @@ def _attention_fwd(
         limit = tl.minimum(tl.maximum(qpos + 1 + LK - LQ, 0), LK)
         limit = tl.where(row_valid, limit, 0)
     else:
-        limit = tl.load(RowLimit + b.to(tl.int64) * stride_lb + qpos, mask=row_valid, other=0)
+        # Span masks: causal, and a row inside a span [start, end) also sees up to end. The
+        # spans are read here, not turned into per-row limits on the host: the call then needs
+        # no host work or copy per call and can be captured in a CUDA graph. Ends are clamped
+        # to LK, so whatever the span tensor holds no key past the sequence is read.
+        limit = tl.minimum(tl.maximum(qpos + 1 + LK - LQ, 0), LK)
+        key_pos = qpos + LK - LQ
+        span_row = Spans + b.to(tl.int64) * stride_sb
+        for s in range(NUM_SPANS):
+            start = tl.load(span_row + s * stride_ss)
+            end = tl.minimum(tl.load(span_row + s * stride_ss + stride_se), LK)
+            inside = (key_pos >= start) & (key_pos < end)
+            limit = tl.maximum(limit, tl.where(inside, end, 0))
+        limit = tl.where(row_valid, limit, 0)
     lo_unmasked = (tl.min(tl.where(row_valid, limit, LK), axis=0) // BLOCK_N) * BLOCK_N
     hi = tl.max(limit, axis=0)
 
@@ -253,36 +266,72 @@ class AttentionInputs:
     v: torch.Tensor
     causal: bool
     sm_scale: float
-    row_limits: torch.Tensor | None  # [B, Lq] int32, only for span masks
+    spans: torch.Tensor | None = None  # [B, S, 2] integer [start, end) key ranges; span masks only
 
 
-def row_limits(
-    b: int, lq: int, lk: int, spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, device
-) -> torch.Tensor:
-    """Per query row, the end of its visible key prefix under a causal mask with bidirectional
-    spans. spans: one list of [start, end) key ranges per sequence (lists may differ in length),
-    or a tensor [B, S, 2]."""
+# Host-side span lists turned into device tensors, per (spans, device): a serving loop that passes
+# the same Python lists every call copies them to the GPU once. Bounded; a CUDA graph capture
+# can only use a cached one (a copy cannot be captured), so captured code should pass a tensor.
+_SPAN_TENSORS_KEPT = 256
+_span_tensors: dict[tuple, torch.Tensor] = {}
+
+
+def span_tensor(spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, b: int, device) -> torch.Tensor:
+    """mm_spans as the kernel reads them: an integer tensor [B, S, 2] on the inputs' device.
+    A tensor is taken as it is (metadata checked, nothing copied); lists (one list of [start, end)
+    ranges per sequence, lengths may differ) are converted once and cached."""
     if isinstance(spans, torch.Tensor):
-        span_t = spans.to(device=device, dtype=torch.int64)
-    else:
-        if len(spans) != b:
-            raise InputError(f"mm_spans has {len(spans)} entries but the batch has {b} sequences")
-        width = max((len(s) for s in spans), default=0)
-        span_t = torch.zeros((b, max(width, 1), 2), dtype=torch.int64)
-        for i, seq in enumerate(spans):
-            for j, (s, e) in enumerate(seq):
-                span_t[i, j, 0], span_t[i, j, 1] = int(s), int(e)
-        span_t = span_t.to(device)
-    if span_t.dim() != 3 or span_t.shape[0] != b or span_t.shape[2] != 2:
-        raise InputError(f"mm_spans tensor must be [B={b}, S, 2], got {list(span_t.shape)}")
-    starts, ends = span_t[..., 0], span_t[..., 1]
-    if bool(((starts < 0) | (ends > lk) | (starts > ends)).any()):
-        raise InputError(f"mm_spans must be [start, end) ranges with 0 ≤ start ≤ end ≤ Lk={lk}")
-    qpos = torch.arange(lq, device=device, dtype=torch.int64) + (lk - lq)
+        if spans.dim() != 3 or spans.shape[0] != b or spans.shape[2] != 2:
+            raise InputError(f"mm_spans tensor must be [B={b}, S, 2], got {list(spans.shape)}")
+        if spans.dtype not in (torch.int32, torch.int64):
+            raise InputError(f"mm_spans tensor must be int32 or int64, got {spans.dtype}")
+        if spans.device != torch.device(device):
+            raise InputError(f"mm_spans is on {spans.device}, q on {device}")
+        return spans
+    if isinstance(spans, (str, bytes)) or not isinstance(spans, Sequence):
+        raise InputError(f"mm_spans must be a tensor [B, S, 2] or one list of (start, end) per sequence, "
+                         f"got {type(spans).__name__}")
+    if len(spans) != b:
+        raise InputError(f"mm_spans has {len(spans)} entries but the batch has {b} sequences")
+    try:
+        key = (tuple(tuple((int(s), int(e)) for s, e in seq) for seq in spans), str(device))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"mm_spans must hold (start, end) pairs of ints: {exc}") from None
+    found = _span_tensors.get(key)
+    if found is not None:
+        return found
+    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise InputError("mm_spans given as lists cannot be copied to the GPU inside a CUDA graph "
+                         "capture; pass an int32 tensor [B, S, 2] on the GPU")
+    width = max((len(seq) for seq in key[0]), default=0)
+    host = torch.zeros((b, max(width, 1), 2), dtype=torch.int32)
+    for i, seq in enumerate(key[0]):
+        if seq:
+            host[i, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
+    tensor = host.to(device)
+    if len(_span_tensors) >= _SPAN_TENSORS_KEPT:
+        _span_tensors.clear()
+    _span_tensors[key] = tensor
+    return tensor
+
+
+def row_limits(spans: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
+    """Per query row, the end of its visible key prefix under a causal mask with bidirectional
+    spans [B, S, 2] — what the kernel computes, ends clamped to Lk as there: [B, Lq] int64."""
+    span_t = spans.to(torch.int64)
+    starts, ends = span_t[..., 0], span_t[..., 1].clamp(max=lk)
+    qpos = torch.arange(lq, device=spans.device, dtype=torch.int64) + (lk - lq)
     causal = (qpos + 1).clamp(0, lk)
     inside = (qpos[None, :, None] >= starts[:, None, :]) & (qpos[None, :, None] < ends[:, None, :])
     span_end = torch.where(inside, ends[:, None, :], torch.zeros_like(inside, dtype=torch.int64)).amax(dim=2)
-    return torch.maximum(causal[None, :], span_end).to(torch.int32).contiguous()
+    return torch.maximum(causal[None, :], span_end)
+
+
+def _check_span_values(spans: torch.Tensor, lk: int) -> None:
+    """The check mode's span check: 0 ≤ start ≤ end ≤ Lk everywhere (one sync)."""
+    starts, ends = spans[..., 0], spans[..., 1]
+    if bool(((starts < 0) | (ends > lk) | (starts > ends)).any()):
+        raise InputError(f"mm_spans must be [start, end) ranges with 0 ≤ start ≤ end ≤ Lk={lk}")
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -329,10 +378,12 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
     block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
     pack = bool(config["PACK_GQA"]) and group > 1
     use_tma = bool(config["USE_TMA"])
-    if inputs.row_limits is not None:
-        mask_mode, limits = 2, inputs.row_limits
+    spans = inputs.spans
+    if spans is not None and spans.shape[1] > 0:
+        mask_mode, span_arg, span_strides = 2, spans, spans.stride()
     else:
-        mask_mode, limits = (1 if inputs.causal else 0), q  # q is a placeholder pointer, never read
+        # q is a placeholder pointer, never read
+        mask_mode, span_arg, span_strides = (1 if inputs.causal else 0), q, (0, 0, 0)
 
     if use_tma:
         # TMA needs a contiguous last dim and 16-byte aligned strides; copy views that are not.
@@ -351,10 +402,10 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
     rows = group * lq if pack else lq
     grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h))
     _attention_fwd[grid](
-        q, k, v, out, limits,
+        q, k, v, out, span_arg,
         k_desc, v_desc,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        limits.stride(0) if mask_mode == 2 else 0,
+        *span_strides, spans.shape[1] if mask_mode == 2 else 0,
         h, hkv, lq, lk,
         inputs.sm_scale * LOG2E,
         HEAD_DIM=d,
@@ -380,36 +431,47 @@ def attention(
     sm_scale: float | None = None,
     config: Config | dict | None = None,
     mm_spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor | None = None,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ · sm_scale) v, FlashAttention-2 style, in one Triton kernel.
 
     q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D] with H a multiple of Hkv (GQA/MQA); any strides.
     causal: bottom-right aligned when Lq ≠ Lk. mm_spans: per sequence, [start, end) key ranges of
-    image/video tokens that see each other both ways (requires causal). config: launch config;
-    None looks one up in the tuned tables (omnitune.runtime), falling back to the default.
-    Returns [B, H, Lq, D] in q's dtype.
-    """
+    image/video tokens that see each other both ways (requires causal): an integer tensor
+    [B, S, 2] on q's device (read by the kernel: no host work, capturable in a CUDA graph), or one
+    list of ranges per sequence (copied to the GPU once per distinct list, then cached). Span ends
+    past Lk are clamped in the kernel; check=True (or OMNITUNE_CHECK=1) validates the spans first
+    (one sync). config: launch config; None looks one up in the tuned tables (omnitune.runtime),
+    falling back to the default. Returns [B, H, Lq, D] in q's dtype. Under torch.compile this
+    calls torch.ops.omnitune.attention (spans as a tensor)."""
+    if _dispatch.compiling():
+        spans = None if mm_spans is None else span_tensor(mm_spans, q.shape[0], q.device)
+        return torch.ops.omnitune.attention(q, k, v, spans, bool(causal), -1.0 if sm_scale is None else float(sm_scale),
+                                            _dispatch.config_to_json(config))
+    return _attention(q, k, v, causal, sm_scale, config, mm_spans, check)
+
+
+_memo = _dispatch.ConfigMemo("attention")
+
+
+def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tensor:
     _check_inputs(q, k, v)
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    if sm_scale is None:
+    if sm_scale is None or sm_scale < 0:
         sm_scale = 1.0 / math.sqrt(d)
-    limits = None
+    spans = None
     if mm_spans is not None:
         if not causal:
             raise InputError("mm_spans only change a causal mask; pass causal=True")
-        limits = row_limits(b, lq, lk, mm_spans, q.device)
-    problem = AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal)
-    if config is None:
-        from omnitune.runtime import get_config
-
-        cfg = get_config("attention", problem, dtype=q.dtype)
-    elif isinstance(config, Config):
-        cfg = config
-    else:
-        cfg = SPEC.complete_config(config, problem, q.dtype)
+        spans = span_tensor(mm_spans, b, q.device)
+        if _dispatch.checking(check):
+            _check_span_values(spans, lk)
+    causal = bool(causal)
+    cfg = _memo.get((b, h, hkv, lq, lk, d, causal), config,
+                    lambda: AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype)
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
-    launch(AttentionInputs(q, k, v, causal, float(sm_scale), limits), out, cfg)
+    launch(AttentionInputs(q, k, v, causal, float(sm_scale), spans), out, cfg)
     return out
 
 
@@ -425,16 +487,16 @@ def make_inputs(problem: AttentionProblem, dtype: torch.dtype, device, seed: int
     def rand(*shape):
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
 
-    limits = None
+    spans = None
     if p.spans:
-        limits = row_limits(p.b, p.lq, p.lk, [p.span_ranges()] * p.b, device)
+        spans = torch.tensor([p.span_ranges()] * p.b, dtype=torch.int32).to(device)
     return AttentionInputs(
         q=rand(p.b, p.h, p.lq, p.d),
         k=rand(p.b, p.hkv, p.lk, p.d),
         v=rand(p.b, p.hkv, p.lk, p.d),
         causal=p.causal,
         sm_scale=1.0 / math.sqrt(p.d),
-        row_limits=limits,
+        spans=spans,
     )
 
 
@@ -446,8 +508,8 @@ def new_output(inputs: AttentionInputs) -> torch.Tensor:
 def _limits_of(inputs: AttentionInputs) -> torch.Tensor:
     b, _, lq, _ = inputs.q.shape
     lk = inputs.k.shape[2]
-    if inputs.row_limits is not None:
-        return inputs.row_limits.to(torch.int64)
+    if inputs.spans is not None and inputs.spans.shape[1] > 0:
+        return row_limits(inputs.spans, lq, lk)
     qpos = torch.arange(lq, device=inputs.q.device) + (lk - lq)
     lim = (qpos + 1).clamp(0, lk) if inputs.causal else torch.full_like(qpos, lk)
     return lim[None, :].expand(b, lq)
@@ -490,7 +552,7 @@ def visible_pairs(problem: AttentionProblem) -> int:
     if not p.causal:
         return p.lq * p.lk
     if p.spans:
-        return int(row_limits(1, p.lq, p.lk, [p.span_ranges()], "cpu").sum())
+        return int(row_limits(torch.tensor([p.span_ranges()], dtype=torch.int64), p.lq, p.lk).sum())
     qpos = torch.arange(p.lq, dtype=torch.int64) + (p.lk - p.lq)
     return int((qpos + 1).clamp(0, p.lk).sum())
 
@@ -606,7 +668,7 @@ def _sdpa_baselines(problem: AttentionProblem):
             if gqa:
                 kwargs["enable_gqa"] = True
             lq, lk = q.shape[2], k.shape[2]
-            if inputs.row_limits is not None:
+            if inputs.spans is not None:
                 if "mask" not in prepared:
                     keys = torch.arange(lk, device=q.device)
                     prepared["mask"] = (keys[None, None, :] < _limits_of(inputs)[:, :, None])[:, None]
@@ -672,3 +734,20 @@ SPEC = KernelSpec(
     baselines=_sdpa_baselines,
     module=__name__,
 )
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library op: what torch.compile records for attention() (see omnitune.kernels._dispatch)
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("omnitune::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mm_spans: torch.Tensor | None,
+                  causal: bool, sm_scale: float, config: str) -> torch.Tensor:
+    """attention() as an op: sm_scale < 0 means 1/√D, config '' means look it up (else JSON)."""
+    return _attention(q, k, v, causal, sm_scale, _dispatch.config_from_json(config), mm_spans, None)
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, mm_spans, causal, sm_scale, config):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
+from omnitune.kernels import _dispatch
 from omnitune.spec import (
     Config,
     Constraint,
@@ -61,7 +62,7 @@ def _kv_cache_write(
     stride_vt, stride_vh, stride_vd,
     stride_kcb, stride_kcs, stride_kch, stride_kcd,
     stride_vcb, stride_vcs, stride_vch, stride_vcd,
-    T, HKV, BLOCK_SIZE,
+    T, HKV, BLOCK_SIZE, CAPACITY,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -74,7 +75,9 @@ def _kv_cache_write(
     tokens = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     # Out-of-range tokens read as padding; int64 before any multiplication: caches exceed 2^31 elements.
     slots = tl.load(SlotMapping + tokens, mask=tokens < T, other=-1).to(tl.int64)
-    written = slots >= 0
+    # A slot past the cache is skipped like padding: whatever the slot mapping holds, nothing
+    # outside the cache is written (the check mode reports such slots before launching).
+    written = (slots >= 0) & (slots < CAPACITY)
     cache_block = slots // BLOCK_SIZE
     block_offset = slots % BLOCK_SIZE
 
@@ -137,9 +140,9 @@ class KVCacheWriteInputs:
     slot_mapping: torch.Tensor    # [T], int64; −1 = padding
 
 
-def _check_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
-    """Everything that can be checked about the tensors, before anything is written. The slot
-    range check costs one reduction over slot_mapping and one device-to-host sync (.item())."""
+def _check_metadata(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Everything about the tensors that needs no device value (no sync): types, ranks, shapes,
+    dtypes, devices."""
     named = (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
              ("slot_mapping", slot_mapping))
     for name, t in named:
@@ -181,8 +184,13 @@ def _check_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
             f"slot_mapping must be 1-D with one slot per token ({t}), got shape {list(slot_mapping.shape)}"
         )
     require_runnable_device(key)
-    if t == 0:
+
+
+def _check_values(key, key_cache, slot_mapping) -> None:
+    """The check mode's value checks: every slot inside the cache (one reduction, one sync)."""
+    if key.shape[0] == 0:
         return
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     capacity = num_blocks * block_size
     largest = int(slot_mapping.max().item())
     if largest >= capacity:
@@ -201,7 +209,7 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config) ->
     _kv_cache_write[grid](
         key, value, key_cache, value_cache, slot_mapping,
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
-        t, hkv, key_cache.shape[1],
+        t, hkv, key_cache.shape[1], key_cache.shape[0] * key_cache.shape[1],
         HEAD_DIM=d,
         BLOCK_D=triton.next_power_of_2(d),
         BLOCK_T=block_t,
@@ -224,27 +232,43 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,
     *,
     config: Config | dict | None = None,
+    check: bool | None = None,
 ) -> None:
     """Scatter key and value [T, Hkv, D] into key_cache and value_cache [num_blocks, block_size,
     Hkv, D] in place, token t at slot slot_mapping[t] = block · block_size + offset (int64 or
     int32; negative = padding, skipped). Slots must be distinct. Any strides.
 
-    Everything is validated before anything is written (InputError, caches untouched); checking
-    the slot range costs one reduction and one device sync. config: launch config; None looks
-    one up in the tuned tables (omnitune.runtime), falling back to the default."""
-    _check_inputs(key, value, key_cache, value_cache, slot_mapping)
+    No host sync and nothing a CUDA graph cannot capture: shapes, dtypes and devices are checked
+    on the host (InputError); a slot past the cache is skipped inside the kernel, so nothing
+    outside the caches is ever written. check=True (or OMNITUNE_CHECK=1) also validates the slot
+    values before anything is written (one sync), raising InputError with the caches untouched.
+    config: launch config; None looks one up in the tuned tables (omnitune.runtime), falling back
+    to the default. Under torch.compile this calls torch.ops.omnitune.write_kv_cache."""
+    if _dispatch.compiling():
+        torch.ops.omnitune.write_kv_cache(key, value, key_cache, value_cache, slot_mapping,
+                                          _dispatch.config_to_json(config))
+        return
+    _write(key, value, key_cache, value_cache, slot_mapping, config, check)
+
+
+_memo = _dispatch.ConfigMemo("kv_cache_write")
+
+
+def _write(key, value, key_cache, value_cache, slot_mapping, config, check) -> None:
+    _check_metadata(key, value, key_cache, value_cache, slot_mapping)
+    if _dispatch.checking(check):
+        _check_values(key, key_cache, slot_mapping)
     t, hkv, d = key.shape
     if t == 0:
         return
-    problem = KVCacheWriteProblem(t=t, hkv=hkv, d=d, block_size=key_cache.shape[1])
-    if config is None:
-        from omnitune.runtime import get_config
-
-        cfg = get_config("kv_cache_write", problem, dtype=key.dtype)
-    elif isinstance(config, Config):
-        cfg = config
-    else:
-        cfg = SPEC.complete_config(config, problem, key.dtype)
+    block_size = key_cache.shape[1]
+    # Token counts are bucketed for the tables (a decode step's count moves with the batch); a
+    # caller's own config is validated against the real count.
+    tokens = t if config is not None else _dispatch.bucket_up(t)
+    cfg = _memo.get(
+        (tokens, hkv, d, block_size), config,
+        lambda: KVCacheWriteProblem(t=tokens, hkv=hkv, d=d, block_size=block_size), key.dtype,
+    )
     _launch(key, value, key_cache, value_cache, slot_mapping, cfg)
 
 
@@ -448,3 +472,20 @@ SPEC = KernelSpec(
     compare=bitwise_mismatch,
     module=__name__,
 )
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library op: what torch.compile records for write_kv_cache() (see omnitune.kernels._dispatch)
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("omnitune::write_kv_cache", mutates_args=("key_cache", "value_cache"))
+def _write_kv_cache_op(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor, slot_mapping: torch.Tensor, config: str) -> None:
+    """write_kv_cache() as an op, the caches written in place; config '' means look it up."""
+    _write(key, value, key_cache, value_cache, slot_mapping, _dispatch.config_from_json(config), None)
+
+
+@_write_kv_cache_op.register_fake
+def _write_kv_cache_fake(key, value, key_cache, value_cache, slot_mapping, config):
+    return None

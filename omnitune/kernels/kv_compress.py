@@ -951,3 +951,61 @@ SPEC = KernelSpec(
     ),
     module=__name__,
 )
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library op. Only the importance step (the two Triton kernels) is an op: compress_kv's
+# output length is the longest kept length, which depends on the per-modality token counts that
+# `modality` holds on the device, so no fake implementation can give its shape without reading
+# them back (a sync) — under torch.compile it would be a data-dependent (unbacked) size on every
+# output and every op after it. An engine compiles kv_importance and runs the selection eagerly.
+# ------------------------------------------------------------------------------------------------
+
+
+def kv_importance(q_window: torch.Tensor, k: torch.Tensor, *, sm_scale: float | None = None,
+                  config: Config | dict | None = None) -> torch.Tensor:
+    """The attention each key of k [B, Hkv, N, D] receives from the observation window q_window
+    [B, H, W, D], averaged over the window rows and each GQA group's heads: [B, Hkv, N] fp32 —
+    compress_kv's first step, the part that is a torch.library op (torch.ops.omnitune.kv_importance).
+    config: BLOCK_N, num_warps and num_stages of a kv_compress config; None takes the default."""
+    if torch.compiler.is_compiling():
+        from omnitune.kernels import _dispatch
+
+        return torch.ops.omnitune.kv_importance(q_window, k, -1.0 if sm_scale is None else float(sm_scale),
+                                                _dispatch.config_to_json(config))
+    return _importance(q_window, k, sm_scale, config)
+
+
+def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
+    for name, t in (("q_window", q_window), ("k", k)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise InputError(f"{name} must be a 4-D tensor")
+    b, h, w, d = q_window.shape
+    if k.shape[0] != b or k.shape[3] != d or k.shape[1] == 0 or h % k.shape[1]:
+        raise InputError(f"k {list(k.shape)} does not fit q_window {list(q_window.shape)}")
+    if q_window.dtype != k.dtype or q_window.device != k.device:
+        raise InputError("q_window and k must share one dtype and device")
+    require_runnable_device(k)
+    if sm_scale is None or sm_scale < 0:
+        sm_scale = 1.0 / math.sqrt(d)
+    n = max(k.shape[2], 16)
+    problem = KVCompressProblem(b=b, h=h, hkv=k.shape[1], n=n, d=d, window=min(w, tail_length(n)))
+    if config is None:
+        cfg = default_config(problem, k.dtype)
+    elif isinstance(config, Config):
+        cfg = config
+    else:
+        cfg = SPEC.complete_config(config, problem, k.dtype)
+    return importance(q_window, k, float(sm_scale), cfg)
+
+
+@torch.library.custom_op("omnitune::kv_importance", mutates_args=())
+def _kv_importance_op(q_window: torch.Tensor, k: torch.Tensor, sm_scale: float, config: str) -> torch.Tensor:
+    from omnitune.kernels import _dispatch
+
+    return _importance(q_window, k, sm_scale, _dispatch.config_from_json(config))
+
+
+@_kv_importance_op.register_fake
+def _kv_importance_fake(q_window, k, sm_scale, config):
+    return torch.empty((k.shape[0], k.shape[1], k.shape[2]), dtype=torch.float32, device=k.device)

@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
+from omnitune.kernels import _dispatch
 from omnitune.spec import (
     Config,
     Constraint,
@@ -84,7 +85,7 @@ def _paged_decode_split(
     stride_vcb, stride_vcs, stride_vch, stride_vcd,
     stride_btb, stride_btp,
     stride_ob, stride_oh, stride_om, stride_od,
-    H, LQ,
+    H, LQ, NUM_BLOCKS, MAX_PAGES,
     qk_scale,
     PAGE_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -115,7 +116,9 @@ def _paged_decode_split(
         qi = rows
         row_valid = rows < LQ
 
-    ctx = tl.load(ContextLens + b)
+    # Whatever context_lens holds, only pages of the block table are read: the context is
+    # clamped to the table's capacity (the check mode reports such lengths before launching).
+    ctx = tl.minimum(tl.maximum(tl.load(ContextLens + b), 0), MAX_PAGES * PAGE_SIZE)
     limit = ctx - LQ + qi + 1  # row r sees keys [0, limit_r)
 
     # This split's keys: [k_start, k_end), whole BLOCK_N tiles (only the context's last is partial)
@@ -157,6 +160,8 @@ def _paged_decode_split(
         page = page_next.to(tl.int64)
         ahead = n + BLOCK_N
         page_next = tl.load(table + (ahead // PAGE_SIZE) * stride_btp, mask=ahead < k_end, other=0)
+        # A block number outside the cache is never read: its keys are masked out of the scores.
+        key_valid = key_valid & (page >= 0) & (page < NUM_BLOCKS)
         in_page = (n % PAGE_SIZE).to(tl.int64)
         kv_mask = key_valid[:, None] & d_valid[None, :]
         k = tl.load(k_head + page[:, None] * stride_kcb + in_page[:, None] * stride_kcs
@@ -183,12 +188,12 @@ def _paged_decode_split(
         m_i = m_new
 
     if NUM_SPLITS == 1:
-        # Every row sees key 0, so l > 0 here.
+        # A row that saw no key (an empty or clamped context, a masked page) writes zeros.
         o_ptrs = (
             Out + b.to(tl.int64) * stride_ob + head.to(tl.int64)[:, None] * stride_oh
             + qi[:, None] * stride_om + offs_d[None, :] * stride_od
         )
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
     else:
         # Scratch is contiguous [B, H, LQ, NUM_SPLITS] (m, l) and [B, H, LQ, NUM_SPLITS, HEAD_DIM] (acc).
@@ -232,10 +237,12 @@ def _reduce_splits(
     m = tl.load(PartM + base[:, None] + splits[None, :], mask=ms_mask, other=float("-inf"),
                 cache_modifier=".cg")
     l = tl.load(PartL + base[:, None] + splits[None, :], mask=ms_mask, other=0.0, cache_modifier=".cg")
-    # Split 0 holds key 0, which every row sees: m_max is finite on valid rows; padded rows use 0.
-    m_max = tl.where(row_valid, tl.max(m, 1), 0.0)
+    # A row that saw no key in any split (m = -inf everywhere) and padded rows take m_max = 0,
+    # weight 0 and denominator 1, so they write zeros rather than NaN.
+    m_max = tl.max(m, 1)
+    m_max = tl.where(row_valid & (m_max > float("-inf")), m_max, 0.0)
     denom = tl.sum(tl.math.exp2(m - m_max[:, None]) * l, 1)
-    denom = tl.where(row_valid, denom, 1.0)
+    denom = tl.where(denom == 0.0, 1.0, denom)
     offs_d = tl.arange(0, BLOCK_D)
     acc_mask = row_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
     out = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -278,12 +285,13 @@ def _paged_decode_combine(
     l = tl.load(PartL + row * NUM_SPLITS + splits, mask=s_valid, other=0.0)
     acc = tl.load(PartAcc + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + offs_d[None, :],
                   mask=s_valid[:, None] & d_valid[None, :], other=0.0)
-    # Split 0 always holds key 0, which every row sees: the max is finite and splits that saw
-    # nothing (m = -inf) get weight 0.
+    # Splits that saw nothing (m = -inf) get weight 0; a row that saw no key at all (an empty or
+    # clamped context, masked pages) writes zeros rather than NaN.
     m_max = tl.max(m, 0)
+    m_max = tl.where(m_max > float("-inf"), m_max, 0.0)
     weight = tl.math.exp2(m - m_max)
     denom = tl.sum(weight * l, 0)
-    out = tl.sum(acc * weight[:, None], 0) / denom
+    out = tl.sum(acc * weight[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
     o_ptrs = Out + b * stride_ob + head * stride_oh + qi * stride_om + offs_d * stride_od
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=d_valid)
 
@@ -345,10 +353,9 @@ class PagedDecodeInputs:
     sm_scale: float
 
 
-def _check_inputs(q, key_cache, value_cache, block_tables, context_lens) -> int:
-    """Validate everything before launching; returns the longest context. The value checks
-    (block table entries in use < num_blocks, Lq ≤ context_lens ≤ capacity) cost a few reductions
-    and one device-to-host sync."""
+def _check_metadata(q, key_cache, value_cache, block_tables, context_lens) -> None:
+    """Everything about the tensors that needs no device value (no sync): types, ranks, shapes,
+    dtypes, devices."""
     named = (("q", q), ("key_cache", key_cache), ("value_cache", value_cache),
              ("block_tables", block_tables), ("context_lens", context_lens))
     for name, t in named:
@@ -361,8 +368,8 @@ def _check_inputs(q, key_cache, value_cache, block_tables, context_lens) -> int:
             raise InputError(
                 f"{name} must be 4-D [num_blocks, block_size, kv_heads, head_dim], got shape {list(t.shape)}"
             )
-    devices = {t.device for _, t in named}
-    if len(devices) > 1:
+    device = q.device
+    if not (key_cache.device == value_cache.device == block_tables.device == context_lens.device == device):
         raise InputError("q, the caches, block_tables and context_lens must be on one device; got "
                          + ", ".join(f"{n} on {t.device}" for n, t in named))
     if not (q.dtype == key_cache.dtype == value_cache.dtype):
@@ -387,14 +394,25 @@ def _check_inputs(q, key_cache, value_cache, block_tables, context_lens) -> int:
         raise InputError(f"q holds {lq} query tokens per sequence; decode takes 1..{MAX_QUERY_TOKENS}")
     if b == 0:
         raise InputError("the batch is empty (B = 0)")
+    if num_blocks == 0 or block_size == 0:
+        raise InputError(f"the cache holds no slots (shape {list(key_cache.shape)})")
     if block_tables.dtype != torch.int32 or block_tables.dim() != 2 or block_tables.shape[0] != b:
         raise InputError(
             f"block_tables must be int32 [B={b}, max_blocks], got {block_tables.dtype} {list(block_tables.shape)}"
         )
+    if block_tables.shape[1] == 0:
+        raise InputError("block_tables has no pages (max_blocks = 0)")
     if context_lens.dtype != torch.int32 or context_lens.dim() != 1 or context_lens.shape[0] != b:
         raise InputError(f"context_lens must be int32 [B={b}], got {context_lens.dtype} {list(context_lens.shape)}")
     require_runnable_device(q)
 
+
+def _check_values(q, key_cache, block_tables, context_lens, max_context_len: int | None) -> int:
+    """The check mode's value checks (a few reductions, one sync): block table entries in use
+    inside the cache, Lq ≤ every context ≤ the table's capacity and ≤ max_context_len. Returns
+    the longest context."""
+    lq = q.shape[2]
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     max_blocks = block_tables.shape[1]
     capacity = max_blocks * block_size
     lens = context_lens.to(torch.int64)
@@ -408,6 +426,8 @@ def _check_inputs(q, key_cache, value_cache, block_tables, context_lens) -> int:
             f"a context of {longest} tokens exceeds the block table's capacity of {capacity} "
             f"({max_blocks} pages × {block_size})"
         )
+    if max_context_len is not None and longest > max_context_len:
+        raise InputError(f"a context of {longest} tokens exceeds max_context_len={max_context_len}")
     if shortest < lq:
         raise InputError(f"a context of {shortest} tokens is shorter than the {lq} query tokens it must hold")
     if any_bad_entry:
@@ -430,6 +450,10 @@ _tickets: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def _ticket_buffer(device: torch.device, count: int) -> torch.Tensor:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Inside a CUDA graph capture: tickets of the graph's own (a memset node in the graph),
+        # so that a graph replayed on any stream never shares them with eager calls.
+        return torch.zeros(count, dtype=torch.int32, device=device)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _tickets.get(key)
@@ -439,31 +463,62 @@ def _ticket_buffer(device: torch.device, count: int) -> torch.Tensor:
     return buf
 
 
+@dataclass(frozen=True)
+class _Scratch:
+    """The split partials of one launch: m and l [B, H, Lq, S], acc [B, H, Lq, S, D], fp32,
+    views of one allocation; tickets for the in-launch combine."""
+
+    part_m: torch.Tensor
+    part_l: torch.Tensor
+    part_acc: torch.Tensor
+    tickets: torch.Tensor | None
+
+    @classmethod
+    def make(cls, b: int, h: int, lq: int, d: int, hkv: int, config: Config, device,
+             tickets: torch.Tensor | None = None) -> _Scratch | None:
+        splits = int(config["NUM_SPLITS"])
+        if splits == 1:
+            return None
+        rows = b * h * lq * splits
+        flat = torch.empty(rows * (d + 2), dtype=torch.float32, device=device)
+        part_m = flat[:rows].view(b, h, lq, splits)
+        part_l = flat[rows:2 * rows].view(b, h, lq, splits)
+        part_acc = flat[2 * rows:].view(b, h, lq, splits, d)
+        if _fused_reduce(config, splits) and tickets is None:
+            pack = bool(config["PACK_GQA"]) and h // hkv > 1
+            tickets = _ticket_buffer(torch.device(device), b * (hkv if pack else h))
+        return cls(part_m, part_l, part_acc, tickets)
+
+
+def _fused_reduce(config: Config, splits: int) -> bool:
+    return bool(config["FUSED_REDUCE"]) and splits > 1
+
+
 def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
-            out: torch.Tensor, config: Config) -> None:
+            out: torch.Tensor, config: Config, scratch: _Scratch | None = None) -> None:
     b, h, lq, d = q.shape
-    block_size, hkv = key_cache.shape[1], key_cache.shape[2]
+    num_blocks, block_size, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
     group = h // hkv
     pack = bool(config["PACK_GQA"]) and group > 1
     splits = int(config["NUM_SPLITS"])
-    fused = bool(config["FUSED_REDUCE"]) and splits > 1
+    fused = _fused_reduce(config, splits)
     block_d = triton.next_power_of_2(d)
     block_s = triton.next_power_of_2(splits)
     rows = group * lq if pack else lq
     head_axis = hkv if pack else h
     if splits > 1:
-        part_m = torch.empty((b, h, lq, splits), dtype=torch.float32, device=q.device)
-        part_l = torch.empty_like(part_m)
-        part_acc = torch.empty((b, h, lq, splits, d), dtype=torch.float32, device=q.device)
+        if scratch is None:
+            scratch = _Scratch.make(b, h, lq, d, hkv, config, q.device)
+        part_m, part_l, part_acc = scratch.part_m, scratch.part_l, scratch.part_acc
     else:
         part_m = part_l = part_acc = out  # placeholders, never touched
-    tickets = _ticket_buffer(q.device, b * head_axis) if fused else context_lens  # placeholder if unused
+    tickets = scratch.tickets if fused else context_lens  # a placeholder pointer if unused
     grid = (b, head_axis, splits)
     _paged_decode_split[grid](
         q, key_cache, value_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc, tickets,
         *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
-        h, lq,
+        h, lq, num_blocks, block_tables.shape[1],
         sm_scale * LOG2E,
         PAGE_SIZE=block_size,
         HEAD_DIM=d,
@@ -500,6 +555,21 @@ def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None
             inputs.sm_scale, out, config)
 
 
+_memo = _dispatch.ConfigMemo("paged_decode_attention")
+
+
+def _config_for(b, h, hkv, lq, d, block_size, ctx: int, config, dtype) -> Config:
+    """The config for a batch whose longest context is at most ctx (bucketed, so that the steps
+    of a decode loop share one lookup; a caller's own config is validated against ctx itself)."""
+    ctx = max(ctx, lq)
+    if config is None:
+        ctx = _dispatch.bucket_up(ctx)
+    return _memo.get(
+        (b, h, hkv, lq, d, block_size, ctx), config,
+        lambda: PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=ctx, d=d, block_size=block_size), dtype,
+    )
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -508,34 +578,144 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     *,
     sm_scale: float | None = None,
+    max_context_len: int | None = None,
     config: Config | dict | None = None,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """Decode attention of q [B, H, Lq ≤ 16, D] over paged caches [num_blocks, block_size, Hkv, D].
 
     block_tables [B, max_blocks] int32: sequence b's logical page j is block block_tables[b, j]
     (entries past its context are not read and may hold anything). context_lens [B] int32: tokens
     of context per sequence, Lq ≤ len ≤ max_blocks·block_size; the queries are its last Lq tokens,
-    causal among themselves. H a multiple of Hkv (GQA/MQA). sm_scale defaults to 1/√D. config:
-    launch config; None looks one up in the tuned tables (omnitune.runtime), falling back to the
-    default. Returns [B, H, Lq, D] in q's dtype. Bad inputs raise InputError before any launch.
-    """
-    longest = _check_inputs(q, key_cache, value_cache, block_tables, context_lens)
+    causal among themselves. H a multiple of Hkv (GQA/MQA). sm_scale defaults to 1/√D.
+
+    max_context_len: the longest context in the batch as the caller knows it on the host (vLLM
+    keeps it there); it picks the config. None takes the block table's capacity, which is always
+    safe but may pick a config for longer contexts than the batch has. No value is read back from
+    the device and nothing is done that a CUDA graph cannot capture: context lengths past the
+    table's capacity are clamped and block numbers outside the cache masked inside the kernel
+    (rows that see no key get zeros). check=True (or OMNITUNE_CHECK=1) validates the values first
+    (one sync) and raises InputError for any of them. For a decode loop under CUDA graphs,
+    PagedDecodePlan does the host work once. config: launch config; None looks one up in the
+    tuned tables (omnitune.runtime). Returns [B, H, Lq, D] in q's dtype."""
+    if _dispatch.compiling():
+        ctx = block_tables.shape[1] * key_cache.shape[1] if max_context_len is None else max_context_len
+        return torch.ops.omnitune.paged_decode_attention(
+            q, key_cache, value_cache, block_tables, context_lens,
+            -1.0 if sm_scale is None else float(sm_scale),
+            # Bucketed here so that a compiled graph is specialised on a few values, not on
+            # every length a decode loop passes through.
+            _dispatch.bucket_up(int(ctx)), _dispatch.config_to_json(config),
+        )
+    return _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config,
+                   check)
+
+
+def _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config,
+            check) -> torch.Tensor:
+    _check_metadata(q, key_cache, value_cache, block_tables, context_lens)
     b, h, lq, d = q.shape
     block_size, hkv = key_cache.shape[1], key_cache.shape[2]
-    if sm_scale is None:
+    capacity = block_tables.shape[1] * block_size
+    if max_context_len is not None and not 1 <= int(max_context_len) <= capacity:
+        raise InputError(f"max_context_len={max_context_len} must be in 1..{capacity} (the block table's capacity)")
+    if _dispatch.checking(check):
+        _check_values(q, key_cache, block_tables, context_lens, max_context_len)
+    if sm_scale is None or sm_scale < 0:
         sm_scale = 1.0 / math.sqrt(d)
-    problem = PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=longest, d=d, block_size=block_size)
-    if config is None:
-        from omnitune.runtime import get_config
-
-        cfg = get_config("paged_decode_attention", problem, dtype=q.dtype)
-    elif isinstance(config, Config):
-        cfg = config
-    else:
-        cfg = SPEC.complete_config(config, problem, q.dtype)
+    ctx = capacity if max_context_len is None else int(max_context_len)
+    cfg = _config_for(b, h, hkv, lq, d, block_size, ctx, config, q.dtype)
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
     _launch(q, key_cache, value_cache, block_tables, context_lens, float(sm_scale), out, cfg)
     return out
+
+
+class PagedDecodePlan:
+    """Paged decode for one batch composition, planned once on the host, run many times.
+
+        plan = PagedDecodePlan(batch=64, num_heads=28, num_kv_heads=4, head_dim=128,
+                               block_size=16, max_blocks=256, max_context_len=4096,
+                               dtype=torch.bfloat16, device="cuda")
+        out = plan.run(q, key_cache, value_cache, block_tables, context_lens)
+
+    plan (the constructor) picks the config for contexts of up to max_context_len tokens and
+    allocates the split partials, the in-launch tickets and the output; run launches the kernels
+    and nothing else, so it can be captured in a CUDA graph, and a replay stays correct when the
+    context lengths (and block tables) change, as long as they stay within max_context_len and
+    the table's capacity (lengths past the capacity are clamped in the kernel). run checks only
+    that the tensors have the planned shapes; check=True validates their values too (a sync).
+    Each plan owns its buffers: run one plan on one stream at a time."""
+
+    def __init__(self, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                 max_blocks: int, max_context_len: int, dtype: torch.dtype, device,
+                 query_tokens: int = 1, sm_scale: float | None = None, config: Config | dict | None = None):
+        for name, value in (("batch", batch), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim), ("block_size", block_size), ("max_blocks", max_blocks),
+                            ("max_context_len", max_context_len), ("query_tokens", query_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"{name} must be a positive int, got {value!r}")
+        if num_heads % num_kv_heads:
+            raise InputError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if not 1 <= query_tokens <= MAX_QUERY_TOKENS:
+            raise InputError(f"query_tokens={query_tokens}; decode takes 1..{MAX_QUERY_TOKENS}")
+        if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+            raise InputError(f"head dim {head_dim} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+        if max_context_len > max_blocks * block_size:
+            raise InputError(f"max_context_len={max_context_len} exceeds the block table's capacity of "
+                             f"{max_blocks * block_size} ({max_blocks} pages × {block_size})")
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise InputError(f"unsupported dtype {dtype}; use float16, bfloat16 or float32")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.q_shape = (batch, num_heads, query_tokens, head_dim)
+        self.block_size, self.num_kv_heads, self.max_blocks = block_size, num_kv_heads, max_blocks
+        self.max_context_len = max_context_len
+        self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+        self.config = _config_for(batch, num_heads, num_kv_heads, query_tokens, head_dim, block_size,
+                                  max_context_len, config, dtype)
+        tickets = None
+        if _fused_reduce(self.config, int(self.config["NUM_SPLITS"])):
+            pack = bool(self.config["PACK_GQA"]) and num_heads // num_kv_heads > 1
+            tickets = torch.zeros(batch * (num_kv_heads if pack else num_heads), dtype=torch.int32,
+                                  device=self.device)
+        self._scratch = _Scratch.make(batch, num_heads, query_tokens, head_dim, num_kv_heads, self.config,
+                                      self.device, tickets)
+        self.out = torch.empty(self.q_shape, dtype=dtype, device=self.device)
+        self._config_json = _dispatch.config_to_json(self.config)  # what the op takes under torch.compile
+
+    def run(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+            block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor | None = None,
+            *, check: bool | None = None) -> torch.Tensor:
+        """The attention of q over the paged caches into `out` (the plan's own buffer if None),
+        which is returned. Capturable; no host sync."""
+        if _dispatch.compiling():
+            result = torch.ops.omnitune.paged_decode_attention(
+                q, key_cache, value_cache, block_tables, context_lens, self.sm_scale,
+                _dispatch.bucket_up(self.max_context_len), self._config_json)
+            if out is not None:
+                out.copy_(result)
+                return out
+            return result
+        if tuple(q.shape) != self.q_shape or q.dtype != self.dtype or q.device != self.device:
+            raise InputError(f"q must be {self.dtype} {list(self.q_shape)} on {self.device} as planned, "
+                             f"got {q.dtype} {list(q.shape)} on {q.device}")
+        if (key_cache.shape[1], key_cache.shape[2]) != (self.block_size, self.num_kv_heads) \
+                or tuple(block_tables.shape) != (self.q_shape[0], self.max_blocks):
+            raise InputError(
+                f"planned for pages of {self.block_size} tokens × {self.num_kv_heads} kv heads and block "
+                f"tables [{self.q_shape[0]}, {self.max_blocks}]; got a cache {list(key_cache.shape)} and "
+                f"block tables {list(block_tables.shape)}"
+            )
+        _check_metadata(q, key_cache, value_cache, block_tables, context_lens)
+        if _dispatch.checking(check):
+            _check_values(q, key_cache, block_tables, context_lens, self.max_context_len)
+        if out is None:
+            out = self.out
+        elif tuple(out.shape) != self.q_shape or out.dtype != self.dtype or out.device != self.device:
+            raise InputError(f"out must be {self.dtype} {list(self.q_shape)} on {self.device}")
+        _launch(q, key_cache, value_cache, block_tables, context_lens, self.sm_scale, out, self.config,
+                self._scratch)
+        return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -812,3 +992,24 @@ SPEC = KernelSpec(
     baselines=_torch_baselines,
     module=__name__,
 )
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library op: what torch.compile records for paged_decode_attention() and PagedDecodePlan.run
+# (see omnitune.kernels._dispatch)
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("omnitune::paged_decode_attention", mutates_args=())
+def _paged_decode_op(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, sm_scale: float,
+                     max_context_len: int, config: str) -> torch.Tensor:
+    """paged_decode_attention() as an op: sm_scale < 0 means 1/√D, config '' means look it up."""
+    capacity = block_tables.shape[1] * key_cache.shape[1]
+    return _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale,
+                   min(max_context_len, capacity), _dispatch.config_from_json(config), None)
+
+
+@_paged_decode_op.register_fake
+def _paged_decode_fake(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -44,6 +44,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Lookup",
     "Rung",
+    "cache_generation",
     "clear_cache",
     "config_dirs",
     "get_config",
@@ -55,6 +56,8 @@ _results: dict[tuple, Lookup] = {}
 _device_names: dict[int, str] = {}
 _limits: list[DeviceLimits] = []
 _lock = threading.Lock()
+# Bumped by clear_cache: callers that memoise answers (the public ops) start over when it moves.
+_generation = [0]
 
 
 def get_config(
@@ -114,7 +117,13 @@ def clear_cache() -> None:
         _results.clear()
         _device_names.clear()
         _limits.clear()
+        _generation[0] += 1
     _tables.clear()
+
+
+def cache_generation() -> int:
+    """A counter that clear_cache() advances: memoised answers older than it are stale."""
+    return _generation[0]
 
 
 def _lookup_uncached(kernel: str, problem: Any, dtype: torch.dtype | None, device_name: str | None) -> Lookup:

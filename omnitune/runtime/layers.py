@@ -36,7 +36,6 @@ import threading
 import torch
 
 from omnitune.errors import InputError
-from omnitune.runtime import get_config
 from omnitune.spec import Config
 
 logger = logging.getLogger("omnitune.runtime")
@@ -90,17 +89,19 @@ def cross_attention_layer(
     kv: cached K/V [B, Lk, 2·kv_heads·d] from project_kv, used instead of projecting x_kv; then
     x_kv, wkv and bkv must be None, and bq, bo both or neither.
     Returns [B, Lq, hidden] in the inputs' dtype."""
+    if torch.compiler.is_compiling():
+        from omnitune.kernels import _dispatch
+
+        return torch.ops.omnitune.cross_attention_layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, kv,
+                                                        _dispatch.config_to_json(config))
+    return _layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, config, kv)
+
+
+def _layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, config, kv) -> torch.Tensor:
     from omnitune.kernels import cross_attention_layer as kernel
 
     problem = kernel.check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, kv)
-    if config is None:
-        cfg = get_config("cross_attention_layer", problem, dtype=x_q.dtype)
-    elif isinstance(config, Config):
-        cfg = kernel.SPEC.coerce_config(config.as_dict())  # a whole config, taken as given
-    else:
-        cfg = kernel.SPEC.complete_config(config, problem, x_q.dtype)
-    if config is not None:
-        kernel.SPEC.require_valid(problem, cfg, x_q.dtype)  # ConfigError: the caller's mistake
+    cfg = _config_for(kernel, problem, config, x_q.dtype)
 
     workspace = _workspace(kernel, problem, x_q.device) if cfg["FUSION"] == "q_out" else None
     inputs = kernel.LayerInputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, workspace,
@@ -129,6 +130,25 @@ def cross_attention_layer(
     return out
 
 
+_memo = None
+
+
+def _config_for(kernel, problem, config, dtype) -> Config:
+    """The path and launch config for one problem: the tuned table's answer (memoised per
+    problem), or the caller's config — a whole Config taken as given, a mapping laid over the
+    default — which must satisfy the spec's constraints (ConfigError: the caller's mistake)."""
+    global _memo
+    from omnitune.kernels import _dispatch
+
+    if _memo is None:
+        _memo = _dispatch.ConfigMemo("cross_attention_layer")
+    if isinstance(config, Config):
+        cfg = kernel.SPEC.coerce_config(config.as_dict())
+        kernel.SPEC.require_valid(problem, cfg, dtype)
+        return cfg
+    return _memo.get(problem, config, lambda: problem, dtype)
+
+
 def clear_state() -> None:
     """Forget cached workspaces and the problems whose fused launch failed (for tests)."""
     with _lock:
@@ -137,6 +157,10 @@ def clear_state() -> None:
 
 
 def _workspace(kernel, problem, device: torch.device):
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Inside a CUDA graph capture: a workspace of the graph's own (zeroed by a memset node),
+        # never shared with eager calls or other graphs.
+        return kernel.Workspace.zeroed(problem.b, problem.lq, problem.hidden, device)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream, problem.b, problem.lq, problem.hidden)
     ws = _workspaces.get(key)
@@ -146,3 +170,18 @@ def _workspace(kernel, problem, device: torch.device):
             if ws is None:
                 ws = _workspaces[key] = kernel.Workspace.zeroed(problem.b, problem.lq, problem.hidden, device)
     return ws
+
+
+@torch.library.custom_op("omnitune::cross_attention_layer", mutates_args=())
+def _layer_op(x_q: torch.Tensor, x_kv: torch.Tensor | None, wq: torch.Tensor, wkv: torch.Tensor | None,
+              wo: torch.Tensor, bq: torch.Tensor | None, bkv: torch.Tensor | None, bo: torch.Tensor | None,
+              heads: int, kv_heads: int, kv: torch.Tensor | None, config: str) -> torch.Tensor:
+    """cross_attention_layer() as an op (what torch.compile records); config '' means look it up."""
+    from omnitune.kernels import _dispatch
+
+    return _layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, _dispatch.config_from_json(config), kv)
+
+
+@_layer_op.register_fake
+def _layer_fake(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, kv, config):
+    return torch.empty(x_q.shape, dtype=x_q.dtype, device=x_q.device)

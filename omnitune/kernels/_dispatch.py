@@ -1,0 +1,140 @@
+"""What every public op does around its launch, priced for the production hot path.
+
+A serving engine calls our ops back to back, thousands of times a second, often inside a CUDA
+graph or torch.compile. So the steady-state path of an op:
+  - reads no value from the device (no .item(), .tolist(), bool(tensor)): bounds that depend on
+    tensor *values* (slots, block numbers, context lengths, span ends) are enforced inside the
+    kernels, where an out-of-range entry is masked, never read or written;
+  - checks only metadata (shapes, dtypes, devices), which costs no sync;
+  - finds its launch config in a small memo keyed by plain ints, so a repeated call does not
+    build a problem dataclass or walk the runtime's chain.
+The check mode (`check=True`, or OMNITUNE_CHECK=1 in the environment) validates tensor values up
+front with a clear InputError before anything is launched or written — what tests and debugging
+want, at the price of a sync.
+
+Under torch.compile, the public functions call their torch.library custom op instead
+(torch.ops.omnitune.*, registered in omnitune.kernels._ops), so Dynamo records one opaque node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+
+from omnitune.errors import ConfigError
+from omnitune.spec import Config, KernelSpec
+
+CHECK_ENV = "OMNITUNE_CHECK"
+# Distinct call keys kept per op before the memo starts over: a decode loop needs a handful, a
+# prefill server with every prompt length a few hundred; dropping everything at the bound keeps
+# each hit one dict lookup (no LRU bookkeeping on the hot path).
+MEMO_ENTRIES = 4096
+
+
+def checking(check: bool | None) -> bool:
+    """Whether this call validates tensor values up front (a sync) before launching."""
+    if check is not None:
+        return bool(check)
+    return os.environ.get(CHECK_ENV, "") not in ("", "0")
+
+
+def bucket_up(n: int) -> int:
+    """n rounded up to a bucket of four per octave (…, 1024, 1280, 1536, 1792, 2048, …): lengths
+    that grow by one token per decode step share one config lookup for a long stretch, and a
+    bucket overshoots the real length by at most 25%."""
+    if n <= 16:
+        return max(int(n), 1)
+    step = 1 << (int(n).bit_length() - 3)
+    return -(-int(n) // step) * step
+
+
+class ConfigMemo:
+    """Launch configs per raw call key for one op, bounded, and forgotten whenever the runtime's
+    caches are (omnitune.runtime.clear_cache, e.g. after tables were rewritten)."""
+
+    def __init__(self, spec_name: str):
+        self.spec_name = spec_name
+        self._configs: dict[Hashable, Config] = {}
+        self._generation = -1
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, config: Any, make_problem: Callable[[], Any], dtype: torch.dtype) -> Config:
+        """The config for one call: `config` None looks it up in the tuned tables; a Config or
+        a mapping from the caller is completed and validated once per call key (ConfigError)."""
+        from omnitune import runtime
+
+        generation = runtime.cache_generation()
+        if generation != self._generation:
+            with self._lock:
+                self._configs.clear()
+                self._generation = generation
+        if config is not None:
+            key = (key, _config_identity(config))
+        memo_key = (key, dtype, os.environ.get(runtime.CONFIG_DIR_ENV))
+        found = self._configs.get(memo_key)
+        if found is not None:
+            return found
+        cfg = self._resolve(config, make_problem(), dtype)
+        with self._lock:
+            if len(self._configs) >= MEMO_ENTRIES:
+                self._configs.clear()
+            self._configs[memo_key] = cfg
+        return cfg
+
+    def _resolve(self, config: Any, problem: Any, dtype: torch.dtype) -> Config:
+        from omnitune.registry import get_spec
+        from omnitune.runtime import get_config
+
+        if config is None:
+            return get_config(self.spec_name, problem, dtype=dtype)
+        spec: KernelSpec = get_spec(self.spec_name)
+        return resolve_config(spec, config, problem, dtype)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._configs.clear()
+
+
+def resolve_config(spec: KernelSpec, config: Config | Mapping, problem: Any, dtype: torch.dtype) -> Config:
+    """A caller's config for one problem. A Config is taken as given (what the search and the
+    tests launch, values outside the space included); a mapping (a user's JSON) is laid over the
+    default, each value checked against the space and the result against the spec's
+    constraints (ConfigError names the one it breaks)."""
+    if isinstance(config, Config):
+        return config
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a Config or a mapping, got {type(config).__name__}")
+    cfg = spec.complete_config(config, problem, dtype)
+    spec.require_valid(problem, cfg, dtype)
+    return cfg
+
+
+def _config_identity(config: Any) -> Hashable:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return tuple(sorted(config.items()))
+    raise ConfigError(f"config must be a Config or a mapping, got {type(config).__name__}")
+
+
+@torch.compiler.assume_constant_result
+def config_to_json(config: Config | Mapping | None) -> str:
+    """A caller's config as the string the custom ops take (a schema has no dict type); ''
+    means look it up. Dynamo runs it once while tracing and keeps the string as a constant."""
+    if config is None:
+        return ""
+    return json.dumps(dict(config), sort_keys=True)
+
+
+def config_from_json(text: str) -> dict | None:
+    return json.loads(text) if text else None
+
+
+def compiling() -> bool:
+    """True while Dynamo traces the caller: the public functions then call their custom op."""
+    return torch.compiler.is_compiling()

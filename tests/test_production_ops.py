@@ -1,0 +1,391 @@
+"""The public ops as a serving engine calls them: torch.library registration and fake
+implementations, torch.compile(fullgraph=True), bounds enforced inside the kernels when the
+check mode is off (nothing outside the caches read or written, poisoned guard regions around
+them), the paged-decode plan, and the config memo's bucketing and bound.
+
+Kernels run under the interpreter on the CPU (fp32), on the GPU when there is one; the GPU-only
+parts (CUDA graphs, sync debug mode, Inductor) are in test_production_ops_gpu.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from omnitune import runtime
+from omnitune.errors import InputError
+from omnitune.kernels import _dispatch
+from omnitune.kernels import attention as attn
+from omnitune.kernels import kv_cache_write as kvw
+from omnitune.kernels import kv_compress as kvc
+from omnitune.kernels import paged_decode_attention as pda
+from omnitune.runtime import layers
+from omnitune.spec import relative_error
+
+OPS = ("attention", "write_kv_cache", "paged_decode_attention", "cross_attention_layer", "kv_importance")
+
+
+def _rand(*shape, gen, device, dtype=torch.float32):
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Registration and fake implementations
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_every_public_op_is_registered_in_the_omnitune_namespace(name):
+    op = getattr(torch.ops.omnitune, name)
+    assert op.default._schema.name == f"omnitune::{name}"
+
+
+def test_the_cache_write_declares_its_in_place_mutation_and_returns_nothing():
+    schema = str(torch.ops.omnitune.write_kv_cache.default._schema)
+    import re
+
+    assert re.search(r"Tensor\(\w+!\) key_cache", schema) and re.search(r"Tensor\(\w+!\) value_cache", schema)
+    assert not re.search(r"Tensor\(\w+!\) (key|value|slot_mapping)\b", schema)
+    assert schema.endswith("-> ()")
+    for name in ("attention", "paged_decode_attention", "kv_importance"):
+        assert "!" not in str(getattr(torch.ops.omnitune, name).default._schema)
+
+
+def test_fake_implementations_give_shapes_and_dtypes_without_running_a_kernel():
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 5, 64, dtype=torch.float16)
+        kv = torch.empty(2, 2, 9, 64, dtype=torch.float16)
+        out = torch.ops.omnitune.attention(q, kv, kv, None, True, -1.0, "")
+        assert out.shape == q.shape and out.dtype == q.dtype
+
+        cache = torch.empty(10, 16, 2, 64, dtype=torch.bfloat16)
+        qd = torch.empty(3, 8, 1, 64, dtype=torch.bfloat16)
+        tables = torch.empty(3, 4, dtype=torch.int32)
+        lens = torch.empty(3, dtype=torch.int32)
+        out = torch.ops.omnitune.paged_decode_attention(qd, cache, cache, tables, lens, -1.0, 64, "")
+        assert out.shape == qd.shape and out.dtype == torch.bfloat16
+
+        scores = torch.ops.omnitune.kv_importance(torch.empty(2, 4, 8, 32), torch.empty(2, 2, 40, 32), -1.0, "")
+        assert scores.shape == (2, 2, 40) and scores.dtype == torch.float32
+
+        x = torch.empty(2, 3, 256)
+        layer_out = torch.ops.omnitune.cross_attention_layer(
+            x, torch.empty(2, 7, 256), torch.empty(256, 256), torch.empty(128, 256), torch.empty(256, 256),
+            None, None, None, 4, 1, None, "")
+        assert layer_out.shape == x.shape
+
+
+def _attention_args(device, gen):
+    q = _rand(1, 4, 12, 64, gen=gen, device=device)
+    k = _rand(1, 2, 20, 64, gen=gen, device=device)
+    v = _rand(1, 2, 20, 64, gen=gen, device=device)
+    spans = torch.tensor([[[3, 9], [12, 15]]], dtype=torch.int32, device=device)
+    return q, k, v, spans
+
+
+def _paged_args(device, gen, b=2, h=4, hkv=2, lq=1, d=32, block_size=8, max_blocks=4, num_blocks=10):
+    q = _rand(b, h, lq, d, gen=gen, device=device)
+    key_cache = _rand(num_blocks, block_size, hkv, d, gen=gen, device=device)
+    value_cache = _rand(num_blocks, block_size, hkv, d, gen=gen, device=device)
+    tables = torch.randperm(num_blocks, generator=gen)[: b * max_blocks].view(b, max_blocks).to(torch.int32)
+    lens = torch.randint(lq, max_blocks * block_size + 1, (b,), generator=gen).to(torch.int32)
+    return q, key_cache, value_cache, tables.to(device), lens.to(device)
+
+
+def test_opcheck_passes_on_attention_paged_decode_and_importance(device):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, spans = _attention_args(device, gen)
+    torch.library.opcheck(torch.ops.omnitune.attention.default, (q, k, v, spans, True, -1.0, ""))
+    args = _paged_args(device, gen)
+    torch.library.opcheck(torch.ops.omnitune.paged_decode_attention.default, (*args, -1.0, 32, ""))
+    torch.library.opcheck(torch.ops.omnitune.kv_importance.default,
+                          (_rand(1, 4, 8, 32, gen=gen, device=device), _rand(1, 2, 40, 32, gen=gen, device=device),
+                           -1.0, ""))
+
+
+def test_opcheck_passes_on_the_in_place_cache_write(device):
+    gen = torch.Generator().manual_seed(1)
+    key, value = _rand(6, 2, 32, gen=gen, device=device), _rand(6, 2, 32, gen=gen, device=device)
+    kc, vc = _rand(4, 4, 2, 32, gen=gen, device=device), _rand(4, 4, 2, 32, gen=gen, device=device)
+    slots = torch.tensor([3, -1, 0, 9, 15, 7], dtype=torch.int64, device=device)
+    torch.library.opcheck(torch.ops.omnitune.write_kv_cache.default, (key, value, kc, vc, slots, ""))
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.compile(fullgraph=True): Dynamo traces callers of the public functions without a break
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_function_calling_every_op_compiles_fullgraph_and_matches_eager(device):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, spans = _attention_args(device, gen)
+    pq, kc, vc, tables, lens = _paged_args(device, gen)
+    new_k, new_v = _rand(2, 2, 32, gen=gen, device=device), _rand(2, 2, 32, gen=gen, device=device)
+    slots = torch.tensor([5, 17], dtype=torch.int64, device=device)
+    plan = pda.PagedDecodePlan(batch=2, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, max_blocks=4,
+                               max_context_len=32, dtype=torch.float32, device=device)
+    x, wq, wkv, wo = (_rand(2, 3, 128, gen=gen, device=device), _rand(128, 128, gen=gen, device=device) * 0.05,
+                      _rand(128, 128, gen=gen, device=device) * 0.05, _rand(128, 128, gen=gen, device=device) * 0.05)
+    x_kv = _rand(2, 5, 128, gen=gen, device=device)
+
+    def step(kc, vc):
+        a = attn.attention(q, k, v, causal=True, mm_spans=spans)
+        kvw.write_kv_cache(new_k, new_v, kc, vc, slots)
+        d1 = pda.paged_decode_attention(pq, kc, vc, tables, lens, max_context_len=32)
+        d2 = plan.run(pq, kc, vc, tables, lens)
+        lay = layers.cross_attention_layer(x, x_kv, wq, wkv, wo, heads=2, kv_heads=1)
+        imp = kvc.kv_importance(q, k)
+        return a, d1, d2.clone(), lay, imp
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    kc_c, vc_c = kc.clone(), vc.clone()
+    got = compiled(kc_c, vc_c)
+    want = step(kc, vc)
+    for g, w in zip(got, want):
+        assert relative_error(g, w) < 1e-5
+    assert torch.equal(kc_c, kc) and torch.equal(vc_c, vc)  # the in-place write happened in both
+
+
+# ------------------------------------------------------------------------------------------------
+# Bounds inside the kernels: with the check off, bad values are masked, never followed
+# ------------------------------------------------------------------------------------------------
+
+
+def _guarded(shape, guard, gen, device, fill):
+    """A tensor of `shape` that is a view into a larger buffer with `guard` poisoned rows on each
+    side of its first dimension, and the whole buffer (to check the guards afterwards)."""
+    whole = torch.full((shape[0] + 2 * guard, *shape[1:]), fill, dtype=torch.float32, device=device)
+    inner = whole[guard: guard + shape[0]]
+    inner.copy_(_rand(*shape, gen=gen, device=device))
+    return inner, whole
+
+
+def test_unchecked_cache_write_skips_slots_past_the_cache_and_touches_no_guard(device):
+    gen = torch.Generator().manual_seed(3)
+    num_blocks, block_size, hkv, d, guard = 3, 4, 2, 32, 2
+    kc, k_whole = _guarded((num_blocks, block_size, hkv, d), guard, gen, device, float("nan"))
+    vc, v_whole = _guarded((num_blocks, block_size, hkv, d), guard, gen, device, float("nan"))
+    key, value = _rand(6, hkv, d, gen=gen, device=device), _rand(6, hkv, d, gen=gen, device=device)
+    capacity = num_blocks * block_size
+    slots = torch.tensor([1, capacity, -3, capacity + 5, 7, 10**6], dtype=torch.int64, device=device)
+    expected_k, expected_v = kc.clone(), vc.clone()
+    expected_k.view(-1, hkv, d)[[1, 7]] = key[[0, 4]]
+    expected_v.view(-1, hkv, d)[[1, 7]] = value[[0, 4]]
+    guards_before = k_whole[:guard].clone(), k_whole[-guard:].clone()
+
+    kvw.write_kv_cache(key, value, kc, vc, slots, check=False)
+
+    assert torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
+    assert k_whole[:guard].isnan().all() and k_whole[-guard:].isnan().all()
+    assert v_whole[:guard].isnan().all() and v_whole[-guard:].isnan().all()
+    assert guards_before[0].isnan().all() and guards_before[1].isnan().all()
+
+
+def test_check_mode_refuses_the_same_slots_with_the_caches_untouched(device):
+    gen = torch.Generator().manual_seed(4)
+    kc, vc = _rand(3, 4, 2, 32, gen=gen, device=device), _rand(3, 4, 2, 32, gen=gen, device=device)
+    before = kc.clone()
+    key = _rand(2, 2, 32, gen=gen, device=device)
+    slots = torch.tensor([1, 12], dtype=torch.int64, device=device)
+    with pytest.raises(InputError, match="past the cache"):
+        kvw.write_kv_cache(key, key, kc, vc, slots, check=True)
+    assert torch.equal(kc, before)
+
+
+def _paged_reference(q, key_cache, value_cache, tables, lens, sm_scale):
+    """Decode attention where out-of-range block numbers mask their keys and lengths are
+    clamped to [0, capacity]: what the kernels promise for bad values. float64."""
+    b, h, lq, d = q.shape
+    num_blocks, block_size, hkv, _ = key_cache.shape
+    capacity = tables.shape[1] * block_size
+    group = h // hkv
+    out = torch.zeros((b, h, lq, d), dtype=torch.float64)
+    for bi in range(b):
+        ctx = min(max(int(lens[bi]), 0), capacity)
+        if ctx == 0:
+            continue
+        pos = torch.arange(ctx)
+        pages = tables[bi].cpu().to(torch.int64)[pos // block_size]
+        page_ok = (pages >= 0) & (pages < num_blocks)
+        safe = pages.clamp(0, num_blocks - 1)
+        keys = key_cache.cpu().double()[safe, pos % block_size]      # [ctx, hkv, d]
+        values = value_cache.cpu().double()[safe, pos % block_size]
+        for head in range(h):
+            hk = head // group
+            scores = q[bi, head].cpu().double() @ keys[:, hk].T * sm_scale  # [lq, ctx]
+            qpos = torch.arange(lq) + ctx - lq
+            visible = (pos[None, :] <= qpos[:, None]) & page_ok[None, :]
+            scores = scores.masked_fill(~visible, float("-inf"))
+            probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            out[bi, head] = probs @ values[:, hk]
+    return out
+
+
+@pytest.mark.parametrize("splits", [1, 4], ids=["one-split", "four-splits"])
+@pytest.mark.parametrize("fused", [False, True], ids=["combine-kernel", "in-launch"])
+def test_unchecked_decode_masks_bad_block_numbers_and_clamps_lengths(splits, fused, device):
+    if fused and splits == 1:
+        pytest.skip("one split has nothing to combine")
+    gen = torch.Generator().manual_seed(5)
+    b, h, hkv, lq, d, block_size, max_blocks, num_blocks, guard = 4, 4, 2, 2, 32, 8, 3, 8, 2
+    kc, k_whole = _guarded((num_blocks, block_size, hkv, d), guard, gen, device, float("nan"))
+    vc, _ = _guarded((num_blocks, block_size, hkv, d), guard, gen, device, float("nan"))
+    q = _rand(b, h, lq, d, gen=gen, device=device)
+    tables = torch.tensor([[0, 1, 2], [3, -1, 4], [5, num_blocks, 6], [7, 10**6, -(10**6)]],
+                          dtype=torch.int32, device=device)
+    # lengths: normal, past the capacity (24), negative, and shorter than the queries
+    lens = torch.tensor([20, 10**5, -7, 1], dtype=torch.int32, device=device)
+    config = pda.SPEC.default_config(pda.PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=24, d=d,
+                                                            block_size=block_size), torch.float32)
+    config = config.replace(NUM_SPLITS=splits, FUSED_REDUCE=fused, BLOCK_N=16)
+    out = pda.paged_decode_attention(q, kc, vc, tables, lens, config=config, check=False)
+    want = _paged_reference(q, kc, vc, tables, lens, 1 / math.sqrt(d))
+    assert torch.isfinite(out).all(), "a guard (NaN) was read, or a row without keys was not zeroed"
+    assert relative_error(out.cpu(), want) < 1e-4
+    assert k_whole[:guard].isnan().all() and k_whole[-guard:].isnan().all()
+
+
+def test_check_mode_refuses_bad_lengths_and_block_numbers(device):
+    gen = torch.Generator().manual_seed(6)
+    q, kc, vc, tables, lens = _paged_args(device, gen)
+    bad_lens = lens.clone()
+    bad_lens[0] = 10**4
+    with pytest.raises(InputError, match="capacity"):
+        pda.paged_decode_attention(q, kc, vc, tables, bad_lens, check=True)
+    bad_tables = tables.clone()
+    bad_tables[1, 0] = -2
+    with pytest.raises(InputError, match="not a block of the cache"):
+        pda.paged_decode_attention(q, kc, vc, bad_tables, lens, check=True)
+    with pytest.raises(InputError, match="exceeds max_context_len"):
+        pda.paged_decode_attention(q, kc, vc, tables, lens.clamp(min=9), max_context_len=8, check=True)
+    with pytest.raises(InputError, match="max_context_len"):
+        pda.paged_decode_attention(q, kc, vc, tables, lens, max_context_len=10**6)
+
+
+def test_unchecked_spans_past_the_keys_are_clamped_and_lists_equal_tensors(device):
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, _ = _attention_args(device, gen)
+    lk = k.shape[2]
+    wild = torch.tensor([[[14, 10**6], [-5, 2]]], dtype=torch.int32, device=device)
+    out = attn.attention(q, k, v, causal=True, mm_spans=wild, check=False)
+    clamped = torch.tensor([[[14, lk], [-5, 2]]], dtype=torch.int32, device=device)
+    want = attn.reference(attn.AttentionInputs(q, k, v, True, 1 / 8.0, clamped))
+    assert relative_error(out.double().cpu(), want.cpu()) < 1e-4
+    with pytest.raises(InputError, match="0 ≤ start ≤ end"):
+        attn.attention(q, k, v, causal=True, mm_spans=wild, check=True)
+    as_list = attn.attention(q, k, v, causal=True, mm_spans=[[(14, lk), (0, 2)]])
+    as_tensor = attn.attention(q, k, v, causal=True,
+                               mm_spans=torch.tensor([[[14, lk], [0, 2]]], dtype=torch.int32, device=device))
+    assert torch.equal(as_list, as_tensor)
+
+
+def test_span_lists_are_copied_once_and_the_cache_is_bounded(device):
+    attn._span_tensors.clear()
+    first = attn.span_tensor([[(1, 3)]], 1, device)
+    assert attn.span_tensor([[(1, 3)]], 1, device) is first
+    for i in range(attn._SPAN_TENSORS_KEPT + 5):
+        attn.span_tensor([[(0, i)]], 1, device)
+    assert len(attn._span_tensors) <= attn._SPAN_TENSORS_KEPT
+    with pytest.raises(InputError, match="pairs of ints"):
+        attn.span_tensor([[("a", 3)]], 1, device)
+    with pytest.raises(InputError, match="batch has 2"):
+        attn.span_tensor([[(0, 1)]], 2, device)
+
+
+# ------------------------------------------------------------------------------------------------
+# The paged-decode plan
+# ------------------------------------------------------------------------------------------------
+
+
+def test_plan_run_matches_the_function_and_follows_new_lengths(device):
+    gen = torch.Generator().manual_seed(8)
+    q, kc, vc, tables, lens = _paged_args(device, gen, b=3, h=4, hkv=1, lq=2, num_blocks=14)
+    plan = pda.PagedDecodePlan(batch=3, num_heads=4, num_kv_heads=1, head_dim=32, block_size=8, max_blocks=4,
+                               max_context_len=32, dtype=torch.float32, device=device, query_tokens=2,
+                               config={"NUM_SPLITS": 2, "BLOCK_N": 16})
+    for step in range(3):
+        lens = torch.randint(2, 33, (3,), generator=gen).to(torch.int32).to(device)
+        out = plan.run(q, kc, vc, tables, lens)
+        assert out is plan.out
+        want = pda.paged_decode_attention(q, kc, vc, tables, lens, config=plan.config)
+        assert torch.equal(out, want), f"step {step}"
+        assert relative_error(out.cpu().double(), _paged_reference(q, kc, vc, tables, lens, 1 / math.sqrt(32))) < 1e-4
+
+
+def test_plan_refuses_tensors_of_other_shapes_and_impossible_plans(device):
+    gen = torch.Generator().manual_seed(9)
+    q, kc, vc, tables, lens = _paged_args(device, gen)
+    plan = pda.PagedDecodePlan(batch=2, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, max_blocks=4,
+                               max_context_len=32, dtype=torch.float32, device=device)
+    with pytest.raises(InputError, match="as planned"):
+        plan.run(q[:1], kc, vc, tables[:1], lens[:1])
+    with pytest.raises(InputError, match="block tables"):
+        plan.run(q, kc, vc, tables[:, :2], lens)
+    with pytest.raises(InputError, match="capacity"):
+        pda.PagedDecodePlan(batch=2, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, max_blocks=4,
+                            max_context_len=33, dtype=torch.float32, device=device)
+    with pytest.raises(InputError, match="multiple"):
+        pda.PagedDecodePlan(batch=2, num_heads=5, num_kv_heads=2, head_dim=32, block_size=8, max_blocks=4,
+                            max_context_len=32, dtype=torch.float32, device=device)
+
+
+# ------------------------------------------------------------------------------------------------
+# The config memo: bucketing, its bound, invalidation
+# ------------------------------------------------------------------------------------------------
+
+
+def test_buckets_are_four_per_octave_and_never_below_the_length():
+    assert [_dispatch.bucket_up(n) for n in (1, 16, 17, 20, 21, 1024, 1025, 1280, 1281, 4096)] == \
+        [1, 16, 20, 20, 24, 1024, 1280, 1280, 1536, 4096]
+    for n in range(1, 5000):
+        bucket = _dispatch.bucket_up(n)
+        assert n <= bucket <= max(n, 16) * 1.25 + 1
+    # consecutive decode steps share one bucket for a long stretch
+    assert len({_dispatch.bucket_up(n) for n in range(4097, 5120)}) == 1
+
+
+def test_decode_steps_with_growing_lengths_reuse_one_memo_entry(device, monkeypatch):
+    calls = []
+    real = runtime.get_config
+
+    def counting(kernel, problem, dtype=None, device_name=None):
+        calls.append(problem)
+        return real(kernel, problem, dtype, device_name)
+
+    monkeypatch.setattr(runtime, "get_config", counting)
+    pda._memo.clear()
+    gen = torch.Generator().manual_seed(10)
+    q, kc, vc, tables, lens = _paged_args(device, gen)
+    for ctx in range(17, 21):
+        pda.paged_decode_attention(q, kc, vc, tables, lens.clamp(max=ctx), max_context_len=ctx)
+    assert len(calls) == 1 and calls[0].ctx == 20
+
+
+def test_memo_is_bounded_and_forgets_after_clear_cache(monkeypatch):
+    memo = _dispatch.ConfigMemo("kv_cache_write")
+    monkeypatch.setattr(_dispatch, "MEMO_ENTRIES", 8)
+    for t in range(1, 30):
+        memo.get((t, 2, 64, 16), None, lambda t=t: kvw.KVCacheWriteProblem(t=t, hkv=2, d=64), torch.float16)
+        assert len(memo._configs) <= 8
+    key = (5, 2, 64, 16)
+    memo.get(key, None, lambda: kvw.KVCacheWriteProblem(t=5, hkv=2, d=64), torch.float16)
+    runtime.clear_cache()
+    made = []
+    memo.get(key, None, lambda: made.append(1) or kvw.KVCacheWriteProblem(t=5, hkv=2, d=64), torch.float16)
+    assert made == [1]
+
+
+def test_a_caller_mapping_config_is_validated_once_per_key(device):
+    gen = torch.Generator().manual_seed(11)
+    key = _rand(4, 2, 32, gen=gen, device=device)
+    kc, vc = _rand(2, 4, 2, 32, gen=gen, device=device), _rand(2, 4, 2, 32, gen=gen, device=device)
+    slots = torch.arange(4, dtype=torch.int64, device=device)
+    from omnitune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="BLOCK_T"):
+        kvw.write_kv_cache(key, key, kc, vc, slots, config={"BLOCK_T": 3})
+    with pytest.raises(ConfigError, match="block_t_exceeds_tokens"):
+        kvw.write_kv_cache(key, key, kc, vc, slots, config={"BLOCK_T": 64})
