@@ -389,3 +389,22 @@ def test_a_caller_mapping_config_is_validated_once_per_key(device):
         kvw.write_kv_cache(key, key, kc, vc, slots, config={"BLOCK_T": 3})
     with pytest.raises(ConfigError, match="block_t_exceeds_tokens"):
         kvw.write_kv_cache(key, key, kc, vc, slots, config={"BLOCK_T": 64})
+
+
+# ------------------------------------------------------------------------------------------------
+# The direct launcher's key: at least as fine as Triton's specialisation
+# ------------------------------------------------------------------------------------------------
+
+
+def test_launch_key_separates_what_triton_specialises_on():
+    from omnitune.kernels._launch import _arg_key
+
+    base = torch.zeros(64, dtype=torch.float16)
+    assert _arg_key(base) == _arg_key(torch.ones(64, dtype=torch.float16))
+    assert _arg_key(base) != _arg_key(torch.zeros(64, dtype=torch.bfloat16))  # dtype
+    assert _arg_key(base) != _arg_key(base[1:])                                # 16-byte alignment
+    assert _arg_key(base[8:]) == _arg_key(base)                                # 16 bytes on: aligned again
+    for a, b in ((1, 2), (16, 17), (2 ** 31 - 16, 2 ** 31)):
+        assert _arg_key(a) != _arg_key(b)
+    with pytest.raises(TypeError):
+        _arg_key(object())

@@ -176,3 +176,24 @@ def test_every_op_compiles_fullgraph_with_inductor(monkeypatch):
         assert relative_error(g, e) < 1e-3
     assert torch.equal(c1, c2)
     assert not math.isnan(float(got[0].float().sum()))
+
+
+def test_direct_launches_never_reuse_a_binary_across_alignments_or_dtypes(monkeypatch):
+    """The same public call with a 16-byte-aligned and then a misaligned view, and another dtype:
+    each must get a binary specialised for it (a wrong reuse reads misaligned vectors or the
+    wrong element width)."""
+    monkeypatch.setenv("OMNITUNE_CHECK", "0")
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16):
+        whole = torch.randn(2 * 64 * 4 * 128 + 1, generator=gen).to("cuda", dtype)
+        for offset in (0, 1, 0):
+            key = whole[offset: offset + 64 * 4 * 128].view(64, 4, 128)
+            value = torch.randn(64, 4, 128, generator=gen).to("cuda", dtype)
+            caches = torch.randn(2, 16, 16, 4, 128, generator=gen).to("cuda", dtype)
+            slots = torch.randperm(256, generator=gen)[:64].to("cuda")
+            want = caches.clone()
+            want[0].view(-1, 4, 128)[slots] = key
+            want[1].view(-1, 4, 128)[slots] = value
+            for _ in range(3):
+                kvw.write_kv_cache(key, value, caches[0], caches[1], slots)
+            assert torch.equal(caches, want), (dtype, offset)

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
+from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
     Config,
     Constraint,
@@ -334,7 +335,25 @@ def _check_span_values(spans: torch.Tensor, lk: int) -> None:
         raise InputError(f"mm_spans must be [start, end) ranges with 0 ≤ start ≤ end ≤ Lk={lk}")
 
 
+_Tensor = torch.Tensor
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Shapes, dtypes and devices (no sync). The common case is one cheap predicate; only a call
+    that fails it pays for finding the message."""
+    if type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor:
+        qs, ks = q.shape, k.shape
+        dtype, device = q.dtype, q.get_device()
+        if (len(qs) == 4 and len(ks) == 4 and v.shape == ks and ks[0] == qs[0] and ks[3] == qs[3]
+                and qs[3] in SUPPORTED_HEAD_DIMS and ks[1] > 0 and qs[1] % ks[1] == 0 and qs[2] > 0 and ks[2] > 0
+                and dtype in _FLOATS and k.dtype == dtype and v.dtype == dtype
+                and k.get_device() == device and v.get_device() == device and device >= 0):
+            return
+    _explain_inputs(q, k, v)
+
+
+def _explain_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -366,6 +385,9 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def _tma_ok(t: torch.Tensor) -> bool:
     elt = t.element_size()
     return t.stride(-1) == 1 and all((s * elt) % 16 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+
+
+_ATTENTION = DirectLauncher(_attention_fwd)
 
 
 def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
@@ -401,13 +423,14 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
 
     rows = group * lq if pack else lq
     grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h))
-    _attention_fwd[grid](
+    _ATTENTION(grid, (
         q, k, v, out, span_arg,
         k_desc, v_desc,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *span_strides, spans.shape[1] if mask_mode == 2 else 0,
         h, hkv, lq, lk,
         inputs.sm_scale * LOG2E,
+    ), dict(
         HEAD_DIM=d,
         BLOCK_D=block_d,
         GROUP=group,
@@ -419,7 +442,7 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
         IEEE_DOT=q.dtype == torch.float32,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
-    )
+    ), 7)
 
 
 def attention(

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
+from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
     Config,
     Constraint,
@@ -140,9 +141,32 @@ class KVCacheWriteInputs:
     slot_mapping: torch.Tensor    # [T], int64; −1 = padding
 
 
+_Tensor = torch.Tensor
+
+
 def _check_metadata(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Everything about the tensors that needs no device value (no sync): types, ranks, shapes,
-    dtypes, devices."""
+    dtypes, devices. The common case is one cheap predicate (this runs on every call); only a
+    call that fails it pays for finding the message."""
+    if (type(key) is _Tensor and type(value) is _Tensor and type(key_cache) is _Tensor
+            and type(value_cache) is _Tensor and type(slot_mapping) is _Tensor):
+        shape, cache_shape = key.shape, key_cache.shape
+        dtype, device = key.dtype, key.get_device()
+        if (len(shape) == 3 and len(cache_shape) == 4 and value.shape == shape and value_cache.shape == cache_shape
+                and cache_shape[2] == shape[1] and cache_shape[3] == shape[2]
+                and slot_mapping.dim() == 1 and slot_mapping.shape[0] == shape[0]
+                and value.dtype == dtype and key_cache.dtype == dtype and value_cache.dtype == dtype
+                and slot_mapping.dtype in SLOT_DTYPES
+                and value.get_device() == device and key_cache.get_device() == device
+                and value_cache.get_device() == device and slot_mapping.get_device() == device
+                and device >= 0):
+            return
+    _explain_metadata(key, value, key_cache, value_cache, slot_mapping)
+
+
+def _explain_metadata(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """The InputError naming what is wrong with the tensors (or nothing, e.g. for CPU tensors
+    under the interpreter)."""
     named = (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
              ("slot_mapping", slot_mapping))
     for name, t in named:
@@ -200,22 +224,26 @@ def _check_values(key, key_cache, slot_mapping) -> None:
         )
 
 
+_WRITE = DirectLauncher(_kv_cache_write)
+
+
 def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config) -> None:
     t, hkv, d = key.shape
     if t == 0:
         return
     block_t, block_h = int(config["BLOCK_T"]), int(config["BLOCK_H"])
     grid = (triton.cdiv(t, block_t), triton.cdiv(hkv, block_h))
-    _kv_cache_write[grid](
+    _WRITE(grid, (
         key, value, key_cache, value_cache, slot_mapping,
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
         t, hkv, key_cache.shape[1], key_cache.shape[0] * key_cache.shape[1],
+    ), dict(
         HEAD_DIM=d,
         BLOCK_D=triton.next_power_of_2(d),
         BLOCK_T=block_t,
         BLOCK_H=block_h,
         num_warps=int(config["num_warps"]),
-    )
+    ), 5)
 
 
 def launch(inputs: KVCacheWriteInputs, out: torch.Tensor, config: Config) -> None:

@@ -59,6 +59,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
+from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
     Config,
     Constraint,
@@ -353,9 +354,36 @@ class PagedDecodeInputs:
     sm_scale: float
 
 
+_Tensor = torch.Tensor
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def _check_metadata(q, key_cache, value_cache, block_tables, context_lens) -> None:
     """Everything about the tensors that needs no device value (no sync): types, ranks, shapes,
-    dtypes, devices."""
+    dtypes, devices. The common case is one cheap predicate (this runs on every decode step);
+    only a call that fails it pays for finding the message."""
+    if (type(q) is _Tensor and type(key_cache) is _Tensor and type(value_cache) is _Tensor
+            and type(block_tables) is _Tensor and type(context_lens) is _Tensor):
+        shape, cache_shape, table_shape = q.shape, key_cache.shape, block_tables.shape
+        dtype, device = q.dtype, q.get_device()
+        if (len(shape) == 4 and len(cache_shape) == 4 and len(table_shape) == 2
+                and value_cache.shape == cache_shape and cache_shape[3] == shape[3]
+                and MIN_HEAD_DIM <= shape[3] <= MAX_HEAD_DIM and 1 <= shape[2] <= MAX_QUERY_TOKENS
+                and shape[0] > 0 and cache_shape[0] > 0 and cache_shape[1] > 0 and cache_shape[2] > 0
+                and shape[1] % cache_shape[2] == 0 and table_shape[0] == shape[0] and table_shape[1] > 0
+                and context_lens.dim() == 1 and context_lens.shape[0] == shape[0]
+                and dtype in _FLOATS and key_cache.dtype == dtype and value_cache.dtype == dtype
+                and block_tables.dtype == torch.int32 and context_lens.dtype == torch.int32
+                and key_cache.get_device() == device and value_cache.get_device() == device
+                and block_tables.get_device() == device and context_lens.get_device() == device
+                and device >= 0):
+            return
+    _explain_metadata(q, key_cache, value_cache, block_tables, context_lens)
+
+
+def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens) -> None:
+    """The InputError naming what is wrong with the tensors (or nothing, e.g. for CPU tensors
+    under the interpreter)."""
     named = (("q", q), ("key_cache", key_cache), ("value_cache", value_cache),
              ("block_tables", block_tables), ("context_lens", context_lens))
     for name, t in named:
@@ -494,6 +522,10 @@ def _fused_reduce(config: Config, splits: int) -> bool:
     return bool(config["FUSED_REDUCE"]) and splits > 1
 
 
+_SPLIT = DirectLauncher(_paged_decode_split)
+_COMBINE = DirectLauncher(_paged_decode_combine)
+
+
 def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
             out: torch.Tensor, config: Config, scratch: _Scratch | None = None) -> None:
     b, h, lq, d = q.shape
@@ -514,12 +546,13 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
         part_m = part_l = part_acc = out  # placeholders, never touched
     tickets = scratch.tickets if fused else context_lens  # a placeholder pointer if unused
     grid = (b, head_axis, splits)
-    _paged_decode_split[grid](
+    _SPLIT(grid, (
         q, key_cache, value_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc, tickets,
         *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
         h, lq, num_blocks, block_tables.shape[1],
         sm_scale * LOG2E,
+    ), dict(
         PAGE_SIZE=block_size,
         HEAD_DIM=d,
         BLOCK_D=block_d,
@@ -533,20 +566,21 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
         IEEE_DOT=q.dtype == torch.float32,
         num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]),
-    )
+    ), 10)
     if splits > 1 and not fused:
         # Not tuned: a [BLOCK_S, BLOCK_D] fp32 tile per row, one warp per 1,024 elements (≤ 4).
         combine_warps = min(4, max(1, block_s * block_d // 1024))
-        _paged_decode_combine[(b * h * lq,)](
+        _COMBINE((b * h * lq,), (
             part_m, part_l, part_acc, out,
             *out.stride(),
             h, lq,
+        ), dict(
             HEAD_DIM=d,
             BLOCK_D=block_d,
             NUM_SPLITS=splits,
             BLOCK_S=block_s,
             num_warps=combine_warps,
-        )
+        ), 4)
 
 
 def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None:
@@ -666,6 +700,9 @@ class PagedDecodePlan:
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise InputError(f"unsupported dtype {dtype}; use float16, bfloat16 or float32")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # "cuda" means the current device; tensors report it with its index (cuda:0).
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = dtype
         self.q_shape = (batch, num_heads, query_tokens, head_dim)
         self.block_size, self.num_kv_heads, self.max_blocks = block_size, num_kv_heads, max_blocks

@@ -1,0 +1,76 @@
+"""Where a Triton launch's host time goes (triton 3.6): the JIT's full launch path against its
+parts — the argument binder (specialisation), the cache-key computation, and the compiled
+kernel's C launcher called directly — on the KV-cache write kernel, one decode step's worth.
+
+    PYTHONPATH=$PWD python benchmarks/launch_overhead_probe.py --out $OUT/launch_overhead_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import triton
+from triton.runtime import jit as triton_jit
+
+
+def per_call_us(fn, calls=2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    from omnitune.kernels import kv_cache_write as kvw
+
+    t, hkv, d = 256, 4, 128
+    key = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16)
+    value = torch.randn_like(key)
+    kc = torch.zeros(4096, 16, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    slots = torch.randperm(4096 * 16, device="cuda")[:t]
+    cfg = dict(BLOCK_T=1, BLOCK_H=4, num_warps=1)
+    grid = (t, 1)
+    jit = kvw._kv_cache_write
+    pos = (key, value, kc, vc, slots, *key.stride(), *value.stride(), *kc.stride(), *vc.stride(), t, hkv, 16,
+           4096 * 16)
+    kw = dict(HEAD_DIM=d, BLOCK_D=d, BLOCK_T=1, BLOCK_H=4, num_warps=1)
+    kernel = jit[grid](*pos, **kw)
+    device = triton.runtime.driver.active.get_current_device()
+    kernel_cache, kernel_key_cache, target, backend, binder = jit.device_caches[device]
+    bound, specialization, options = binder(*pos, **kw)
+    stream = triton.runtime.driver.active.get_current_stream(device)
+    values = tuple(bound.values())
+    run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+    results = {
+        "full_jit_launch_us": per_call_us(lambda: jit[grid](*pos, **kw)),
+        "binder_only_us": per_call_us(lambda: binder(*pos, **kw)),
+        "compute_cache_key_us": per_call_us(lambda: triton_jit.compute_cache_key(kernel_key_cache, specialization,
+                                                                                 options)),
+        "direct_c_launcher_us": per_call_us(lambda: run(t, 1, 1, stream, function, packed, None, None, None, *values)),
+        "current_stream_query_us": per_call_us(lambda: triton.runtime.driver.active.get_current_stream(device)),
+        "torch_empty_us": per_call_us(lambda: torch.empty((64, 28, 1, 128), device="cuda", dtype=torch.bfloat16)),
+        "index_copy_us": per_call_us(lambda: kc.view(-1, hkv, d).index_copy_(0, slots, key)),
+        "public_write_kv_cache_us": per_call_us(lambda: kvw.write_kv_cache(key, value, kc, vc, slots, check=False)),
+        "specialization": [str(s) for s in specialization],
+    }
+    for k, v in results.items():
+        print(f"{k:28s} {v if isinstance(v, list) else f'{v:.2f}'}")
+    args.out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

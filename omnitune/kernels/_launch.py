@@ -1,0 +1,131 @@
+"""Launch a compiled Triton kernel with less host work than the JIT's own launch path.
+
+`kernel[grid](*args, **constexprs)` rebinds and re-specialises every argument, rebuilds the
+kernel cache key (stringifying the options) and walks hooks on every call; measured on the H200
+(benchmarks/launch_overhead_probe.py) that is most of a public op's host time. A serving engine
+calls the same kernel with arguments of the same kinds millions of times, so DirectLauncher
+launches once through the JIT (which compiles, or loads from the cache, and returns the compiled
+kernel), remembers the compiled kernel under a key of its own, and from then on calls the
+kernel's C launcher directly.
+
+Correctness rests on the key: it must change whenever Triton's specialisation of the arguments
+would. Triton 3.x specialises a tensor on its dtype and on whether its address is 16-byte
+aligned, an int on whether it is 1, whether it is divisible by 16 and on its width (i32 / i64 /
+u64), a tensor descriptor on its dtype and block shape; floats, None and constexprs as values.
+The key holds each tensor's dtype and alignment, every other argument's exact value (finer than
+Triton's classes, and free to compute) and the constexprs and launch options as given, so it is
+at least as fine as Triton's own — two calls with one key get the same binary. A new shape is a
+new key: its first call takes the JIT's path (a prefill of a new length pays that once). Anything else (an argument of
+another kind, a launch hook such as a profiler's, a Triton without this launcher interface, the
+interpreter) takes the JIT's path.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+# Compiled kernels kept per launcher before it starts over (each entry: one specialisation).
+_ENTRIES = 1024
+_INT32 = (-(2 ** 31), 2 ** 31)
+
+
+_PLAIN = (int, float, bool, type(None))
+
+
+def _arg_key(value: Any) -> Any:
+    """One argument's part of the key. Plain values stand for themselves: an int's exact value
+    is finer than Triton's int specialisation, and costs nothing to compute."""
+    kind = type(value)
+    if kind is torch.Tensor:
+        return (value.dtype, not value.data_ptr() & 15)
+    if kind in _PLAIN:
+        return value
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, not value.data_ptr() & 15)
+    block_shape = getattr(value, "block_shape", None)
+    base = getattr(value, "base", None)
+    if block_shape is not None and isinstance(base, torch.Tensor):  # a host tensor descriptor
+        return ("desc", base.dtype, not base.data_ptr() & 15, tuple(block_shape), tuple(value.shape),
+                tuple(value.strides), getattr(value, "padding", None))
+    raise TypeError(kind.__name__)
+
+
+class DirectLauncher:
+    """Launches one @triton.jit kernel: `launcher(grid, args, constexprs)`, where args are the
+    kernel's runtime arguments in signature order and constexprs a dict of its constexprs and
+    launch options (num_warps, num_stages). The constexprs must follow the runtime arguments in
+    the kernel's signature (true of every kernel here)."""
+
+    def __init__(self, jit_fn):
+        self.jit = jit_fn
+        self._compiled: dict[tuple, tuple] = {}
+        self._lock = threading.Lock()
+        self._direct = _supports_direct_launch(jit_fn)
+        names = list(getattr(jit_fn, "arg_names", ()))
+        params = getattr(jit_fn, "params", ())
+        self._constexpr_names = [p.name for p in params if getattr(p, "is_constexpr", False)]
+        self._runtime_count = len(names) - len(self._constexpr_names)
+
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, objects: int) -> None:
+        """objects: how many leading arguments are tensors (or descriptors); the rest must be
+        plain ints and floats, which key the binary by their values at no cost."""
+        if not self._direct or _hooked():
+            self.jit[grid](*args, **constexprs)
+            return
+        try:
+            key = (tuple([_arg_key(a) for a in args[:objects]]), args[objects:], tuple(constexprs.items()))
+            entry = self._compiled.get(key)
+        except TypeError:  # an argument kind the key does not cover: the JIT's path
+            self.jit[grid](*args, **constexprs)
+            return
+        if entry is None:
+            kernel = self.jit[grid](*args, **constexprs)
+            self._remember(key, kernel, args, constexprs)
+            return
+        run, function, packed, constexpr_values = entry
+        grid_1 = grid[1] if len(grid) > 1 else 1
+        grid_2 = grid[2] if len(grid) > 2 else 1
+        run(grid[0], grid_1, grid_2, _raw_stream(_current_device()), function, packed, None, None, None,
+            *args, *constexpr_values)
+
+    def _remember(self, key, kernel, args, constexprs) -> None:
+        if len(args) != self._runtime_count or kernel is None:
+            return  # arguments not as this launcher expects: keep using the JIT's path
+        try:
+            entry = (kernel.run, kernel.function, kernel.packed_metadata,
+                     tuple(constexprs[name] for name in self._constexpr_names))
+        except (AttributeError, KeyError):
+            return
+        with self._lock:
+            if len(self._compiled) >= _ENTRIES:
+                self._compiled.clear()
+            self._compiled[key] = entry
+
+    def clear(self) -> None:
+        with self._lock:
+            self._compiled.clear()
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = torch.cuda.current_device
+
+
+def _hooked() -> bool:
+    from triton import knobs
+
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+def _supports_direct_launch(jit_fn) -> bool:
+    """A compiled (not interpreted) kernel, on CUDA, with the launcher interface this module
+    calls (Triton 3.x: CompiledKernel.run / function / packed_metadata)."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover
+        return False
+    if isinstance(jit_fn, InterpretedFunction) or not torch.cuda.is_available() or _raw_stream is None:
+        return False
+    return hasattr(jit_fn, "device_caches") and hasattr(jit_fn, "params")
