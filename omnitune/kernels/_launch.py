@@ -114,9 +114,26 @@ _current_device = torch.cuda.current_device
 
 
 def _hooked() -> bool:
-    from triton import knobs
+    """Whether a launch hook (a profiler's, say) is installed: then every launch takes the JIT's
+    path, which calls it. Triton 3.6 keeps the hooks as HookChains, never None: empty means
+    none installed."""
+    runtime_knobs = _knobs().runtime
+    for hook in (runtime_knobs.launch_enter_hook, runtime_knobs.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+def _knobs():
+    global _triton_knobs
+    if _triton_knobs is None:
+        from triton import knobs
+
+        _triton_knobs = knobs
+    return _triton_knobs
+
+
+_triton_knobs = None
 
 
 def _supports_direct_launch(jit_fn) -> bool:
