@@ -111,6 +111,8 @@ METHOD = {
                    "prompt + decode inputs as one sequence, no cache",
 }
 
+# --tiny: small enough for the interpreter; head dim 64 is the attention kernel's smallest, and
+# GQA (2 query heads per kv head), paging (pages of 8, several per sequence), a span and audio stay.
 TINY_DIMS = Dims(hidden=64, heads=4, kv_heads=2, head_dim=64, intermediate=128, layers=2)
 TINY_PROMPT = Prompt((("text", 5), ("image", 12), ("text", 3), ("audio", 4), ("text", 3)))
 
@@ -387,6 +389,8 @@ def run_case(model: Decoder, impls: dict, case: Case, *, graphs: bool, timed: bo
         "agree": layer0_equal and all(e <= tol for e in errors.values()),
     }
     result["sdpa_backends"] = next(impl.backends for impl in impls.values() if isinstance(impl, TorchNative))
+    plan = getattr(impls[names[0]], "plan", None)
+    result["omnitune_paged_decode_config"] = plan.config.as_dict() if plan is not None else None
     return result
 
 

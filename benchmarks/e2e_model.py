@@ -384,7 +384,9 @@ class Omnitune:
         return None
 
     def decode_attention(self, q, key_cache, value_cache, cache: PagedCache, context_lens, meta):
-        return self.plan.run(q, key_cache, value_cache, cache.block_tables, context_lens)
+        # Into the plan's own output buffer, shared by the layers: each layer's output projection
+        # reads it (stream order) before the next layer's run overwrites it.
+        return self.plan.run(q, key_cache, value_cache, cache.block_tables, context_lens, check=self.check)
 
 
 IMPLEMENTATIONS = {"omnitune": Omnitune, "pytorch": TorchNative}

@@ -44,7 +44,7 @@ def test_a_lost_span_or_a_short_context_fails_the_check(monkeypatch):
     assert not errors["agree"] and errors["max_rel_err"]["prefill_omnitune_vs_reference"] > 1e-2
     monkeypatch.undo()
     monkeypatch.setattr(omnitune, "decode_attention",
-                        lambda self, q, kc, vc, cache, lens, meta: self.plan.run(q, kc, vc, cache.block_tables, lens - 1))
+                        lambda self, q, kc, vc, cache, lens, meta: self.plan.run(q, kc, vc, cache.block_tables, lens - 1, check=self.check))
     errors = e2e_decoder.run_tiny()["correctness"]
     assert not errors["agree"] and errors["max_rel_err"]["decode_omnitune_vs_pytorch"] > 1e-2
     assert errors["max_rel_err"]["prefill_omnitune_vs_pytorch"] <= 1e-4
