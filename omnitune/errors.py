@@ -13,6 +13,11 @@ class UnknownKernelError(OmnituneError):
     pass
 
 
+class KernelNameError(OmnituneError):
+    """A user's kernel whose name is already a built-in's (or another module's kernel's): it may
+    not shadow it, since results, tables and runtime lookups are all keyed by the name."""
+
+
 class ShapeError(OmnituneError):
     """A problem shape that cannot be parsed or is impossible for the kernel."""
 

@@ -1,8 +1,12 @@
 """Which kernels exist. Adding one of ours = its module plus one line in BUILTIN_KERNELS.
 
 A user's own kernel is named on the command line as a module path (`mypkg.mykernel`) or a file
-(`./my_kernel.py`); it must define `SPEC`, a KernelSpec. Kernel modules are imported lazily so
-that importing the registry costs nothing and TRITON_INTERPRET can still be set first.
+(`./my_kernel.py`); it must define `SPEC`, a KernelSpec. Once loaded it is also known by its
+spec's name for the rest of the process; a user module that calls `register(SPEC)` is known by
+that name as soon as it is imported (so its own public function can ask omnitune.runtime for
+`SPEC.name`). A user kernel may not take a built-in's name: results, tables and lookups are
+keyed by the name, so it would shadow the built-in. Kernel modules are imported lazily so that
+importing the registry costs nothing and TRITON_INTERPRET can still be set first.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from omnitune.errors import UnknownKernelError
+from omnitune.errors import KernelNameError, UnknownKernelError
 from omnitune.spec import KernelSpec
 
 BUILTIN_KERNELS: dict[str, str] = {
@@ -34,19 +38,24 @@ def kernel_names() -> list[str]:
 
 
 def get_spec(name: str) -> KernelSpec:
-    """The spec of a built-in kernel by name, or of a user module/file that defines SPEC."""
+    """The spec of a built-in kernel by name, of a user module/file that defines SPEC, or of a
+    user kernel already loaded or registered under its spec's name."""
     if name in _loaded:
         return _loaded[name]
     if name in BUILTIN_KERNELS:
         spec = _spec_of(importlib.import_module(BUILTIN_KERNELS[name]), name)
     elif name.endswith(".py") or "/" in name:
-        spec = _spec_of(_import_file(Path(name)), name)
+        path = Path(name)
+        resolved = str(path.resolve())
+        # The same file named another way (relative, absolute) is the same kernel: one import.
+        spec = _loaded.get(resolved) or register(_spec_of(_import_file(path), name), source=name)
+        _loaded[resolved] = spec
     elif "." in name:
         try:
             module = importlib.import_module(name)
         except ImportError as exc:
             raise UnknownKernelError(f"cannot import kernel module {name!r}: {exc}") from None
-        spec = _spec_of(module, name)
+        spec = register(_spec_of(module, name), source=name)
     else:
         raise UnknownKernelError(
             f"unknown kernel {name!r}; choose one of {', '.join(kernel_names())}, "
@@ -54,6 +63,35 @@ def get_spec(name: str) -> KernelSpec:
         )
     _loaded[name] = spec
     _loaded.setdefault(spec.name, spec)
+    return spec
+
+
+def register(spec: KernelSpec, *, source: str | None = None) -> KernelSpec:
+    """Make a user's kernel known by its name in this process: get_spec(spec.name), and so
+    omnitune.runtime.get_config(spec.name, ...), find it from then on. Returns the spec, so a
+    kernel module can end with `SPEC = register(KernelSpec(...))`.
+
+    KernelNameError when the name is a built-in kernel's (a built-in's own spec, whose module is
+    the built-in module, is accepted), or is already taken by a spec of another module. The same
+    module registering again (imported a second time) replaces its earlier spec."""
+    if not isinstance(spec, KernelSpec):
+        raise UnknownKernelError(f"register() takes a omnitune.spec.KernelSpec, got {type(spec).__name__}")
+    where = source or spec.module or "a user module"
+    builtin = BUILTIN_KERNELS.get(spec.name)
+    if builtin is not None:
+        if spec.module == builtin:
+            return spec
+        raise KernelNameError(
+            f"kernel {where!r} names its SPEC {spec.name!r}, the name of a built-in kernel; "
+            f"give it another name (KernelSpec(name=...)): built-in names are {', '.join(kernel_names())}"
+        )
+    taken = _loaded.get(spec.name)
+    if taken is not None and taken is not spec and taken.module != spec.module:
+        raise KernelNameError(
+            f"kernel {where!r} names its SPEC {spec.name!r}, already the name of the kernel in "
+            f"{taken.module or 'another module'!r}; give one of them another name (KernelSpec(name=...))"
+        )
+    _loaded[spec.name] = spec
     return spec
 
 

@@ -1,5 +1,6 @@
 """The package as users get it: every subpackage shipped, the tuned tables inside the wheel's
-layout, README's test command the one CI runs, and every CLI command documented."""
+layout, README's test command the one CI runs, every CLI command documented, and the files the
+contributing guide names present."""
 
 from __future__ import annotations
 
@@ -43,3 +44,14 @@ def test_every_command_has_help_and_is_documented():
         assert result.exit_code == 0, name
         assert len(result.output.strip().splitlines()) > 3, f"{name} has no help"
         assert f"omnitune {name}" in readme, f"`omnitune {name}` is not documented in README.md or docs/cli.md"
+
+
+def test_the_contributing_guide_names_files_that_exist():
+    """docs/contributing.md says which files each change touches: every file path it names in
+    backticks (placeholders such as <name> aside) must exist, so that moving a file fails here
+    until the guide follows."""
+    guide = (ROOT / "docs" / "contributing.md").read_text()
+    named = {m for m in re.findall(r"`([\w./-]+/[\w.-]+\.(?:py|md|toml))`", guide)}
+    assert len(named) >= 20
+    missing = sorted(p for p in named if not (ROOT / p).is_file())
+    assert not missing, f"docs/contributing.md names files that do not exist: {missing}"
