@@ -110,11 +110,14 @@ def _read_table(db_path: Path, table: str, columns: list[str], where: str | None
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {db_path}: {exc}") from None
     try:
+        if not _is_omnitune_database(con, db_path):
+            return pd.DataFrame(columns=columns)
         present = con.execute(
             "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?", (table,)
         ).fetchone()
         if not present:
             return pd.DataFrame(columns=columns)
+        _require_columns(con, db_path, table, columns)
         select = ", ".join(f'"{c}"' for c in columns)
         query = f'SELECT {select} FROM "{table}"'
         params: tuple = ()
@@ -126,6 +129,28 @@ def _read_table(db_path: Path, table: str, columns: list[str], where: str | None
         raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
     finally:
         con.close()
+
+
+def _is_omnitune_database(con: sqlite3.Connection, db_path: Path) -> bool:
+    """True for a database omnitune made (it has a migrations table), False for an empty one; a
+    StoreError for any other: a foreign file's `trials` table is not ours to read."""
+    tables = [name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    if not tables:
+        return False
+    if "migrations" not in tables:
+        raise StoreError(f"{db_path} is not an omnitune results database: it holds tables "
+                         f"({', '.join(sorted(tables)[:5])}) but no migrations table")
+    return True
+
+
+def _require_columns(con: sqlite3.Connection, db_path: Path, table: str, columns: list[str]) -> None:
+    # Checked, not trusted: SQLite reads a double-quoted name that is not a column as a string,
+    # so a missing column would come back as its own name in every row.
+    present = {row[1] for row in con.execute(f'PRAGMA table_info("{table}")')}
+    missing = [c for c in columns if c not in present]
+    if missing:
+        raise StoreError(f"{db_path} is not an omnitune results database: its {table} table lacks "
+                         f"{', '.join(missing[:5])}")
 
 
 # --- reducing ------------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""The CLI's promise, checked through the real command line on temporary databases: an error a
+user can cause prints one line on stderr and exits with code 2 — for every command, for bad
+arguments and for the files, folders and databases around them (read-only, foreign, too large)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from omnitune.cli import app
+from omnitune.profile.device import current_device_facts
+
+SHAPE = "b=1,h=2,hkv=1,lq=17,lk=23,d=64,causal=1"
+ON_GPU = torch.cuda.is_available()
+# conftest imports the kernels interpreted without a GPU and compiled with one; --interpret must match.
+MODE = [] if ON_GPU else ["--interpret"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def invoke(*args: str, **kwargs):
+    return CliRunner().invoke(app, [str(a) for a in args], **kwargs)
+
+
+def assert_one_line_error(result, message: str = "") -> str:
+    """Exit code 2, one line on stderr that starts with 'error: ' (and holds `message`), no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0], lines[0]
+    return lines[0]
+
+
+def search_args(db, *extra) -> list:
+    return ["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--db", db, *extra]
+
+
+def searched_db(tmp_path: Path, trials: int = 2) -> Path:
+    db = tmp_path / "omnitune.db"
+    result = invoke(*search_args(db, "--trials", trials))
+    assert result.exit_code == 0, result.output
+    return db
+
+
+# --- making a file or folder that even root cannot write ------------------------------------------
+
+
+def _writable(path: Path) -> bool:
+    try:
+        if path.is_dir():
+            probe = path / ".probe"
+            probe.write_text("")
+            probe.unlink()
+        else:
+            with open(path, "a"):
+                pass
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def read_only():
+    """make(path): `path` read-only for this process. Mode bits stop everyone but root; as root
+    (how the tests run here) the file or folder is made immutable with chattr +i, which root
+    cannot write either. Skipped where neither works (e.g. chattr on a filesystem without it)."""
+    made: list[tuple[Path, bool]] = []
+
+    def make(path: Path) -> Path:
+        if os.geteuid() == 0:
+            chattr = shutil.which("chattr")
+            if chattr is None:
+                pytest.skip("running as root without chattr: nothing here can make a file root cannot write")
+            done = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.skip(f"running as root and chattr +i failed ({done.stderr.strip()}): cannot make "
+                            f"{path} read-only for root")
+            made.append((path, True))
+        else:
+            made.append((path, False))
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        if _writable(path):
+            pytest.skip(f"{path} is still writable after making it read-only")
+        return path
+
+    yield make
+    for path, immutable in reversed(made):
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=False)
+        else:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def test_an_existing_database_that_cannot_be_written_is_one_line(tmp_path, read_only):
+    db = read_only(searched_db(tmp_path))
+    assert_one_line_error(invoke(*search_args(db, "--trials", "3")), "the file is read-only")
+
+
+def test_a_database_in_a_folder_that_cannot_be_written_is_one_line(tmp_path, read_only):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    db = searched_db(folder)
+    read_only(folder)
+    assert_one_line_error(invoke(*search_args(db, "--trials", "3")), "is read-only (SQLite writes its journal there)")
+    # Reading needs no journal: report still works there.
+    result = invoke("report", "--db", db, "--format", "csv")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture
+def foreign_db(tmp_path) -> Path:
+    """Somebody else's SQLite file that happens to have a trials table."""
+    path = tmp_path / "theirs.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE trials (kernel TEXT, runtime REAL)")
+    conn.execute("INSERT INTO trials VALUES ('attention', 1.5)")
+    conn.commit()
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize("args", [["report"], ["report", "--format", "json"], ["report", "--kernel", "attention"],
+                                  ["export", "--out", "{tmp}/out"]], ids=["report", "json", "kernel", "export"])
+def test_a_foreign_database_with_a_trials_table_is_one_line(args, foreign_db, tmp_path):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert_one_line_error(invoke(*args, "--db", foreign_db), "is not an omnitune results database")
+    assert not (tmp_path / "out").exists()
