@@ -135,3 +135,45 @@ def test_a_foreign_database_with_a_trials_table_is_one_line(args, foreign_db, tm
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     assert_one_line_error(invoke(*args, "--db", foreign_db), "is not an omnitune results database")
     assert not (tmp_path / "out").exists()
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def _empty_db(tmp_path: Path) -> Path:
+    from omnitune.store import open_db
+
+    path = tmp_path / "empty.db"
+    open_db(path).conn.close()
+    return path
+
+
+def test_report_json_of_an_empty_database_is_an_empty_list(tmp_path):
+    result = invoke("report", "--db", _empty_db(tmp_path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == []
+    assert result.stderr.startswith("no results in")
+
+
+def test_report_csv_of_an_empty_database_is_its_header(tmp_path):
+    from omnitune.report import SUMMARY_COLUMNS
+
+    result = invoke("report", "--db", _empty_db(tmp_path), "--format", "csv")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [",".join(SUMMARY_COLUMNS)]
+    assert result.stderr.startswith("no results in")
+
+
+def test_pruned_configs_are_not_counted_as_trials(tmp_db):
+    result = invoke(*search_args(tmp_db, "--trials", "6"))
+    assert result.exit_code == 0, result.output
+    summary = next(line for line in result.stdout.splitlines() if line.startswith("attention "))
+    assert "6 measured (6 new)" in summary and "failures: none · " in summary and " pruned" in summary
+    conn = sqlite3.connect(tmp_db)
+    pruned = conn.execute("SELECT COUNT(*) FROM trials WHERE status = 'pruned'").fetchone()[0]
+    conn.close()
+    assert pruned > 0  # the shape prunes some configs: what this test is about
+    (row,) = json.loads(invoke("report", "--db", tmp_db, "--format", "json").stdout)
+    assert (row["trials"], row["pruned"], row["failures"]) == (6, pruned, "")
+    table = invoke("report", "--db", tmp_db, env={"COLUMNS": "200"}).stdout
+    assert f"{pruned} pruned" in table

@@ -429,9 +429,14 @@ def _time_and_rate(result: TrialResult) -> str:
 
 
 def _failures_text(failures) -> str:
-    if not failures:
-        return "none"
-    return ", ".join(f"{status.value} {count}" for status, count in sorted(failures.items(), key=lambda kv: -kv[1]))
+    """'mismatch 2, compile_error 1 · 6 pruned': the failed trials, then apart from them the
+    configs the constraints pruned, which were never measured (so are not trials)."""
+    from omnitune.search.trial import TrialStatus
+
+    pruned = failures.get(TrialStatus.PRUNED, 0) if failures else 0
+    failed = {status: count for status, count in (failures or {}).items() if status is not TrialStatus.PRUNED}
+    text = ", ".join(f"{status.value} {count}" for status, count in sorted(failed.items(), key=lambda kv: -kv[1]))
+    return (text or "none") + (f" · {pruned} pruned" if pruned else "")
 
 
 def _speedup_text(best: TrialResult | None, default: TrialResult | None) -> str:

@@ -82,8 +82,13 @@ def report(
     path = db_path(db)
     _import_storage(path, storage)
     trials = rpt.load_trials(path, kernel)
+    # Piped formats keep stdout to the data: notes and the figures' paths go to stderr.
+    piped = output_format in (ReportFormat.CSV, ReportFormat.JSON)
     if not _has_results(trials, path, kernel):
-        typer.echo(_nothing_measured(path))
+        if piped:  # still data: a reader of the JSON or CSV gets an empty list, not prose
+            empty = rpt.summarize(trials)
+            typer.echo((rpt.render_csv if output_format is ReportFormat.CSV else rpt.render_json)(empty), nl=False)
+        typer.echo(_nothing_measured(path), err=piped)
         return
     calibrations = rpt.load_calibrations(path)
     stored_profiles = rpt.load_profiles(path, kernel)
@@ -91,10 +96,10 @@ def report(
     profiles = rpt.profiles_for(summary, stored_profiles)
     note = rpt.calibration_note(summary, calibrations)
     notes = (note,) if note else ()
-    # Piped formats keep stdout to the data: notes and the figures' paths go to stderr.
-    piped = output_format in (ReportFormat.CSV, ReportFormat.JSON)
     if output_format is ReportFormat.TABLE:
-        console.print(rpt.render_table(summary, title=f"omnitune results in {path}", profiles=profiles, notes=notes))
+        # Not cropped: a problem key wider than the terminal stays one line, to be copied whole.
+        console.print(rpt.render_table(summary, title=f"omnitune results in {path}", profiles=profiles, notes=notes),
+                      crop=False)
     elif output_format is ReportFormat.MD:
         typer.echo(rpt.render_markdown(summary, profiles=profiles, notes=notes), nl=False)
     else:
