@@ -101,6 +101,29 @@ def read_only():
             path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+# --- what a command writes -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["search", "bench"])
+def test_a_shape_too_large_to_allocate_is_refused_before_anything_is_written(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    huge = "b=1,h=2,hkv=1,lq=1000000000,lk=23,d=64"
+    args = [command, "attention", "--shape", huge, "--dtype", "fp32", *MODE]
+    line = assert_one_line_error(invoke(*args), "is too large: its tensors alone need")
+    assert "lq=1000000000" in line
+    assert list(tmp_path.iterdir()) == []  # no empty omnitune.db, no Optuna storage
+
+
+def test_an_allocation_that_fails_anyway_is_one_line(tmp_db, monkeypatch):
+    from omnitune.search import runner
+
+    def cannot_allocate(self, *args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(runner.Runner, "__init__", cannot_allocate)
+    assert_one_line_error(invoke(*search_args(tmp_db, "--trials", "2")), "does not fit in memory here")
+
+
 def test_an_existing_database_that_cannot_be_written_is_one_line(tmp_path, read_only):
     db = read_only(searched_db(tmp_path))
     assert_one_line_error(invoke(*search_args(db, "--trials", "3")), "the file is read-only")
@@ -135,6 +158,72 @@ def test_a_foreign_database_with_a_trials_table_is_one_line(args, foreign_db, tm
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     assert_one_line_error(invoke(*args, "--db", foreign_db), "is not an omnitune results database")
     assert not (tmp_path / "out").exists()
+
+
+def test_export_into_a_file_is_one_line(tmp_path):
+    db = searched_db(tmp_path)
+    target = tmp_path / "tables.json"
+    target.write_text("{}")
+    assert_one_line_error(invoke("export", "--db", db, "--out", target), "is a file; give a folder")
+    assert target.read_text() == "{}"
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["the-folder", "a-folder-inside"])
+def test_export_into_a_read_only_folder_is_one_line(below, tmp_path, read_only):
+    db = searched_db(tmp_path)
+    out = tmp_path / "tables"
+    out.mkdir()
+    read_only(out)
+    assert_one_line_error(invoke("export", "--db", db, "--out", out / "sub" if below else out), "is read-only")
+
+
+def test_export_into_a_read_only_kernel_folder_is_one_line(tmp_path, read_only):
+    db = searched_db(tmp_path)
+    out = tmp_path / "tables"
+    (out / "attention").mkdir(parents=True)
+    read_only(out / "attention")
+    assert_one_line_error(invoke("export", "--db", db, "--out", out), "cannot write the tables under --out")
+
+
+@pytest.fixture
+def bench_runs(monkeypatch) -> list:
+    """The problems bench ran: none, where it refused first."""
+    from omnitune.profile import bench
+
+    ran = []
+    monkeypatch.setattr(bench, "run_bench", lambda spec, problem, *a, **k: ran.append(problem) or [])
+    return ran
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "a-folder", "read-only-folder"])
+def test_bench_json_that_cannot_be_written_is_refused_before_the_bench_runs(where, tmp_path, bench_runs, read_only):
+    if where == "under-a-file":
+        (tmp_path / "file").write_text("")
+        target, message = tmp_path / "file" / "bench.json", "is a file, not a folder"
+    elif where == "a-folder":
+        target, message = tmp_path, "is a folder; give the path of a file"
+    else:
+        (tmp_path / "ro").mkdir()
+        target, message = read_only(tmp_path / "ro") / "bench.json", "is read-only"
+    result = invoke("bench", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--json", target)
+    assert_one_line_error(result, message)
+    assert bench_runs == []
+
+
+@pytest.mark.parametrize("command", ["search", "worker", "report", "export"])
+def test_a_storage_that_is_the_database_itself_is_refused(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    db = searched_db(tmp_path) if command in ("report", "export") else tmp_path / "omnitune.db"
+    before = db.read_bytes() if db.exists() else None
+    if command == "search":
+        args = search_args(db)
+    elif command == "worker":
+        args = ["worker", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--db", db]
+    else:
+        args = [command, "--db", db] + (["--out", tmp_path / "out"] if command == "export" else [])
+    # Relative to the folder the command runs in: the same file under another name.
+    assert_one_line_error(invoke(*args, "--storage", "sqlite:///omnitune.db"), "names the results database")
+    assert (db.read_bytes() if db.exists() else None) == before  # no Optuna tables inside the catalogue
 
 
 # --- output --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from omnitune.cli import app
+from omnitune.cli import app, preflight
 from omnitune.cli.common import (
     console,
     db_path,
@@ -284,6 +284,10 @@ def _search_all(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
     path = db_path(db)
+    # Before the database is opened: a search that cannot run must leave no empty one behind.
+    preflight.require_storage_apart(storage, path)
+    for problem in problems:
+        preflight.require_fits_in_memory(spec, problem, dtype, interpret)
     database = open_db(path)
     storage_url = storage or default_storage_url(path)
     device = current_device_facts(interpret)
@@ -304,7 +308,8 @@ def _search_all(
 
         def make_runner(problem=problem, gpu=None):
             if isolate_timeout_s is None:
-                runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
+                with preflight.allocation_errors(spec, problem):
+                    runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
             else:
                 from omnitune.search.worker import IsolatedRunner
 

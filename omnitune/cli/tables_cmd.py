@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
-from omnitune.cli import app
+from omnitune.cli import app, preflight
 from omnitune.cli.common import console, db_path, load_spec, parse_dtype_option, parse_problems
-from omnitune.errors import OmnituneError
+from omnitune.errors import OmnituneError, StoreError
 
 _DB_HELP = "Results database (default: $OMNITUNE_DB, else ./omnitune.db)."
 _STORAGE_HELP = ("First bring the database up to date from this Optuna storage (e.g. the postgresql:// URL that "
@@ -23,6 +23,7 @@ def _import_storage(path: Path, storage: str | None) -> None:
     """--storage: rebuild the catalogue rows of the storage's studies in the database at `path`."""
     if storage is None:
         return
+    preflight.require_storage_apart(storage, path)
     from omnitune.store import open_db, rebuild_catalogue
 
     rows = rebuild_catalogue(open_db(path), storage)
@@ -152,11 +153,16 @@ def export(
     from omnitune.report import load_trials
 
     path = db_path(db)
+    preflight.require_writable_folder(out, "--out")
     _import_storage(path, storage)
     if not _has_results(load_trials(path, kernel), path, kernel):
         typer.echo(_nothing_measured(path))
         return
-    written = export_tables(path, out, kernel)
+    try:
+        written = export_tables(path, out, kernel)
+    except OSError as exc:  # a kernel's folder or file under --out that cannot be written
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise StoreError(f"cannot write the tables under --out {out}: {exc.strerror or exc}{where}") from None
     if not written:
         typer.echo(f"nothing to export from {path}: no trial there ran ok")
         return
