@@ -210,6 +210,38 @@ def test_bench_json_that_cannot_be_written_is_refused_before_the_bench_runs(wher
     assert bench_runs == []
 
 
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ('{"BLOCK_M": Infinity}', "holds Infinity"),
+        ('{"BLOCK_M": -Infinity}', "holds -Infinity"),
+        ('{"BLOCK_M": NaN}', "holds NaN"),
+        ('{"BLOCK_M": 1e999}', "BLOCK_M=inf: launch parameters are finite numbers"),
+        ('{"BLOCK_M": 1' + "0" * 400 + "}", "is not a valid choice"),
+        ('{"BLOCK_M": 1' + "0" * 5000 + "}", "not usable JSON"),
+        ('{"BLOCK_M": [64]}', "a parameter takes a single value"),
+        ('{"BLOCK_M": {"x": 1}}', "a parameter takes a single value"),
+        ('{"BLOCK_M": "sixty-four"}', "is not a valid choice"),
+        ('{"BLOCK_M": 64.5}', "is not a valid choice"),
+        ("[64, 64]", "must be a JSON object"),
+        ('{"BLOCK_M": 64', "is not valid JSON"),
+        ("nosuchfile.json", "--config nosuchfile.json: no such file"),
+    ],
+)
+def test_bench_config_values_that_are_not_launch_parameters_are_one_line(config, message, bench_runs):
+    result = invoke("bench", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--config", config)
+    assert_one_line_error(result, message)
+    assert bench_runs == []
+
+
+def test_a_config_file_is_read(tmp_path, bench_runs):
+    path = tmp_path / "config.json"
+    path.write_text('{"BLOCK_M": 32}')
+    result = invoke("bench", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--config", path)
+    assert result.exit_code == 0, result.output
+    assert len(bench_runs) == 1
+
+
 @pytest.mark.parametrize("command", ["search", "worker", "report", "export"])
 def test_a_storage_that_is_the_database_itself_is_refused(command, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
