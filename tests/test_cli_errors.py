@@ -258,6 +258,45 @@ def test_a_storage_that_is_the_database_itself_is_refused(command, tmp_path, mon
     assert (db.read_bytes() if db.exists() else None) == before  # no Optuna tables inside the catalogue
 
 
+# --- tables that a search and a lookup read --------------------------------------------------------
+
+
+def _poisoned_table(tables_dir: Path, device_name: str) -> Path:
+    """The shipped attention table, moved to `device_name`, with one config value infinite."""
+    from omnitune.profile.device import device_key
+
+    doc = json.loads((REPO / "tuned_configs" / "attention" / "NVIDIA_H200.json").read_text())
+    doc["device"]["key"] = device_key(device_name)
+    first = next(iter(doc["entries"].values()))
+    first["config"]["BLOCK_M"] = float("inf")
+    path = tables_dir / "attention" / f"{device_key(device_name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))  # Python writes the infinity as Infinity
+    return path
+
+
+def test_a_poisoned_table_does_not_stop_a_search(tables_dir, tmp_db):
+    device = current_device_facts(interpret=not ON_GPU)
+    _poisoned_table(tables_dir, device.name)
+    result = invoke(*search_args(tmp_db, "--trials", "2"))
+    assert result.exit_code == 0, result.output
+    assert "2 measured (2 new)" in result.stdout
+
+
+@pytest.mark.parametrize("poison", ["infinite", "truncated"])
+def test_a_poisoned_table_makes_lookup_answer_or_say_one_line(poison, tables_dir):
+    path = _poisoned_table(tables_dir, "NVIDIA H200")
+    if poison == "truncated":
+        path.write_text(path.read_text()[:500])
+    result = invoke("lookup", "attention", "--shape", SHAPE, "--dtype", "fp16", "--device", "NVIDIA H200")
+    assert "Traceback" not in result.output and not isinstance(result.exception, (OverflowError, ValueError))
+    if result.exit_code == 2:
+        assert_one_line_error(result, "could not be read")
+    else:
+        assert result.exit_code == 0, result.output
+        assert "rung: default" in result.stdout
+
+
 # --- output --------------------------------------------------------------------------------------
 
 

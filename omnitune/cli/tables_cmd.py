@@ -187,7 +187,6 @@ def lookup(
 
     Rungs: exact (this shape was tuned), nearest (a close tuned shape), default (nothing fits).
     """
-    import omnitune.runtime as runtime
     from omnitune.spec import dtype_name
 
     spec = load_spec(kernel)
@@ -199,14 +198,39 @@ def lookup(
 
         if torch.cuda.is_available():
             device_name = torch.cuda.get_device_name()
-    answer = runtime.lookup(spec.name, problem, torch_dtype, device_name)
+    answer = _lookup(spec, problem, torch_dtype, device_name)
+    from omnitune.runtime import Rung
     # Plain lines, never wrapped: the --config JSON is meant to be copied.
     typer.echo(f"{spec.name} {spec.problem_key(problem)} {dtype_name(torch_dtype)} on {device_name or 'no GPU'}")
     typer.echo(f"config: {answer.config.label()}")
     typer.echo(f"  as --config: {json.dumps(answer.config.as_dict(), sort_keys=True)}")
-    if answer.rung is runtime.Rung.DEFAULT:
+    if answer.rung is Rung.DEFAULT:
         why = "" if device_name else " (no CUDA GPU here; pass --device NAME to read a GPU's table)"
         typer.echo(f"rung: default — no applicable tuned entry{why}")
     else:
         typer.echo(f"rung: {answer.rung.value} — entry {answer.matched_key}, distance {answer.distance:.2f}")
         typer.echo(f"file: {answer.source}")
+
+
+def _lookup(spec, problem, dtype, device_name):
+    """What omnitune.runtime answers. The runtime promises never to raise over a table (a bad one
+    is skipped with a warning); should a hostile table get past it anyway, this command still says
+    so in one line rather than a traceback."""
+    import omnitune.runtime as runtime
+
+    try:
+        return runtime.lookup(spec.name, problem, dtype, device_name)
+    except OmnituneError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — see above: whatever a table can make the runtime raise
+        if _debug():
+            raise
+        folders = ", ".join(str(d / spec.name) for d in runtime.config_dirs())
+        raise StoreError(f"a tuned table of {spec.name} could not be read ({type(exc).__name__}: {exc}); "
+                         f"move the bad one aside (the tables are under {folders}) or export it again") from None
+
+
+def _debug() -> bool:
+    from omnitune.cli import _state
+
+    return _state["debug"]
