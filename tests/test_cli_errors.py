@@ -101,6 +101,54 @@ def read_only():
             path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+# --- every command: one line and exit 2 ----------------------------------------------------------
+
+# One obviously bad argument per command, and what its one line says. Each fails before any GPU
+# work, on a GPU machine or not.
+BAD_ARGUMENTS = {
+    "kernels": (["kernels", "attention"], "unexpected extra argument"),
+    "devices": (["devices", "--gpu", "0"], "No such option: --gpu"),
+    "bench": (["bench", "attention", "--shape", "b=1,h=2,zz=3", "--dtype", "fp32", *MODE], "no dimension 'zz'"),
+    "search": (["search", "attention", "--shape", "b=1,h=2,hkv=1,lq=inf,lk=23,d=64", *MODE], "not a finite integer"),
+    "plan": (["plan", "--model", "llama-9"], "unknown model 'llama-9'"),
+    "report": (["report", "--db", "{tmp}/missing.db"], "no results database"),
+    "export": (["export", "--db", "{tmp}/missing.db", "--out", "{tmp}/out"], "no results database"),
+    "lookup": (["lookup", "attention", "--shape", SHAPE, "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    "calibrate": (["calibrate", "--db"], "requires an argument"),
+    "profile": (["profile", "attention", "--shape", "b=1,h=2,zz=3"], "no dimension 'zz'"),
+    "worker": (["worker", "attention", "--storage", " ", "--shape", SHAPE, *MODE], "--storage needs a URL"),
+}
+
+
+def test_every_command_has_a_bad_argument_case():
+    commands = typer.main.get_command(app).commands
+    assert set(BAD_ARGUMENTS) == set(commands)
+
+
+@pytest.mark.parametrize("command", sorted(BAD_ARGUMENTS))
+def test_a_bad_argument_is_one_line_and_exit_2(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args, message = BAD_ARGUMENTS[command]
+    assert_one_line_error(invoke(*(a.replace("{tmp}", str(tmp_path)) for a in args)), message)
+    assert not (tmp_path / "omnitune.db").exists()
+
+
+@pytest.mark.parametrize("command", sorted(BAD_ARGUMENTS))
+def test_an_unknown_option_is_one_line_and_exit_2(command):
+    line = assert_one_line_error(invoke(command, "--no-such-option"), "No such option: --no-such-option")
+    assert f"{command} --help" in line
+
+
+def test_the_root_command_too():
+    assert_one_line_error(invoke("--no-such-option"), "No such option")
+    assert_one_line_error(invoke("nosuch"), "No such command 'nosuch'")
+
+
+def test_debug_still_shows_the_traceback():
+    result = invoke("--debug", "plan", "--model", "llama-9")
+    assert result.exit_code != 2 and result.exception is not None and "llama-9" in str(result.exception)
+
+
 # --- what a command writes -----------------------------------------------------------------------
 
 
@@ -337,3 +385,34 @@ def test_pruned_configs_are_not_counted_as_trials(tmp_db):
     assert (row["trials"], row["pruned"], row["failures"]) == (6, pruned, "")
     table = invoke("report", "--db", tmp_db, env={"COLUMNS": "200"}).stdout
     assert f"{pruned} pruned" in table
+
+
+# --- help ----------------------------------------------------------------------------------------
+
+
+def _commands():
+    group = typer.main.get_command(app)
+    return [None] + sorted(group.commands)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_flags_show_no_value_in_help(command):
+    result = invoke(*([command] if command else []), "--help", env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.stdout
+
+
+@pytest.mark.parametrize("command", _commands()[1:])
+def test_help_keeps_every_bracket_of_its_text(command):
+    """Rich reads [word] as markup and drops it: every bracket in a help text must be escaped."""
+    from rich.text import Text
+
+    group = typer.main.get_command(app)
+    for param in group.commands[command].params:
+        text = getattr(param, "help", None) or ""
+        assert Text.from_markup(text).plain == text.replace("\\[", "["), (command, param.name, text)
+
+
+def test_worker_help_shows_the_postgres_extra():
+    result = invoke("worker", "--help", env={"COLUMNS": "200"})
+    assert "pip install 'omnitune[postgres]'" in result.stdout
