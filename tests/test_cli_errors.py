@@ -387,6 +387,17 @@ def test_pruned_configs_are_not_counted_as_trials(tmp_db):
     assert f"{pruned} pruned" in table
 
 
+def test_a_search_prints_progress_lines_when_not_on_a_terminal(tmp_db):
+    result = invoke(*search_args(tmp_db, "--trials", "3"))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("searching attention "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("attention "))
+    progress = lines[start + 1:end]
+    assert [line.split(":")[0] for line in progress] == ["  trial 1/3", "  trial 2/3", "  trial 3/3"]
+    assert all(" → ok " in line and "best " in line for line in progress)
+
+
 # --- help ----------------------------------------------------------------------------------------
 
 
