@@ -427,3 +427,32 @@ def test_help_keeps_every_bracket_of_its_text(command):
 def test_worker_help_shows_the_postgres_extra():
     result = invoke("worker", "--help", env={"COLUMNS": "200"})
     assert "pip install 'omnitune[postgres]'" in result.stdout
+
+
+# --- --interpret ---------------------------------------------------------------------------------
+
+
+def _a_kernel(x):
+    pass
+
+
+@pytest.mark.skipif(ON_GPU, reason="with a GPU, conftest imports the kernels compiled")
+def test_interpret_is_judged_by_the_kernels_loaded_not_by_modules_without_any(monkeypatch):
+    """omnitune.kernels._dispatch holds no kernel: that it is not interpreted says nothing."""
+    import sys
+    import types
+
+    import triton
+
+    from omnitune.cli import enable_interpreter
+    from omnitune.errors import OmnituneError
+
+    import omnitune.kernels._dispatch  # noqa: F401
+    import omnitune.kernels.attention  # noqa: F401
+
+    enable_interpreter()  # interpreted kernels, and a module without kernels: accepted
+    compiled = types.ModuleType("omnitune.kernels._compiled")
+    compiled.kernel = triton.runtime.jit.JITFunction(_a_kernel)  # as @triton.jit makes it without the interpreter
+    monkeypatch.setitem(sys.modules, compiled.__name__, compiled)
+    with pytest.raises(OmnituneError, match="imported before --interpret took effect"):
+        enable_interpreter()

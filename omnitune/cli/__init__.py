@@ -98,15 +98,17 @@ def enable_interpreter() -> None:
     """Run Triton kernels on the CPU through Triton's interpreter. Must happen before any kernel
     module is imported: @triton.jit reads TRITON_INTERPRET when it decorates."""
     os.environ["TRITON_INTERPRET"] = "1"
-    loaded = [m for m in sys.modules if m.startswith("omnitune.kernels.")]
-    if loaded and not _interpreted(sys.modules[loaded[0]]):
+    loaded = [module for name, module in list(sys.modules.items()) if name.startswith("omnitune.kernels.")]
+    if any(_compiled(module) for module in loaded if module is not None):
         raise OmnituneError("kernels were imported before --interpret took effect; set TRITON_INTERPRET=1")
 
 
-def _interpreted(module) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
+def _compiled(module) -> bool:
+    """Whether a kernel module holds a kernel compiled for the GPU. Judged by its kernels, not
+    by the module: some (omnitune.kernels._dispatch) hold none, interpreted or not."""
+    from triton.runtime.jit import JITFunction
 
-    return any(isinstance(v, InterpretedFunction) for v in vars(module).values())
+    return any(isinstance(v, JITFunction) for v in vars(module).values())
 
 
 # Command modules register themselves on `app` when imported.
