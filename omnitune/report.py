@@ -30,6 +30,7 @@ from omnitune.errors import OmnituneError, StoreError
 from omnitune.profile.calibrate import Calibration
 from omnitune.profile.roofline import RooflinePoint, point_on_device
 from omnitune.search.finalists import NOISY_CV, finalist_facts
+from omnitune.search.trial import TrialStatus
 
 KEY_COLUMNS = ["kernel", "problem_key", "dtype", "device_key"]
 
@@ -56,7 +57,7 @@ SUMMARY_COLUMNS = [
     "kernel", "problem_key", "dtype", "device_key", "device_name", "best_config", "time_ms",
     "p20_ms", "p80_ms", "cv", "noisy", "tflops", "tbps", "tflops_fraction_of_peak",
     "tbps_fraction_of_peak", "bound_by", "default_time_ms", "speedup_vs_default", "trials",
-    "ok_trials", "failures", "representative", *NCU_COLUMNS,
+    "ok_trials", "failures", "pruned", "representative", *NCU_COLUMNS,
 ]
 
 CALIBRATE_HINT = "run omnitune calibrate on it to read TFLOP/s and TB/s against its measured roofline"
@@ -68,6 +69,9 @@ NOT_REPRESENTATIVE_NOTE = (
 )
 
 _OK = "ok"
+# Configs the constraints rejected before anything compiled: not trials (nothing was measured),
+# counted apart from them and from the failures.
+_PRUNED = TrialStatus.PRUNED.value
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -110,11 +114,14 @@ def _read_table(db_path: Path, table: str, columns: list[str], where: str | None
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {db_path}: {exc}") from None
     try:
+        if not _is_omnitune_database(con, db_path):
+            return pd.DataFrame(columns=columns)
         present = con.execute(
             "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?", (table,)
         ).fetchone()
         if not present:
             return pd.DataFrame(columns=columns)
+        _require_columns(con, db_path, table, columns)
         select = ", ".join(f'"{c}"' for c in columns)
         query = f'SELECT {select} FROM "{table}"'
         params: tuple = ()
@@ -126,6 +133,28 @@ def _read_table(db_path: Path, table: str, columns: list[str], where: str | None
         raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
     finally:
         con.close()
+
+
+def _is_omnitune_database(con: sqlite3.Connection, db_path: Path) -> bool:
+    """True for a database omnitune made (it has a migrations table), False for an empty one; a
+    StoreError for any other: a foreign file's `trials` table is not ours to read."""
+    tables = [name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    if not tables:
+        return False
+    if "migrations" not in tables:
+        raise StoreError(f"{db_path} is not an omnitune results database: it holds tables "
+                         f"({', '.join(sorted(tables)[:5])}) but no migrations table")
+    return True
+
+
+def _require_columns(con: sqlite3.Connection, db_path: Path, table: str, columns: list[str]) -> None:
+    # Checked, not trusted: SQLite reads a double-quoted name that is not a column as a string,
+    # so a missing column would come back as its own name in every row.
+    present = {row[1] for row in con.execute(f'PRAGMA table_info("{table}")')}
+    missing = [c for c in columns if c not in present]
+    if missing:
+        raise StoreError(f"{db_path} is not an omnitune results database: its {table} table lacks "
+                         f"{', '.join(missing[:5])}")
 
 
 # --- reducing ------------------------------------------------------------------------------------
@@ -161,15 +190,17 @@ def best_per_key(trials: pd.DataFrame) -> pd.DataFrame:
 
     Each row holds the best ok trial's columns (lowest time_ms, ties to the lowest trial_number;
     NaN when no trial of the key is ok) plus: default_time_ms (the default config's best ok
-    time), default_config_json, speedup_vs_default (default_time_ms / time_ms), trials (all
-    statuses), ok_trials, failures (e.g. "pruned 12, mismatch 1"), representative (False if
-    any trial ran under the interpreter), and cv and noisy (NaN/None unless re-timed).
+    time), default_config_json, speedup_vs_default (default_time_ms / time_ms), trials (the
+    configs measured: every status but pruned), ok_trials, failures (e.g. "mismatch 2,
+    compile_error 1"), pruned (configs the constraints rejected before compiling: not trials),
+    representative (False if any trial ran under the interpreter), and cv and noisy (NaN/None
+    unless re-timed).
 
     Where a key's finalists were re-timed, the best is the fastest of its latest re-timing, and
     default_time_ms is the default's re-timed median when it was re-timed with them: times that
     were measured side by side are compared with each other."""
     extra = ["default_time_ms", "default_config_json", "speedup_vs_default", "trials", "ok_trials",
-             "failures", "cv", "noisy"]
+             "failures", "pruned", "cv", "noisy"]
     if trials.empty:
         return pd.DataFrame(columns=TRIAL_COLUMNS + extra)
     annotated = with_retiming(trials)
@@ -179,9 +210,10 @@ def best_per_key(trials: pd.DataFrame) -> pd.DataFrame:
     latest = latest[latest["retime_session"] == latest.groupby(KEY_COLUMNS)["retime_session"].transform("max")]
     groups = trials.groupby(KEY_COLUMNS, sort=True)
     stats = pd.DataFrame({
-        "trials": groups.size(),
+        "trials": groups["status"].agg(lambda s: int((s != _PRUNED).sum())),
         "ok_trials": groups["status"].agg(lambda s: int((s == _OK).sum())),
         "failures": groups["status"].agg(failure_summary),
+        "pruned": groups["status"].agg(lambda s: int((s == _PRUNED).sum())),
         "representative": groups["representative"].agg(lambda s: bool((s.fillna(0) != 0).all())),
     })
 
@@ -217,8 +249,9 @@ def best_per_key(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def failure_summary(statuses: pd.Series) -> str:
-    """'pruned 12, mismatch 1': failed trials by status, most frequent first."""
-    counts = Counter(s for s in statuses if s != _OK)
+    """'mismatch 2, compile_error 1': failed trials by status, most frequent first (pruned
+    configs are not trials, so not failures either)."""
+    counts = Counter(s for s in statuses if s not in (_OK, _PRUNED))
     ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{status} {n}" for status, n in ordered)
 
@@ -240,7 +273,7 @@ def summarize(
     summary = _with_profile_columns(summary, profiles)
     summary = summary[SUMMARY_COLUMNS].copy()
     summary["representative"] = summary["representative"].astype(bool)
-    for column in ("trials", "ok_trials"):
+    for column in ("trials", "ok_trials", "pruned"):
         summary[column] = summary[column].astype(int)
     return summary.sort_values(KEY_COLUMNS, kind="stable").reset_index(drop=True)
 
@@ -487,10 +520,11 @@ def display_frame(summary: pd.DataFrame) -> pd.DataFrame:
             "speedup": _number(r["speedup_vs_default"], ".2f", suffix="×"),
             "trials": str(r["trials"]),
             "failures": r["failures"] or "",
+            "pruned": str(r["pruned"]),
             "note": "" if r["representative"] else NOT_REPRESENTATIVE_MARK,
         })
     columns = ["kernel", "problem", "dtype", "device", "best config", "ms", "p20–p80 ms", "CV", "TFLOP/s",
-               "TB/s", "bound", "default ms", "speedup", "trials", "failures", "note"]
+               "TB/s", "bound", "default ms", "speedup", "trials", "failures", "pruned", "note"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -515,7 +549,7 @@ def profile_display_frame(profiles: pd.DataFrame, device_names: Mapping[str, str
     return pd.DataFrame(rows, columns=columns)
 
 
-_NUMERIC_DISPLAY = {"ms", "p20–p80 ms", "CV", "TFLOP/s", "TB/s", "default ms", "speedup", "trials", "µs",
+_NUMERIC_DISPLAY = {"ms", "p20–p80 ms", "CV", "TFLOP/s", "TB/s", "default ms", "speedup", "trials", "pruned", "µs",
                     "L1 hit %", "L2 hit %", "DRAM % of peak", "occupancy %"}
 
 
@@ -544,31 +578,30 @@ def render_markdown(summary: pd.DataFrame, profiles: pd.DataFrame | None = None,
 
 def render_table(summary: pd.DataFrame, title: str = "", profiles: pd.DataFrame | None = None,
                  notes: tuple[str, ...] = ()):
-    """The `table` format: one rich Table per kernel × device × dtype (so none needs a column),
-    two lines per result — median over spread (the CV where the finalists were re-timed),
-    TFLOP/s over TB/s (each with its fraction of the device's measured roof) beside the bound,
-    default time over speedup, trials over failures — so that it stays legible in an 80-column
-    terminal. Then a table of the ncu profiles of the keys shown (profiles_for), and `notes`."""
-    from rich import box
+    """The `table` format: one table per kernel × device × dtype (so none needs a column), each
+    problem key whole on a line of its own (it can be copied back as --shape), and below it two
+    lines per result — median over spread (the CV where the finalists were re-timed), TFLOP/s
+    over TB/s (each with its fraction of the device's measured roof) beside the bound, default
+    time over speedup, trials over failures and pruned configs — so that it stays legible in an
+    80-column terminal. Then a table of the ncu profiles of the keys shown (profiles_for), and
+    `notes`. Print it with crop=False (see omnitune.keyed_table)."""
     from rich.console import Group
     from rich.markup import escape
-    from rich.table import Table
+
+    from omnitune.keyed_table import Column, KeyedTable
 
     frame = display_frame(summary)
     parts: list = [title] if title else []
     for (kernel, device, dtype), rows in frame.groupby(["kernel", "device", "dtype"], sort=False):
         marked = (rows["note"] != "").any()
         heading = f"[bold]{escape(kernel)}[/] on [bold]{escape(device)}[/], {dtype}"
-        table = Table(
+        table = KeyedTable(
+            [Column("best config", wrap=True, min_width=10), Column("ms\np20–p80/CV", "right"),
+             Column("TFLOP/s\nTB/s", "right"), Column("bound", "right"), Column("default\nspeedup", "right"),
+             Column("trials\nfailures", wrap=True, min_width=8)],
             title=heading + (f"  [yellow]{NOT_REPRESENTATIVE_MARK}[/]" if marked else ""),
-            title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-            caption=NOT_REPRESENTATIVE_NOTE if marked else None, caption_justify="left",
+            caption=NOT_REPRESENTATIVE_NOTE if marked else None,
         )
-        table.add_column("problem", overflow="fold", min_width=10)
-        table.add_column("best config", overflow="fold", min_width=10)
-        for header in ("ms\np20–p80/CV", "TFLOP/s\nTB/s", "bound", "default\nspeedup"):
-            table.add_column(header, justify="right", no_wrap=True)
-        table.add_column("trials\nfailures", overflow="fold", min_width=8)
         for index, r in rows.iterrows():
             raw = summary.iloc[index]  # display_frame keeps the summary's order, from 0
             median = r["ms"] + (" [yellow]⚠[/]" if r["note"] else "")
@@ -580,14 +613,14 @@ def render_table(summary: pd.DataFrame, title: str = "", profiles: pd.DataFrame 
                 median += " [yellow]noisy[/]" if noisy else ""
                 spread = spread.removesuffix(f" {NOISY_MARK}")
             table.add_row(
-                escape(r["problem"]), escape(r["best config"]),
+                r["problem"], escape(r["best config"]),
                 _two_lines(median, spread),
                 # Without parentheses: two characters that an 80-column terminal needs elsewhere.
                 _two_lines(_rate(raw["tflops"], ".1f", raw["tflops_fraction_of_peak"], parens=False),
                            _rate(raw["tbps"], ".2f", raw["tbps_fraction_of_peak"], parens=False)),
                 r["bound"],
                 _two_lines(r["default ms"], r["speedup"]),
-                _two_lines(r["trials"], r["failures"]),
+                _two_lines(r["trials"], escape(_failures_and_pruned(r["failures"], raw["pruned"]))),
             )
         parts.append(table)
     if profiles is not None and not profiles.empty:
@@ -596,22 +629,25 @@ def render_table(summary: pd.DataFrame, title: str = "", profiles: pd.DataFrame 
     return Group(*parts)
 
 
-def _profiles_table(frame: pd.DataFrame):
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
+def _failures_and_pruned(failures: str, pruned: int) -> str:
+    """'mismatch 1 · 2 pruned': the failed trials, then the configs pruned before any trial."""
+    return " · ".join(part for part in (failures, f"{pruned} pruned" if pruned else "") if part)
 
-    table = Table(title="[bold]ncu profiles[/]", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  collapse_padding=True)
-    table.add_column("kernel\ndevice", overflow="fold")
-    table.add_column("problem\ndtype", overflow="fold", min_width=10)
-    table.add_column("config\nwhich", overflow="fold", min_width=10)
-    for header in ("µs", "L1 hit %\nL2 hit %", "DRAM %\nof peak", "occupancy\n%"):
-        table.add_column(header, justify="right", no_wrap=True)
+
+def _profiles_table(frame: pd.DataFrame):
+    from rich.markup import escape
+
+    from omnitune.keyed_table import Column, KeyedTable
+
+    table = KeyedTable(
+        [Column("kernel\ndevice", wrap=True), Column("dtype"), Column("config\nwhich", wrap=True, min_width=10)]
+        + [Column(header, "right") for header in ("µs", "L1 hit %\nL2 hit %", "DRAM %\nof peak", "occupancy\n%")],
+        title="[bold]ncu profiles[/]",
+    )
     for r in frame.to_dict(orient="records"):
         table.add_row(
-            _two_lines(escape(r["kernel"]), escape(r["device"])),
-            _two_lines(escape(r["problem"]), r["dtype"]),
+            r["problem"],
+            _two_lines(escape(r["kernel"]), escape(r["device"])), r["dtype"],
             _two_lines(escape(r["config"]), r["which"]),
             r["µs"], _two_lines(r["L1 hit %"], r["L2 hit %"]), r["DRAM % of peak"], r["occupancy %"],
         )

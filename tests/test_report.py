@@ -78,8 +78,9 @@ def test_summary_has_one_row_per_key_with_the_right_numbers(populated):
     assert (best["tflops"], best["tbps"]) == (160.0, 1.6)
     assert best["default_time_ms"] == DEFAULT_MS
     assert best["speedup_vs_default"] == pytest.approx(DEFAULT_MS / FAST_MS)
-    assert (best["trials"], best["ok_trials"]) == (6, 3)
-    assert best["failures"] == "pruned 2, mismatch 1"
+    # The two pruned configs were never measured: not trials, and not failures either.
+    assert (best["trials"], best["ok_trials"], best["pruned"]) == (4, 3, 2)
+    assert best["failures"] == "mismatch 1"
     assert best["representative"]
 
     interpreted = _row(summary, CROSS, INTERPRETER_DEVICE)
@@ -89,7 +90,7 @@ def test_summary_has_one_row_per_key_with_the_right_numbers(populated):
 
     failed = _row(summary, CROSS)
     assert pd.isna(failed["best_config"]) and pd.isna(failed["time_ms"])
-    assert (failed["trials"], failed["ok_trials"], failed["failures"]) == (1, 0, "compile_error 1")
+    assert (failed["trials"], failed["ok_trials"], failed["failures"], failed["pruned"]) == (1, 0, "compile_error 1", 0)
 
 
 def test_load_trials_filters_by_kernel(populated):
@@ -121,7 +122,7 @@ def test_csv(populated):
     best = _row(frame, PREFILL)
     assert best["best_config"] == FAST.label()
     assert best["speedup_vs_default"] == pytest.approx(DEFAULT_MS / FAST_MS)
-    assert best["failures"] == "pruned 2, mismatch 1"
+    assert (best["trials"], best["failures"], best["pruned"]) == (4, "mismatch 1", 2)
     assert not _row(frame, CROSS, INTERPRETER_DEVICE)["representative"]
 
 
@@ -161,7 +162,7 @@ def test_markdown(populated):
     assert best["bound"] == "—" and best["CV"] == "—"
     assert best["default ms"] == f"{DEFAULT_MS:#.4g}"
     assert best["speedup"] == f"{DEFAULT_MS / FAST_MS:.2f}×"
-    assert best["failures"] == "pruned 2, mismatch 1"
+    assert (best["trials"], best["failures"], best["pruned"]) == ("4", "mismatch 1", "2")
     assert best["note"] == ""
     assert report.NOT_REPRESENTATIVE_NOTE in text
     interpreted = next(line for line in lines if INTERPRETER_DEVICE in line)
@@ -174,16 +175,29 @@ def test_rich_table(populated):
     text = console.export_text()
     h200 = text[text.index(f"attention on {H200}, fp16"):text.index(f"attention on {INTERPRETER_DEVICE}, fp32")]
     lines = h200.splitlines()
-    first = next(i for i, line in enumerate(lines) if SPEC.problem_key(PREFILL) in line)
-    # Two lines per result: median, TFLOP/s, bound, default time, trials; then spread, TB/s, speedup, failures.
+    # The problem key on a line of its own; below it two lines per result: median, TFLOP/s, bound,
+    # default time, trials; then spread, TB/s, speedup, failures and the configs pruned.
+    first = lines.index(SPEC.problem_key(PREFILL)) + 1
     assert FAST.label() in lines[first]
-    assert lines[first].split()[-5:] == [f"{FAST_MS:#.4g}", "160.0", "—", f"{DEFAULT_MS:#.4g}", "6"]
+    assert lines[first].split()[-5:] == [f"{FAST_MS:#.4g}", "160.0", "—", f"{DEFAULT_MS:#.4g}", "4"]
     assert lines[first + 1].split() == [
         f"{FAST_MS * 0.95:#.4g}–{FAST_MS * 1.05:#.4g}", "1.60", f"{DEFAULT_MS / FAST_MS:.2f}×",
-        "pruned", "2,", "mismatch", "1",
+        "mismatch", "1", "·", "2", "pruned",
     ]
     assert report.NOT_REPRESENTATIVE_MARK not in h200
     assert report.NOT_REPRESENTATIVE_NOTE in text
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_the_table_prints_every_problem_key_whole_on_one_line(populated, width):
+    """Keys are copied back as --shape: a key folded mid-token in a narrow column would not paste."""
+    long_key = AttentionProblem(b=16, h=28, hkv=4, lq=131072, lk=131072, d=128, causal=True, spans=3, span_len=9)
+    path = results_db(populated.with_name("long.db"), [trial_row(0, long_key, FAST, time_ms=1.0, is_default=True)])
+    result = CliRunner().invoke(app, ["report", "--db", str(path)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    assert len(SPEC.problem_key(long_key)) > 60
+    assert SPEC.problem_key(long_key) in result.stdout.splitlines()
+    assert SPEC.parse_shape(SPEC.problem_key(long_key)) == long_key
 
 
 # --- omnitune report -----------------------------------------------------------------------------
@@ -198,7 +212,7 @@ def test_report_command_formats(populated, output_format):
     elif output_format == "csv":
         assert len(pd.read_csv(io.StringIO(result.stdout))) == 3
     elif output_format == "md":
-        assert "| attention |" in result.stdout and "pruned 2, mismatch 1" in result.stdout
+        assert "| attention |" in result.stdout and "| mismatch 1 | 2 |" in result.stdout
     else:
         assert f"attention on {H200}" in result.stdout
 
@@ -400,7 +414,8 @@ def test_the_best_is_the_fastest_re_timed_median_of_the_latest_re_timing(tmp_pat
     assert (best["best_config"], best["time_ms"]) == (TIED.label(), 1.32)
     assert best["cv"] == pytest.approx(0.03) and best["noisy"] is True
     assert best["default_time_ms"] == 1.90 and best["speedup_vs_default"] == pytest.approx(1.90 / 1.32)
-    assert (best["trials"], best["ok_trials"], best["failures"]) == (4, 3, "pruned 1")  # re-timings not counted
+    # Neither the re-timings nor the pruned config count as trials.
+    assert (best["trials"], best["ok_trials"], best["failures"], best["pruned"]) == (3, 3, "", 1)
     cells = next(r for r in markdown_rows(report.render_markdown(report.summarize(report.load_trials(path)))))
     assert cells["CV"] == "3.0% noisy" and cells["ms"] == "1.320"
     assert _best_view(path) == (TIED.label(), 1.32, 1.90)  # the database's view agrees

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from omnitune.cli import app
+from omnitune.cli import app, preflight
 from omnitune.cli.common import (
     console,
     interpret_option,
@@ -20,7 +20,7 @@ from omnitune.cli.common import (
     parse_dtype_option,
     parse_problems,
 )
-from omnitune.errors import DeviceError
+from omnitune.errors import DeviceError, OmnituneError
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -50,6 +50,11 @@ def bench(
     torch_dtype = parse_dtype_option(spec, dtype)
     overrides = {"causal": causal} if causal is not None and "causal" in {f.name for f in spec.problem_fields()} else {}
     problems = parse_problems(spec, shape, **overrides)
+    # Checked before the bench runs, not found out after it.
+    if json_out is not None:
+        preflight.require_writable_file(json_out, "--json")
+    for problem in problems:
+        preflight.require_fits_in_memory(spec, problem, torch_dtype, interpret)
 
     from omnitune.profile.bench import run_bench, speedups
     from omnitune.profile.device import current_device_facts
@@ -63,8 +68,9 @@ def bench(
         _reject_violations(spec, problem, torch_dtype, configs, interpret)
         if not configs:
             configs = _tuned_and_default(spec, problem, torch_dtype, facts.name if facts else None)
-        rows = run_bench(spec, problem, torch_dtype, configs, interpret=interpret, baselines=baselines,
-                         energy=energy and not interpret)
+        with preflight.allocation_errors(spec, problem):
+            rows = run_bench(spec, problem, torch_dtype, configs, interpret=interpret, baselines=baselines,
+                             energy=energy and not interpret)
         _print_rows(spec, problem, dtype, rows, interpret)
         records.append({
             "kernel": spec.name, "problem": spec.problem_dict(problem), "problem_key": spec.problem_key(problem),
@@ -72,9 +78,12 @@ def bench(
             "rows": [r.as_record() for r in rows], "speedups": speedups(rows),
         })
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
         payload = {"device": facts.as_dict() if facts else None, "source_hash": spec.source_hash(), "results": records}
-        json_out.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        except OSError as exc:  # checked before the bench; this is what changed while it ran
+            raise OmnituneError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
         console.print(f"wrote {json_out}")
 
 

@@ -4,6 +4,7 @@ text into typed values."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 import typer
 from rich.console import Console
 
-from omnitune.errors import ConfigError, OmnituneError
+from omnitune.errors import ConfigError, OmnituneError, ShapeError
 from omnitune.spec import Config, KernelSpec, parse_dtype
 
 console = Console(highlight=False)
@@ -43,11 +44,14 @@ def parse_problems(spec: KernelSpec, shapes: list[str], **overrides) -> list:
         )
     problems = []
     for text in shapes:
-        problem = spec.parse_shape(text)
-        changes = {k: v for k, v in overrides.items() if v is not None}
-        if changes:
-            values = spec.problem_dict(problem) | changes
-            problem = spec.problem_from_mapping(values)
+        try:
+            problem = spec.parse_shape(text)
+            changes = {k: v for k, v in overrides.items() if v is not None}
+            if changes:
+                values = spec.problem_dict(problem) | changes
+                problem = spec.problem_from_mapping(values)
+        except OverflowError:  # inf, 1e999, or a dimension too large for a float
+            raise ShapeError(f"--shape {text}: a dimension is not a finite integer of sensible size") from None
         problems.append(problem)
     return problems
 
@@ -65,14 +69,52 @@ def parse_dtype_option(spec: KernelSpec, name: str) -> torch.dtype:
 
 def parse_config_option(spec: KernelSpec, text: str, problem, dtype: torch.dtype) -> Config:
     """--config as JSON text or a path to a JSON file; missing keys take the default's values."""
-    raw = text
-    if not text.lstrip().startswith("{") and Path(text).is_file():
-        raw = Path(text).read_text()
+    values = _config_values(_config_text(text))
     try:
-        values = json.loads(raw)
+        return spec.complete_config(values, problem, dtype)
+    except OverflowError:  # an integer too large for a float: no choice is that large
+        raise ConfigError(f"--config {text}: a value is too large for any {spec.name} parameter") from None
+
+
+_CONFIG_EXAMPLE = """'{"BLOCK_M": 64}'"""
+
+
+def _config_text(text: str) -> str:
+    """The JSON of --config: the text itself if it is JSON, else the file it names."""
+    if text.lstrip().startswith(("{", "[")):
+        return text
+    path = Path(text)
+    if path.is_dir():
+        raise ConfigError(f"--config {text} is a folder; give a JSON object such as {_CONFIG_EXAMPLE} or a JSON file")
+    if not path.exists():
+        raise ConfigError(f"--config {text}: no such file; give a JSON object such as {_CONFIG_EXAMPLE} "
+                          "or the path of a JSON file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --config {text}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _reject_constant(name: str):
+    raise ConfigError(f"--config holds {name}; launch parameters are finite numbers")
+
+
+def _config_values(raw: str) -> dict:
+    """The JSON object of a config, each value a single finite number, a boolean or a string."""
+    try:
+        values = json.loads(raw, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--config is not valid JSON ({exc.msg} at position {exc.pos})") from None
-    return spec.complete_config(values, problem, dtype)
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, absurd nesting
+        raise ConfigError(f"--config is not usable JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config must be a JSON object such as {_CONFIG_EXAMPLE}, got a JSON {type(values).__name__}")
+    for key, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
+            raise ConfigError(f"--config {key}={value!r}: launch parameters are finite numbers")
+        if not isinstance(value, (bool, int, float, str)):
+            raise ConfigError(f"--config {key}={json.dumps(value)}: a parameter takes a single value")
+    return values
 
 
 def search_dtype_option() -> str:

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from omnitune.cli import app
+from omnitune.cli import app, preflight
 from omnitune.cli.common import console, db_path, load_spec, parse_config_option, parse_dtype_option, parse_problems
 from omnitune.errors import ConfigError, DeviceError
 from omnitune.spec import Config, KernelSpec, dtype_name
@@ -32,6 +32,7 @@ def calibrate_cmd(db: str = typer.Option(None, "--db", help=_DB_HELP)) -> None:
 
     They are the roofs that achieved TB/s and TFLOP/s are read against (about 10 s)."""
     _require_gpu("calibration")
+    preflight.require_writable_file(db_path(db), "--db")  # before the measuring, not after it
     from omnitune.profile.calibrate import calibrate
     from omnitune.profile.device import current_device_facts
     from omnitune.store import open_db, record_calibration, record_device
@@ -126,6 +127,7 @@ def profile_cmd(
     torch_dtype = parse_dtype_option(spec, dtype)
     problem = parse_problems(spec, [shape])[0]
     _require_gpu("profiling")
+    preflight.require_fits_in_memory(spec, problem, torch_dtype, interpret=False)
     from omnitune.profile.device import device_key
     from omnitune.profile.ncu import NcuError, ncu_available, profile_config, profile_record
     from omnitune.store import open_db, record_profile

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from omnitune.cli import app
+from omnitune.cli import app, preflight
 from omnitune.cli.common import (
     console,
     db_path,
@@ -284,6 +285,10 @@ def _search_all(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
     path = db_path(db)
+    # Before the database is opened: a search that cannot run must leave no empty one behind.
+    preflight.require_storage_apart(storage, path)
+    for problem in problems:
+        preflight.require_fits_in_memory(spec, problem, dtype, interpret)
     database = open_db(path)
     storage_url = storage or default_storage_url(path)
     device = current_device_facts(interpret)
@@ -304,7 +309,8 @@ def _search_all(
 
         def make_runner(problem=problem, gpu=None):
             if isolate_timeout_s is None:
-                runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
+                with preflight.allocation_errors(spec, problem):
+                    runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
             else:
                 from omnitune.search.worker import IsolatedRunner
 
@@ -325,13 +331,19 @@ def _search_all(
                 report = precompile(spec, problem, dtype, configs, workers=precompile_workers)
                 console.print(f"{escape(_title(spec, problem, dtype))}: {report.summary()}", soft_wrap=True)
 
-        view = _LiveView(spec, problem, dtype, trials, sampler, interpret)
+        # On a terminal a live view redrawn in place; elsewhere (a log, a pipe) the live view would
+        # show nothing until the summary, so one line per measured trial instead.
+        if console.is_terminal:
+            view = _LiveView(spec, problem, dtype, trials, sampler, interpret)
+            showing, report_progress = Live(view, console=console, transient=True, refresh_per_second=4), view.update
+        else:
+            showing, report_progress = nullcontext(), _ProgressLines(spec, problem, dtype, trials, sampler).update
         try:
-            with Live(view, console=console, transient=True, refresh_per_second=4):
+            with showing:
                 outcome = run_search(
                     spec, problem, dtype, runner_factories=factories, device=device, trials=trials,
                     storage_url=storage_url, db=database, sampler=sampler, seed=seed, timeout_s=remaining_s,
-                    limits=limits, progress=view.update, finalists=finalists,
+                    limits=limits, progress=report_progress, finalists=finalists,
                     heartbeat_interval_s=heartbeat_interval_s, precompile=precompile_upcoming,
                 )
         except SearchInterrupted as stop:
@@ -429,9 +441,14 @@ def _time_and_rate(result: TrialResult) -> str:
 
 
 def _failures_text(failures) -> str:
-    if not failures:
-        return "none"
-    return ", ".join(f"{status.value} {count}" for status, count in sorted(failures.items(), key=lambda kv: -kv[1]))
+    """'mismatch 2, compile_error 1 · 6 pruned': the failed trials, then apart from them the
+    configs the constraints pruned, which were never measured (so are not trials)."""
+    from omnitune.search.trial import TrialStatus
+
+    pruned = failures.get(TrialStatus.PRUNED, 0) if failures else 0
+    failed = {status: count for status, count in (failures or {}).items() if status is not TrialStatus.PRUNED}
+    text = ", ".join(f"{status.value} {count}" for status, count in sorted(failed.items(), key=lambda kv: -kv[1]))
+    return (text or "none") + (f" · {pruned} pruned" if pruned else "")
 
 
 def _speedup_text(best: TrialResult | None, default: TrialResult | None) -> str:
@@ -488,6 +505,31 @@ def _finalist_lines(outcome: SearchOutcome, default: Config) -> list[str]:
         mark = " (default)" if timing.config == default else ""
         lines.append(f"    {_ms(timing.median_ms):>10}  {cv}  {escape(timing.config.label())}{mark}")
     return lines
+
+
+class _ProgressLines:
+    """The search's progress as lines, for an output that is not a terminal: one line as the
+    search starts, then one per measured trial (pruned configs cost no time and get none)."""
+
+    def __init__(self, spec: KernelSpec, problem, dtype: torch.dtype, budget: int, sampler: str):
+        self.title = _title(spec, problem, dtype)
+        self.budget = budget
+        self.shown = -1
+        self.lock = threading.Lock()  # with --gpus, every slot's thread reports
+        console.print(f"searching {escape(self.title)}: up to {budget} trials, {sampler}", soft_wrap=True)
+
+    def update(self, progress: SearchProgress) -> None:
+        from omnitune.search.trial import TrialStatus
+
+        with self.lock:
+            if progress.result.status is TrialStatus.PRUNED or progress.measured_total == self.shown:
+                return
+            self.shown = progress.measured_total
+            result = progress.result
+            status = result.status.value + (f" {_ms(result.time_ms)}" if not result.status.failed else "")
+            best = f"best {_ms(progress.best.time_ms)}" if progress.best is not None else "nothing ok yet"
+            console.print(f"  trial {progress.measured_total}/{self.budget}: {escape(result.config.label())} → "
+                          f"{status}; {best}; {progress.elapsed_s:.1f} s", soft_wrap=True)
 
 
 class _LiveView:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
-from omnitune.cli import app
+from omnitune.cli import app, preflight
 from omnitune.cli.common import console, db_path, load_spec, parse_dtype_option, parse_problems
-from omnitune.errors import OmnituneError
+from omnitune.errors import OmnituneError, StoreError
 
 _DB_HELP = "Results database (default: $OMNITUNE_DB, else ./omnitune.db)."
 _STORAGE_HELP = ("First bring the database up to date from this Optuna storage (e.g. the postgresql:// URL that "
@@ -23,6 +23,7 @@ def _import_storage(path: Path, storage: str | None) -> None:
     """--storage: rebuild the catalogue rows of the storage's studies in the database at `path`."""
     if storage is None:
         return
+    preflight.require_storage_apart(storage, path)
     from omnitune.store import open_db, rebuild_catalogue
 
     rows = rebuild_catalogue(open_db(path), storage)
@@ -82,8 +83,13 @@ def report(
     path = db_path(db)
     _import_storage(path, storage)
     trials = rpt.load_trials(path, kernel)
+    # Piped formats keep stdout to the data: notes and the figures' paths go to stderr.
+    piped = output_format in (ReportFormat.CSV, ReportFormat.JSON)
     if not _has_results(trials, path, kernel):
-        typer.echo(_nothing_measured(path))
+        if piped:  # still data: a reader of the JSON or CSV gets an empty list, not prose
+            empty = rpt.summarize(trials)
+            typer.echo((rpt.render_csv if output_format is ReportFormat.CSV else rpt.render_json)(empty), nl=False)
+        typer.echo(_nothing_measured(path), err=piped)
         return
     calibrations = rpt.load_calibrations(path)
     stored_profiles = rpt.load_profiles(path, kernel)
@@ -91,10 +97,10 @@ def report(
     profiles = rpt.profiles_for(summary, stored_profiles)
     note = rpt.calibration_note(summary, calibrations)
     notes = (note,) if note else ()
-    # Piped formats keep stdout to the data: notes and the figures' paths go to stderr.
-    piped = output_format in (ReportFormat.CSV, ReportFormat.JSON)
     if output_format is ReportFormat.TABLE:
-        console.print(rpt.render_table(summary, title=f"omnitune results in {path}", profiles=profiles, notes=notes))
+        # Not cropped: a problem key wider than the terminal stays one line, to be copied whole.
+        console.print(rpt.render_table(summary, title=f"omnitune results in {path}", profiles=profiles, notes=notes),
+                      crop=False)
     elif output_format is ReportFormat.MD:
         typer.echo(rpt.render_markdown(summary, profiles=profiles, notes=notes), nl=False)
     else:
@@ -147,11 +153,16 @@ def export(
     from omnitune.report import load_trials
 
     path = db_path(db)
+    preflight.require_writable_folder(out, "--out")
     _import_storage(path, storage)
     if not _has_results(load_trials(path, kernel), path, kernel):
         typer.echo(_nothing_measured(path))
         return
-    written = export_tables(path, out, kernel)
+    try:
+        written = export_tables(path, out, kernel)
+    except OSError as exc:  # a kernel's folder or file under --out that cannot be written
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise StoreError(f"cannot write the tables under --out {out}: {exc.strerror or exc}{where}") from None
     if not written:
         typer.echo(f"nothing to export from {path}: no trial there ran ok")
         return
@@ -176,7 +187,6 @@ def lookup(
 
     Rungs: exact (this shape was tuned), nearest (a close tuned shape), default (nothing fits).
     """
-    import omnitune.runtime as runtime
     from omnitune.spec import dtype_name
 
     spec = load_spec(kernel)
@@ -188,14 +198,39 @@ def lookup(
 
         if torch.cuda.is_available():
             device_name = torch.cuda.get_device_name()
-    answer = runtime.lookup(spec.name, problem, torch_dtype, device_name)
+    answer = _lookup(spec, problem, torch_dtype, device_name)
+    from omnitune.runtime import Rung
     # Plain lines, never wrapped: the --config JSON is meant to be copied.
     typer.echo(f"{spec.name} {spec.problem_key(problem)} {dtype_name(torch_dtype)} on {device_name or 'no GPU'}")
     typer.echo(f"config: {answer.config.label()}")
     typer.echo(f"  as --config: {json.dumps(answer.config.as_dict(), sort_keys=True)}")
-    if answer.rung is runtime.Rung.DEFAULT:
+    if answer.rung is Rung.DEFAULT:
         why = "" if device_name else " (no CUDA GPU here; pass --device NAME to read a GPU's table)"
         typer.echo(f"rung: default — no applicable tuned entry{why}")
     else:
         typer.echo(f"rung: {answer.rung.value} — entry {answer.matched_key}, distance {answer.distance:.2f}")
         typer.echo(f"file: {answer.source}")
+
+
+def _lookup(spec, problem, dtype, device_name):
+    """What omnitune.runtime answers. The runtime promises never to raise over a table (a bad one
+    is skipped with a warning); should a hostile table get past it anyway, this command still says
+    so in one line rather than a traceback."""
+    import omnitune.runtime as runtime
+
+    try:
+        return runtime.lookup(spec.name, problem, dtype, device_name)
+    except OmnituneError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — see above: whatever a table can make the runtime raise
+        if _debug():
+            raise
+        folders = ", ".join(str(d / spec.name) for d in runtime.config_dirs())
+        raise StoreError(f"a tuned table of {spec.name} could not be read ({type(exc).__name__}: {exc}); "
+                         f"move the bad one aside (the tables are under {folders}) or export it again") from None
+
+
+def _debug() -> bool:
+    from omnitune.cli import _state
+
+    return _state["debug"]

@@ -22,7 +22,7 @@ def worker(
     storage: str = typer.Option(
         ..., "--storage",
         help="The shared Optuna storage: postgresql://user:password@host:5432/db (psycopg 3: pip install "
-        "'omnitune[postgres]'), or sqlite:///path for workers on one host.",
+        "'omnitune\\[postgres]'), or sqlite:///path for workers on one host.",
     ),
     shape: list[str] = typer.Option(
         ..., "--shape", "-s", help="Problem to tune for (repeatable: one study per shape), as for omnitune search.",

@@ -256,10 +256,16 @@ def warm_start_configs(
     *, most: int = WARM_START_CONFIGS,
 ) -> list[Config]:
     """The winners of the tuned problems nearest to `problem` in the exported tables that
-    omnitune.runtime reads, nearest first (see omnitune.runtime.nearest_configs)."""
+    omnitune.runtime reads, nearest first (see omnitune.runtime.nearest_configs); none when a
+    table cannot be read: a warm start is a hint, and a hostile table must not stop the search."""
     from omnitune.runtime import nearest_configs
 
-    return nearest_configs(spec, problem, dtype, device_key, limits, most=most)
+    try:
+        return nearest_configs(spec, problem, dtype, device_key, limits, most=most)
+    except Exception as exc:  # noqa: BLE001 — whatever a table can make the reader raise
+        log.warning("no warm start for %s: a tuned table could not be read (%s: %s)", spec.name,
+                    type(exc).__name__, exc)
+        return []
 
 
 def parse_sampler(name: SamplerName | str) -> SamplerName:

@@ -8,6 +8,7 @@ at the end of MIGRATIONS; released entries are never edited.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -194,6 +195,7 @@ def open_db(path: str | Path) -> sqlite_utils.Database:
         raise StoreError(f"cannot create the folder for {str(path)!r}: {exc.strerror}") from None
     if path.is_dir():
         raise StoreError(f"{str(path)!r} is a folder, not an omnitune results database")
+    _require_writable(path)
     try:
         db = sqlite_utils.Database(path)
         _migrate(db, path)
@@ -202,6 +204,20 @@ def open_db(path: str | Path) -> sqlite_utils.Database:
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{str(path)!r} is not an omnitune results database: {exc}") from None
     return db
+
+
+def _require_writable(path: Path) -> None:
+    """A StoreError unless the database file (if it exists) and its folder can be written: every
+    command that opens the database writes to it, and SQLite writes its journal beside the file.
+    os.access, not the mode bits: it also says no to root on a read-only mount or an immutable
+    file, where SQLite would only fail at the first write, after the work that it was to store."""
+    folder = path.parent
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StoreError(f"cannot write the results database {str(path)!r}: the file is read-only; "
+                         "give a writable --db")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot write the results database {str(path)!r}: its folder {str(folder)!r} is "
+                         "read-only (SQLite writes its journal there); give a writable --db")
 
 
 def schema_version(db: sqlite_utils.Database) -> int:

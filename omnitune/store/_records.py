@@ -7,7 +7,8 @@ import enum
 import json
 import math
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,7 @@ def record_trial(db: sqlite_utils.Database, record: TrialRecord) -> None:
 
 def record_trials(db: sqlite_utils.Database, records: list[TrialRecord]) -> None:
     """Insert many catalogue rows in one transaction."""
-    with transaction(db):
+    with _write_errors(), transaction(db):
         for record in records:
             db.execute(_INSERT_TRIAL, record.as_row())
 
@@ -172,7 +173,19 @@ def _write(db: sqlite_utils.Database, sql: str, parameters) -> sqlite3.Cursor:
     """Execute one write; commit it unless an enclosing transaction will. (sqlite-utils 4 commits
     on its own; 3.x leaves Python's implicit transaction open.)"""
     was_in_transaction = db.conn.in_transaction
-    cursor = db.execute(sql, parameters)
-    if not was_in_transaction and db.conn.in_transaction:
-        db.conn.commit()
+    with _write_errors():
+        cursor = db.execute(sql, parameters)
+        if not was_in_transaction and db.conn.in_transaction:
+            db.conn.commit()
     return cursor
+
+
+@contextmanager
+def _write_errors() -> Iterator[None]:
+    """A write that SQLite refuses (the file made read-only, the disk full, a lock held too long)
+    as a StoreError: one line for the user, not a traceback. open_db checks the common causes
+    first; this covers what changes while a command runs."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        raise StoreError(f"cannot write the results database: {exc}") from None

@@ -1,0 +1,132 @@
+"""Checks a command makes before it spends time or writes anything: that the files it will write
+can be written, that two storages are not one file, that a problem can be held in memory.
+
+Each raises an OmnituneError (one line, exit 2) naming the option at fault. The writability
+checks ask os.access rather than reading mode bits: as root, mode bits allow everything, while a
+read-only mount or an immutable file still refuses — and os.access says so."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnitune.errors import OmnituneError, ShapeError, StoreError
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` itself if it exists, else its nearest existing ancestor (what mkdir would start from)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable_folder_below(folder: Path, option: str, target: Path) -> None:
+    """That `folder` (which need not exist yet) could be made and written into."""
+    base = _nearest_existing(folder)
+    if not base.is_dir():
+        raise OmnituneError(f"cannot write {option} {target}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise OmnituneError(f"cannot write {option} {target}: {base} is read-only")
+
+
+def require_writable_file(path: Path, option: str) -> None:
+    """That the file `path` can be written (created, with its folders, or replaced)."""
+    if path.is_dir():
+        raise OmnituneError(f"{option} {path} is a folder; give the path of a file to write")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OmnituneError(f"cannot write {option} {path}: the file is read-only")
+    _writable_folder_below(path.parent, option, path)
+
+
+def require_writable_folder(path: Path, option: str) -> None:
+    """That files can be written under the folder `path` (made if it does not exist)."""
+    if path.exists() and not path.is_dir():
+        raise OmnituneError(f"{option} {path} is a file; give a folder to write into")
+    _writable_folder_below(path, option, path)
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file an SQLAlchemy SQLite URL names (sqlite:///relative, sqlite:////absolute), or
+    None for another database or an in-memory one."""
+    if not url.startswith("sqlite:///"):
+        return None
+    name = url.removeprefix("sqlite:///").split("?", 1)[0]
+    return None if name in ("", ":memory:") else Path(name)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def require_storage_apart(storage: str | None, db: Path) -> None:
+    """That --storage does not name the results database: Optuna would create its own tables
+    inside the catalogue, which is derived from them and rebuilt from them."""
+    target = _sqlite_file(storage) if storage else None
+    if target is not None and _same_file(target, db):
+        from omnitune.store import default_storage_url
+
+        raise StoreError(
+            f"--storage {storage} names the results database {db} itself; the Optuna storage holds the "
+            f"studies the database is derived from, so it must be another file, e.g. {default_storage_url(db)}"
+        )
+
+
+def _memory_bytes(interpret: bool) -> tuple[int, str] | None:
+    """How much memory the problem's tensors are made in, and what it is; None if unknown."""
+    if not interpret and torch.cuda.is_available():
+        return torch.cuda.mem_get_info()[1], "this GPU's memory"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def require_fits_in_memory(spec: Any, problem: Any, dtype: torch.dtype, interpret: bool) -> None:
+    """That the problem's inputs and outputs can be allocated where the kernel runs. The spec's
+    byte model counts each tensor the kernel reads or writes once: a lower bound of what the
+    inputs, the output and the reference allocate, so a problem over it can never run — found
+    before the search opens a database, rather than as an allocator's traceback after."""
+    available = _memory_bytes(interpret)
+    if available is None:
+        return
+    try:
+        needed = float(spec.bytes_moved(problem, dtype))
+    except OverflowError:  # dimensions too large for a float
+        needed = float("inf")
+    limit, where = available
+    if needed > limit:
+        shown = "more than can be counted" if needed == float("inf") else _size(needed)
+        raise ShapeError(
+            f"{spec.name} {spec.problem_key(problem)} is too large: its tensors alone need {shown}, "
+            f"more than {where} ({_size(limit)})"
+        )
+
+
+@contextmanager
+def allocation_errors(spec: Any, problem: Any) -> Iterator[None]:
+    """An allocator's refusal while a problem's tensors are made, as a ShapeError: a problem under
+    the lower bound of require_fits_in_memory can still be too large for what is free."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:
+        out_of_memory = isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or "allocate" in str(exc)
+        if not out_of_memory:
+            raise
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ShapeError(f"{spec.name} {spec.problem_key(problem)} does not fit in memory here: {first_line}") from None
