@@ -24,5 +24,19 @@ case $part in
     step 120 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
     step 400 python -m pytest -q -m gpu -p no:cacheprovider tests/
     ;;
+  C)
+    # B: the direct path was never taken (Triton 3.6 keeps empty HookChains, not None, as launch
+    # hooks); fixed, and launch plans (grid, constexprs) kept per shape. Paged decode at batch 64
+    # reached 73% of copy as a graph where round 5 measured 97% one launch at a time with the
+    # L2 flushed: the guard study times the kernel with no page guard, masked and clamped pages,
+    # both ways. Then the ops as called, the end-to-end decoder, and the GPU tests of the changed
+    # kernels.
+    step 150 python benchmarks/paged_decode_guard_study.py --out "$OUT/paged_decode_guard_h200.json"
+    step 100 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
+    step 200 python benchmarks/e2e_decoder.py --batch 1 8 --out "$OUT/e2e_decoder_h200.json"
+    step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_production_ops_gpu.py \
+      tests/test_paged_decode_attention.py tests/test_paged_decode_fused_reduce.py tests/test_kv_cache_write.py \
+      tests/test_attention.py
+    ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -388,6 +388,34 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 
 _ATTENTION = DirectLauncher(_attention_fwd)
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # a Triton without host tensor descriptors: USE_TMA configs fail to launch
+    _TensorDescriptor = None
+
+
+# (config, shapes, mask mode, dtype) → grid, constexprs and TMA block: what a repeated call
+# would otherwise recompute.
+_launch_plans: dict[tuple, tuple] = {}
+
+
+def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask_mode: int,
+                 dtype: torch.dtype) -> tuple:
+    group = h // hkv
+    block_d = triton.next_power_of_2(d)
+    block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
+    pack = bool(config["PACK_GQA"]) and group > 1
+    use_tma = bool(config["USE_TMA"])
+    rows = group * lq if pack else lq
+    grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h))
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
+                      MASK_MODE=mask_mode, PACK_GQA=pack, USE_TMA=use_tma, IEEE_DOT=dtype == torch.float32,
+                      num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    plan = (grid, constexprs, [1, 1, block_n, block_d] if use_tma else None)
+    if len(_launch_plans) >= 4096:
+        _launch_plans.clear()
+    _launch_plans[(config, b, h, hkv, lq, d, mask_mode, dtype)] = plan
+    return plan
 
 
 def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
@@ -395,54 +423,32 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
     q, k, v = inputs.q, inputs.k, inputs.v
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    group = h // hkv
-    block_d = triton.next_power_of_2(d)
-    block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
-    pack = bool(config["PACK_GQA"]) and group > 1
-    use_tma = bool(config["USE_TMA"])
     spans = inputs.spans
     if spans is not None and spans.shape[1] > 0:
-        mask_mode, span_arg, span_strides = 2, spans, spans.stride()
+        mask_mode, span_arg, span_strides, num_spans = 2, spans, spans.stride(), spans.shape[1]
     else:
         # q is a placeholder pointer, never read
-        mask_mode, span_arg, span_strides = (1 if inputs.causal else 0), q, (0, 0, 0)
-
-    if use_tma:
+        mask_mode, span_arg, span_strides, num_spans = (1 if inputs.causal else 0), q, (0, 0, 0), 0
+    grid, constexprs, tma_block = (_launch_plans.get((config, b, h, hkv, lq, d, mask_mode, q.dtype))
+                                   or _launch_plan(config, b, h, hkv, lq, d, mask_mode, q.dtype))
+    if tma_block is not None:
         # TMA needs a contiguous last dim and 16-byte aligned strides; copy views that are not.
         if not _tma_ok(k):
             k = k.contiguous()
         if not _tma_ok(v):
             v = v.contiguous()
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        block = [1, 1, block_n, block_d]
-        k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), block)
-        v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), block)
+        k_desc = _TensorDescriptor(k, list(k.shape), list(k.stride()), tma_block)
+        v_desc = _TensorDescriptor(v, list(v.shape), list(v.stride()), tma_block)
     else:
         k_desc = v_desc = 0
-
-    rows = group * lq if pack else lq
-    grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h))
     _ATTENTION(grid, (
         q, k, v, out, span_arg,
         k_desc, v_desc,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        *span_strides, spans.shape[1] if mask_mode == 2 else 0,
+        *span_strides, num_spans,
         h, hkv, lq, lk,
         inputs.sm_scale * LOG2E,
-    ), dict(
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        GROUP=group,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        MASK_MODE=mask_mode,
-        PACK_GQA=pack,
-        USE_TMA=use_tma,
-        IEEE_DOT=q.dtype == torch.float32,
-        num_warps=int(config["num_warps"]),
-        num_stages=int(config["num_stages"]),
-    ), 7)
+    ), constexprs, 7)
 
 
 def attention(

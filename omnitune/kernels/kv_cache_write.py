@@ -227,23 +227,32 @@ def _check_values(key, key_cache, slot_mapping) -> None:
 _WRITE = DirectLauncher(_kv_cache_write)
 
 
+# (config, T, Hkv, D) → grid and constexprs: what a repeated call would otherwise recompute.
+_launch_plans: dict[tuple, tuple] = {}
+
+
+def _launch_plan(config: Config, t: int, hkv: int, d: int) -> tuple:
+    block_t, block_h = int(config["BLOCK_T"]), int(config["BLOCK_H"])
+    grid = (triton.cdiv(t, block_t), triton.cdiv(hkv, block_h))
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=block_t, BLOCK_H=block_h,
+                      num_warps=int(config["num_warps"]))
+    if len(_launch_plans) >= 4096:
+        _launch_plans.clear()
+    plan = _launch_plans[(config, t, hkv, d)] = (grid, constexprs)
+    return plan
+
+
 def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config) -> None:
     t, hkv, d = key.shape
     if t == 0:
         return
-    block_t, block_h = int(config["BLOCK_T"]), int(config["BLOCK_H"])
-    grid = (triton.cdiv(t, block_t), triton.cdiv(hkv, block_h))
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    grid, constexprs = _launch_plans.get((config, t, hkv, d)) or _launch_plan(config, t, hkv, d)
     _WRITE(grid, (
         key, value, key_cache, value_cache, slot_mapping,
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
-        t, hkv, key_cache.shape[1], key_cache.shape[0] * key_cache.shape[1],
-    ), dict(
-        HEAD_DIM=d,
-        BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_T=block_t,
-        BLOCK_H=block_h,
-        num_warps=int(config["num_warps"]),
-    ), 5)
+        t, hkv, block_size, num_blocks * block_size,
+    ), constexprs, 5)
 
 
 def launch(inputs: KVCacheWriteInputs, out: torch.Tensor, config: Config) -> None:

@@ -99,6 +99,7 @@ def _paged_decode_split(
     FUSED_REDUCE: tl.constexpr,
     BLOCK_S: tl.constexpr,
     IEEE_DOT: tl.constexpr,
+    PAGE_GUARD: tl.constexpr,
 ):
     # axis 0: sequence; axis 1: query head (or kv head when PACK_GQA); axis 2: split of the context
     b = tl.program_id(0)
@@ -161,8 +162,12 @@ def _paged_decode_split(
         page = page_next.to(tl.int64)
         ahead = n + BLOCK_N
         page_next = tl.load(table + (ahead // PAGE_SIZE) * stride_btp, mask=ahead < k_end, other=0)
-        # A block number outside the cache is never read: its keys are masked out of the scores.
-        key_valid = key_valid & (page >= 0) & (page < NUM_BLOCKS)
+        # A block number outside the cache is never read: its keys are masked out of the scores
+        # (PAGE_GUARD 1), or it is clamped into the cache (2: reads a wrong but existing block).
+        if PAGE_GUARD == 1:
+            key_valid = key_valid & (page >= 0) & (page < NUM_BLOCKS)
+        elif PAGE_GUARD == 2:
+            page = tl.minimum(tl.maximum(page, 0), NUM_BLOCKS - 1)
         in_page = (n % PAGE_SIZE).to(tl.int64)
         kv_mask = key_valid[:, None] & d_valid[None, :]
         k = tl.load(k_head + page[:, None] * stride_kcb + in_page[:, None] * stride_kcs
@@ -523,13 +528,31 @@ def _fused_reduce(config: Config, splits: int) -> bool:
 
 
 _SPLIT = DirectLauncher(_paged_decode_split)
+# How block numbers outside the cache are kept from being read: 1 masks their keys, 2 clamps
+# them into the cache; 0 trusts the table (only for benchmarks/paged_decode_guard_study.py,
+# which measures what each costs).
+PAGE_GUARD = [1]
 _COMBINE = DirectLauncher(_paged_decode_combine)
 
 
-def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
-            out: torch.Tensor, config: Config, scratch: _Scratch | None = None) -> None:
-    b, h, lq, d = q.shape
-    num_blocks, block_size, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """What a launch derives from (config, shapes, dtype) alone, kept so that the steps of a
+    decode loop do not recompute it."""
+
+    split_grid: tuple
+    split_constexprs: dict
+    fused: bool
+    splits: int
+    combine_grid: tuple | None
+    combine_constexprs: dict | None
+
+
+_launch_plans: dict[tuple, _LaunchPlan] = {}
+
+
+def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, block_size: int,
+                 dtype: torch.dtype) -> _LaunchPlan:
     group = h // hkv
     pack = bool(config["PACK_GQA"]) and group > 1
     splits = int(config["NUM_SPLITS"])
@@ -537,50 +560,50 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
     block_d = triton.next_power_of_2(d)
     block_s = triton.next_power_of_2(splits)
     rows = group * lq if pack else lq
-    head_axis = hkv if pack else h
-    if splits > 1:
+    split_constexprs = dict(
+        PAGE_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=_block_m(rows),
+        BLOCK_N=int(config["BLOCK_N"]), NUM_SPLITS=splits, PACK_GQA=pack, FUSED_REDUCE=fused,
+        BLOCK_S=block_s, IEEE_DOT=dtype == torch.float32, PAGE_GUARD=PAGE_GUARD[0],
+        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+    )
+    combine_grid = combine_constexprs = None
+    if splits > 1 and not fused:
+        # Not tuned: a [BLOCK_S, BLOCK_D] fp32 tile per row, one warp per 1,024 elements (≤ 4).
+        combine_grid = (b * h * lq,)
+        combine_constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=block_s,
+                                  num_warps=min(4, max(1, block_s * block_d // 1024)))
+    plan = _LaunchPlan((b, hkv if pack else h, splits), split_constexprs, fused, splits, combine_grid,
+                       combine_constexprs)
+    if len(_launch_plans) >= 4096:
+        _launch_plans.clear()
+    _launch_plans[(config, b, h, lq, d, hkv, block_size, dtype, PAGE_GUARD[0])] = plan
+    return plan
+
+
+def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
+            out: torch.Tensor, config: Config, scratch: _Scratch | None = None) -> None:
+    b, h, lq, d = q.shape
+    num_blocks, block_size, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    dtype = q.dtype
+    plan = (_launch_plans.get((config, b, h, lq, d, hkv, block_size, dtype, PAGE_GUARD[0]))
+            or _launch_plan(config, b, h, lq, d, hkv, block_size, dtype))
+    if plan.splits > 1:
         if scratch is None:
             scratch = _Scratch.make(b, h, lq, d, hkv, config, q.device)
         part_m, part_l, part_acc = scratch.part_m, scratch.part_l, scratch.part_acc
     else:
         part_m = part_l = part_acc = out  # placeholders, never touched
-    tickets = scratch.tickets if fused else context_lens  # a placeholder pointer if unused
-    grid = (b, head_axis, splits)
-    _SPLIT(grid, (
+    tickets = scratch.tickets if plan.fused else context_lens  # a placeholder pointer if unused
+    _SPLIT(plan.split_grid, (
         q, key_cache, value_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc, tickets,
         *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
         h, lq, num_blocks, block_tables.shape[1],
         sm_scale * LOG2E,
-    ), dict(
-        PAGE_SIZE=block_size,
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        GROUP=group,
-        BLOCK_M=_block_m(rows),
-        BLOCK_N=int(config["BLOCK_N"]),
-        NUM_SPLITS=splits,
-        PACK_GQA=pack,
-        FUSED_REDUCE=fused,
-        BLOCK_S=block_s,
-        IEEE_DOT=q.dtype == torch.float32,
-        num_warps=int(config["num_warps"]),
-        num_stages=int(config["num_stages"]),
-    ), 10)
-    if splits > 1 and not fused:
-        # Not tuned: a [BLOCK_S, BLOCK_D] fp32 tile per row, one warp per 1,024 elements (≤ 4).
-        combine_warps = min(4, max(1, block_s * block_d // 1024))
-        _COMBINE((b * h * lq,), (
-            part_m, part_l, part_acc, out,
-            *out.stride(),
-            h, lq,
-        ), dict(
-            HEAD_DIM=d,
-            BLOCK_D=block_d,
-            NUM_SPLITS=splits,
-            BLOCK_S=block_s,
-            num_warps=combine_warps,
-        ), 4)
+    ), plan.split_constexprs, 10)
+    if plan.combine_grid is not None:
+        _COMBINE(plan.combine_grid, (part_m, part_l, part_acc, out, *out.stride(), h, lq),
+                 plan.combine_constexprs, 4)
 
 
 def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None:
