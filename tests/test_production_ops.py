@@ -195,9 +195,10 @@ def test_check_mode_refuses_the_same_slots_with_the_caches_untouched(device):
     assert torch.equal(kc, before)
 
 
-def _paged_reference(q, key_cache, value_cache, tables, lens, sm_scale):
-    """Decode attention where out-of-range block numbers mask their keys and lengths are
-    clamped to [0, capacity]: what the kernels promise for bad values. float64."""
+def _paged_reference(q, key_cache, value_cache, tables, lens, sm_scale, masked_pages=False):
+    """Decode attention where out-of-range block numbers are clamped into the cache (or, with
+    masked_pages, their keys masked out) and lengths clamped to [0, capacity]: what the kernels
+    promise for bad values. float64."""
     b, h, lq, d = q.shape
     num_blocks, block_size, hkv, _ = key_cache.shape
     capacity = tables.shape[1] * block_size
@@ -209,7 +210,7 @@ def _paged_reference(q, key_cache, value_cache, tables, lens, sm_scale):
             continue
         pos = torch.arange(ctx)
         pages = tables[bi].cpu().to(torch.int64)[pos // block_size]
-        page_ok = (pages >= 0) & (pages < num_blocks)
+        page_ok = (pages >= 0) & (pages < num_blocks) if masked_pages else torch.ones_like(pages, dtype=torch.bool)
         safe = pages.clamp(0, num_blocks - 1)
         keys = key_cache.cpu().double()[safe, pos % block_size]      # [ctx, hkv, d]
         values = value_cache.cpu().double()[safe, pos % block_size]
@@ -224,11 +225,14 @@ def _paged_reference(q, key_cache, value_cache, tables, lens, sm_scale):
     return out
 
 
+@pytest.mark.parametrize("page_guard", [2, 1], ids=["clamped-pages", "masked-pages"])
 @pytest.mark.parametrize("splits", [1, 4], ids=["one-split", "four-splits"])
 @pytest.mark.parametrize("fused", [False, True], ids=["combine-kernel", "in-launch"])
-def test_unchecked_decode_masks_bad_block_numbers_and_clamps_lengths(splits, fused, device):
+def test_unchecked_decode_never_follows_bad_block_numbers_and_clamps_lengths(page_guard, splits, fused, device,
+                                                                              monkeypatch):
     if fused and splits == 1:
         pytest.skip("one split has nothing to combine")
+    monkeypatch.setattr(pda, "PAGE_GUARD", [page_guard])
     gen = torch.Generator().manual_seed(5)
     b, h, hkv, lq, d, block_size, max_blocks, num_blocks, guard = 4, 4, 2, 2, 32, 8, 3, 8, 2
     kc, k_whole = _guarded((num_blocks, block_size, hkv, d), guard, gen, device, float("nan"))
@@ -242,7 +246,7 @@ def test_unchecked_decode_masks_bad_block_numbers_and_clamps_lengths(splits, fus
                                                             block_size=block_size), torch.float32)
     config = config.replace(NUM_SPLITS=splits, FUSED_REDUCE=fused, BLOCK_N=16)
     out = pda.paged_decode_attention(q, kc, vc, tables, lens, config=config, check=False)
-    want = _paged_reference(q, kc, vc, tables, lens, 1 / math.sqrt(d))
+    want = _paged_reference(q, kc, vc, tables, lens, 1 / math.sqrt(d), masked_pages=page_guard == 1)
     assert torch.isfinite(out).all(), "a guard (NaN) was read, or a row without keys was not zeroed"
     assert relative_error(out.cpu(), want) < 1e-4
     assert k_whole[:guard].isnan().all() and k_whole[-guard:].isnan().all()

@@ -162,8 +162,10 @@ def _paged_decode_split(
         page = page_next.to(tl.int64)
         ahead = n + BLOCK_N
         page_next = tl.load(table + (ahead // PAGE_SIZE) * stride_btp, mask=ahead < k_end, other=0)
-        # A block number outside the cache is never read: its keys are masked out of the scores
-        # (PAGE_GUARD 1), or it is clamped into the cache (2: reads a wrong but existing block).
+        # A block number outside the cache is never followed. Clamped into the cache (2, the
+        # default), it reads a wrong but existing block — that sequence's output is garbage, as
+        # its table is; masking its keys out instead (1) cost a third of the speed on the H200
+        # (benchmarks/results/paged_decode_guard_h200.json: 173 vs 130 µs at batch 64, 4k).
         if PAGE_GUARD == 1:
             key_valid = key_valid & (page >= 0) & (page < NUM_BLOCKS)
         elif PAGE_GUARD == 2:
@@ -528,10 +530,10 @@ def _fused_reduce(config: Config, splits: int) -> bool:
 
 
 _SPLIT = DirectLauncher(_paged_decode_split)
-# How block numbers outside the cache are kept from being read: 1 masks their keys, 2 clamps
-# them into the cache; 0 trusts the table (only for benchmarks/paged_decode_guard_study.py,
-# which measures what each costs).
-PAGE_GUARD = [1]
+# How block numbers outside the cache are kept from being followed: 2 (the default) clamps them
+# into the cache, 1 masks their keys out; 0 trusts the table — only for
+# benchmarks/paged_decode_guard_study.py, which measures what each costs.
+PAGE_GUARD = [2]
 _COMBINE = DirectLauncher(_paged_decode_combine)
 
 
@@ -650,8 +652,9 @@ def paged_decode_attention(
     keeps it there); it picks the config. None takes the block table's capacity, which is always
     safe but may pick a config for longer contexts than the batch has. No value is read back from
     the device and nothing is done that a CUDA graph cannot capture: context lengths past the
-    table's capacity are clamped and block numbers outside the cache masked inside the kernel
-    (rows that see no key get zeros). check=True (or OMNITUNE_CHECK=1) validates the values first
+    table's capacity are clamped (rows that see no key get zeros) and block numbers outside the
+    cache clamped into it inside the kernel: memory outside the caches is never read, and a
+    sequence with a bad block number gets a wrong result, not a fault. check=True (or OMNITUNE_CHECK=1) validates the values first
     (one sync) and raises InputError for any of them. For a decode loop under CUDA graphs,
     PagedDecodePlan does the host work once. config: launch config; None looks one up in the
     tuned tables (omnitune.runtime). Returns [B, H, Lq, D] in q's dtype."""
