@@ -107,6 +107,9 @@ class Param:
     name: str
     choices: tuple[ParamValue, ...]
     help: str = ""
+    missing: ParamValue | None = None
+    """The value a config that lacks this parameter means (a parameter added after tables were
+    exported: their entries keep meaning what they meant); None: a config must name it."""
 
     def coerce(self, value: Any) -> ParamValue:
         """Coerce a value read from JSON or the command line to one of the choices."""
@@ -329,10 +332,12 @@ class KernelSpec:
             raise ConfigError(
                 f"{self.name} has no parameter {unknown[0]!r}; its parameters are {', '.join(sorted(names))}"
             )
-        missing = sorted(names - set(values))
+        filled = {p.name: p.missing for p in self.params if p.name not in values and p.missing is not None}
+        missing = sorted(names - set(values) - set(filled))
         if missing and not partial_ok:
             raise ConfigError(f"{self.name} config lacks {', '.join(missing)}")
-        return Config({k: self.param(k).coerce(v) for k, v in values.items()})
+        coerced = {k: self.param(k).coerce(v) for k, v in values.items()}
+        return Config(coerced if partial_ok else {**filled, **coerced})
 
     def known_good_configs(
         self, problem: Any, dtype: torch.dtype, limits: DeviceLimits | None = None

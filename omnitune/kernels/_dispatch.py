@@ -86,9 +86,11 @@ class ConfigMemo:
         self._generation = -1
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, config: Any, make_problem: Callable[[], Any], dtype: torch.dtype) -> Config:
+    def get(self, key: Hashable, config: Any, make_problem: Callable[[], Any] | None, dtype: torch.dtype,
+            default: Callable[[], Config] | None = None) -> Config:
         """The config for one call: `config` None looks it up in the tuned tables; a Config or
-        a mapping from the caller is completed and validated once per call key (ConfigError)."""
+        a mapping from the caller is completed and validated once per call key (ConfigError).
+        `default`, if given, makes the config instead of any lookup."""
         generation = runtime._generation[0]
         if generation != self._generation:
             with self._lock:
@@ -100,7 +102,7 @@ class ConfigMemo:
         found = self._configs.get(memo_key)
         if found is not None:
             return found
-        cfg = self._resolve(config, make_problem(), dtype)
+        cfg = default() if default is not None else self._resolve(config, make_problem(), dtype)
         with self._lock:
             if len(self._configs) >= MEMO_ENTRIES:
                 self._configs.clear()

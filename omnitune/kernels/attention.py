@@ -37,8 +37,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.nn.functional as _F
 import triton
 import triton.language as tl
+from torch.nn.attention import SDPBackend as _SDPBackend
+from torch.nn.attention import sdpa_kernel as _sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right as _causal_lower_right
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
@@ -418,8 +422,30 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
     return plan
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
+         backend: str) -> torch.Tensor:
+    """The same attention through PyTorch's SDPA (BACKEND sdpa or sdpa_cudnn): GQA without
+    expanding K/V, causal bottom-right aligned as this kernel is (torch's lower-right CausalBias
+    when Lq ≠ Lk; SDPA's is_causal is top-left)."""
+    lq, lk = q.shape[2], k.shape[2]
+    kwargs = {"scale": sm_scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if causal and lq != lk:
+        kwargs["attn_mask"] = _causal_lower_right(lq, lk)
+    else:
+        kwargs["is_causal"] = causal
+    if backend == "sdpa_cudnn":
+        with _sdpa_kernel([_SDPBackend.CUDNN_ATTENTION]):
+            return _F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return _F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> None:
-    """Run the kernel with a launch config, writing into `out` [B, H, Lq, D]."""
+    """Run the config's backend, writing into `out` [B, H, Lq, D] (an SDPA backend's result is
+    copied in: the search times that copy too, so SDPA is charged ~2·B·H·Lq·D·elt bytes more
+    than the op, which returns SDPA's own output)."""
+    if config.get("BACKEND", "triton") != "triton":
+        out.copy_(sdpa(inputs.q, inputs.k, inputs.v, inputs.causal, inputs.sm_scale, config.get("BACKEND", "triton")))
+        return
     q, k, v = inputs.q, inputs.k, inputs.v
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
@@ -499,6 +525,12 @@ def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tens
     causal = bool(causal)
     cfg = _memo.get((b, h, hkv, lq, lk, d, causal), config,
                     lambda: AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype)
+    if cfg.get("BACKEND", "triton") != "triton":
+        if spans is None:
+            return sdpa(q, k, v, causal, float(sm_scale), cfg.get("BACKEND", "triton"))
+        # SDPA would need a dense mask for the spans: the kernel's own default runs them.
+        cfg = _memo.get(("spans", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: default_config(
+            AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype))
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
     launch(AttentionInputs(q, k, v, causal, float(sm_scale), spans), out, cfg)
     return out
@@ -614,6 +646,42 @@ def _shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch
     return elt * (int(config["BLOCK_M"]) * bd + int(config["num_stages"]) * 2 * int(config["BLOCK_N"]) * bd)
 
 
+# Backends: this kernel, or PyTorch's SDPA (as it dispatches, or forced to cuDNN) — measured
+# by the search like any config, so a table records per problem whichever was fastest, and the
+# op dispatches to it. An SDPA config ignores the kernel's parameters: they are parked.
+BACKENDS = ("triton", "sdpa", "sdpa_cudnn")
+PARKED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
+
+
+def _triton_only(check):
+    """A constraint of the Triton kernel's: an SDPA config has no tiles to break it."""
+    def checked(problem, config, dtype, limits):
+        return check(problem, config, dtype, limits) if config.get("BACKEND", "triton") == "triton" else None
+    return checked
+
+
+def park_ignored(config: Config) -> Config:
+    """The config with the parameters its backend ignores at their parked values."""
+    return config.replace(**PARKED) if config.get("BACKEND", "triton") != "triton" else config
+
+
+def _check_backend(problem, config, dtype, limits):
+    backend = config.get("BACKEND", "triton")
+    if backend == "triton":
+        return None
+    off = [k for k, v in PARKED.items() if config[k] != v]
+    if off:
+        return f"BACKEND={backend} ignores {', '.join(off)}; they must be parked at " + \
+            ", ".join(f"{k}={PARKED[k]}" for k in off)
+    if problem.spans:
+        return f"BACKEND={backend} cannot express image spans without a dense mask (only triton)"
+    if problem.causal and problem.lq > problem.lk:
+        return f"BACKEND={backend} gives NaN for the rows that see no key (lq > lk, causal); only triton"
+    if backend == "sdpa_cudnn" and not torch.cuda.is_available():
+        return "BACKEND=sdpa_cudnn needs a CUDA GPU"
+    return None
+
+
 def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
     need = _shared_memory_bytes(problem, config, dtype)
     if need > limits.shared_memory_per_block_bytes:
@@ -651,6 +719,8 @@ def _check_tma(problem, config, dtype, limits):
 
 
 PARAMS = (
+    Param("BACKEND", BACKENDS, "triton: this kernel; sdpa: PyTorch SDPA as it dispatches; sdpa_cudnn: "
+          "SDPA's cuDNN backend", missing="triton"),
     Param("BLOCK_M", (16, 32, 64, 128), "query rows per program"),
     Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
     Param("num_warps", (4, 8), "warps per program"),
@@ -660,11 +730,14 @@ PARAMS = (
 )
 
 CONSTRAINTS = (
-    Constraint("shared_memory", _check_shared_memory, "Q tile + K/V tiles per stage must fit in shared memory"),
-    Constraint("accumulator_registers", _check_accumulator, "fp32 accumulator ≤ 128 registers per thread"),
-    Constraint("block_m_exceeds_rows", _check_block_m, "no block larger than the query rows it serves"),
-    Constraint("pack_gqa_needs_groups", _check_pack, "PACK_GQA only when h > hkv"),
-    Constraint("tma_needs_hopper", _check_tma, "tensor descriptors need sm_90+"),
+    Constraint("backend_parks_the_rest", _check_backend,
+               "an SDPA backend parks the kernel's parameters (one config per backend), no spans, cuDNN on CUDA"),
+    Constraint("shared_memory", _triton_only(_check_shared_memory),
+               "Q tile + K/V tiles per stage must fit in shared memory"),
+    Constraint("accumulator_registers", _triton_only(_check_accumulator), "fp32 accumulator ≤ 128 registers per thread"),
+    Constraint("block_m_exceeds_rows", _triton_only(_check_block_m), "no block larger than the query rows it serves"),
+    Constraint("pack_gqa_needs_groups", _triton_only(_check_pack), "PACK_GQA only when h > hkv"),
+    Constraint("tma_needs_hopper", _triton_only(_check_tma), "tensor descriptors need sm_90+"),
 )
 
 
@@ -675,10 +748,11 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     pack = problem.group > 1 and problem.lq < 64
     for block_m in (64, 32, 16):
         for stages in (3, 2, 1):
-            cfg = Config(BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages, PACK_GQA=pack, USE_TMA=False)
+            cfg = Config(BACKEND="triton", BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages,
+                         PACK_GQA=pack, USE_TMA=False)
             if not SPEC.violations(problem, cfg, dtype):
                 return cfg
-    return Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
+    return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
 
 
 def _sdpa_baselines(problem: AttentionProblem):
@@ -749,7 +823,10 @@ SPEC = KernelSpec(
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
     # The fastest of a hand-picked list on the H200 for long prefill (543–567 TFLOP/s, bf16, D=128;
     # benchmarks/results/attention_bench_h200.json), and the best small-tile TMA config there.
+    park_ignored=park_ignored,
     known_good=(
+        {"BACKEND": "sdpa"},
+        {"BACKEND": "sdpa_cudnn"},
         {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
