@@ -315,6 +315,20 @@ def test_the_shipped_tables_configs_are_right_on_derived_problems(tmp_path):
     assert all(c["details"]["derived"] and c["details"]["dtype"] == "fp16" for c in numerics)
 
 
+@cpu_only
+def test_the_gpu_parts_say_why_they_were_skipped(tmp_path):
+    tables = attention_table(tmp_path)
+    out = tmp_path / "r.json"
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--model", "qwen2.5-omni-7b", "--soak", "1",
+                    "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    assert report["options"]["model"] == "qwen2.5-omni-7b" and report["options"]["soak_minutes"] == 1.0
+    for part in ("speed", "memory", "soak"):
+        assert [(c["status"], c["summary"]) for c in checks(report, part)] == [("skipped", "skipped (no GPU)")]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--soak", "5"], "--soak needs --model"),
     (["--soak", "0", "--model", "qwen2.5-omni-7b"], "positive number of minutes"),

@@ -21,6 +21,7 @@ import torch
 from omnitune.presets import PresetProblem
 from omnitune.spec import dtype_name
 from omnitune.verify import traffic
+from omnitune.verify.numerics import lost_context
 from omnitune.verify.verdict import Check, Status
 
 PART = "memory"
@@ -67,6 +68,7 @@ def check_memory(preset_problem: PresetProblem, dtype: torch.dtype, seed: int = 
     except torch.cuda.OutOfMemoryError as exc:
         return Check(PART, subject, Status.FAIL, f"out of memory: {_first_line(exc)}", spec.name, details)
     except Exception as exc:  # noqa: BLE001 — any failure at the largest shape is this check's
+        details["context_lost"] = lost_context(exc)
         return Check(PART, subject, Status.FAIL, f"{type(exc).__name__}: {_first_line(exc)}", spec.name, details)
     finally:
         op = out = None  # the inputs and output go before the next kernel's largest shape

@@ -86,6 +86,9 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
     for table in tables:
         state.report.add(compat.check_table(table, machine))
     _entries(tables, options, timer, state, machine)
+    for part in (compat.PART, numerics.PART, speed.PART):
+        if not any(c.part == part for c in state.report.checks):
+            state.report.add(skipped(part, "no table entries to check"))
     gpu = not options.interpret and torch.cuda.is_available()
     with _tables_for_runtime(options.tables):
         _memory(options, gpu, state)
@@ -168,15 +171,19 @@ def _memory(options: VerifyOptions, gpu: bool, state: _State) -> None:
     from omnitune.presets import get_preset, preset_problems
 
     preset = get_preset(options.model)
-    for kernel in _preset_kernels(options):
+    kernels = [k for k in _preset_kernels(options) if preset_problems(preset, k)]
+    if not kernels:
+        state.report.add(skipped(memory.PART, f"{options.model} has no traffic for the kernels named"))
+    for kernel in kernels:
         problems = preset_problems(preset, kernel)
-        if not problems:
-            continue
         if state.lost is not None:
             state.report.add(Check(memory.PART, kernel, Status.FAIL, f"not run: {state.lost}", kernel))
             continue
         state.progress(f"memory: {kernel}")
-        state.report.add(memory.check_memory(memory.largest(problems), PRESET_DTYPE, seed=options.seed))
+        check = memory.check_memory(memory.largest(problems), PRESET_DTYPE, seed=options.seed)
+        state.report.add(check)
+        if check.details.get("context_lost"):
+            state.lost = f"the CUDA context was lost at {kernel}'s largest shape"
 
 
 def _soak(options: VerifyOptions, gpu: bool, state: _State) -> None:
@@ -195,6 +202,9 @@ def _soak(options: VerifyOptions, gpu: bool, state: _State) -> None:
 
     preset = get_preset(options.model)
     problems = [p for kernel in _preset_kernels(options) for p in preset_problems(preset, kernel)]
+    if not problems:
+        state.report.add(skipped("soak", f"{options.model} has no traffic for the kernels named"))
+        return
     calls, shares = [], []
     for p, share in zip(problems, traffic.weights(problems)):
         try:

@@ -137,6 +137,8 @@ def run_soak(calls: Sequence[OpCall], weights: Sequence[float], minutes: float, 
              clock: Callable[[], float] = time.monotonic) -> list[Check]:
     """Soak `calls` (with their shares of the calls) for `minutes`; one check per op and a summary."""
     backend = backend or CudaBackend()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()  # the soak's own peak, not the memory part's
     sampler_factory = sampler_factory or _nvml_sampler
     watcher = _RuntimeWarnings()
     runtime_log = logging.getLogger("omnitune.runtime")
