@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import typer
 
-from omnitune.cli import app
+from omnitune.cli import app, preflight
 from omnitune.cli.common import console, err_console, interpret_option, load_spec
 from omnitune.errors import DeviceError, OmnituneError
 
@@ -70,6 +70,12 @@ def verify(
         spec = load_spec(name, interpret)
         specs[spec.name] = spec
     folders = _folders(tables)
+    # found out now, not after minutes of checking
+    if json_out is not None:
+        preflight.require_writable_file(json_out, "--json")
+    if fix:
+        for folder in folders:
+            preflight.require_writable_folder(folder, "--tables")
 
     from omnitune.verify.pipeline import VerifyOptions, run_verify
     from omnitune.verify.verdict import render_table
