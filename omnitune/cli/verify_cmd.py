@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 import typer
+from rich.console import Console
 
 from omnitune.cli import app, preflight
 from omnitune.cli.common import console, err_console, interpret_option, load_spec
 from omnitune.errors import DeviceError, OmnituneError
+
+LOG_WIDTH = 160
 
 
 @app.command()
@@ -83,7 +87,9 @@ def verify(
     options = VerifyOptions(tables=tuple(folders), model=model, kernels=tuple(specs) if specs else None,
                             soak_minutes=soak, fix=fix, interpret=interpret)
     report = run_verify(options, specs, progress=lambda line: err_console.print(line, style="dim"))
-    console.print(render_table(report))
+    # Piped into a log (a CI job, a GPU host's run), Rich's 80 columns would fold every entry key.
+    wide = console.is_terminal or os.environ.get("COLUMNS")
+    (console if wide else Console(highlight=False, width=LOG_WIDTH)).print(render_table(report))
     if json_out is not None:
         try:
             json_out.parent.mkdir(parents=True, exist_ok=True)
