@@ -31,6 +31,7 @@ import pandas as pd
 from omnitune.errors import OmnituneError, StoreError
 from omnitune.report import KEY_COLUMNS, best_per_key, load_devices, load_trials, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
+from omnitune.source_hash import provenance_hash
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
                 "triton": _plain(newest["triton_version"]),
                 "omnitune": _plain(newest["omnitune_version"]),
             },
-            "kernel_source_hash": _plain(newest["source_hash"]),
+            "kernel_source_hash": provenance_hash(kernel, _plain(newest["source_hash"])),
             "exported_at": exported_at,
             "representative": bool(rows["representative"].all()),
             "entries": entries,

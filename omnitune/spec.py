@@ -12,8 +12,6 @@ specs on a production hot path.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import inspect
 import itertools
 import math
 import os
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 
 from omnitune.errors import ConfigError, InputError, ShapeError
+from omnitune.source_hash import kernel_source_hash
 
 ParamValue = int | bool | str
 
@@ -411,16 +410,13 @@ class KernelSpec:
     # --- provenance -------------------------------------------------------------------------
 
     def source_hash(self) -> str:
-        """sha256 (first 16 hex digits) of the kernel module's source: a tuned config is only as
-        good as the code it was measured on."""
+        """sha256 (first 16 hex digits) of the kernel's device code — its module's @triton.jit
+        functions and the jit functions they call (omnitune.source_hash): a tuned config is only
+        as good as the code it was measured on, and only that code decides it."""
         mod = sys.modules.get(self.module)
         if mod is None:
             return "unknown"
-        try:
-            src = inspect.getsource(mod)
-        except (OSError, TypeError):
-            return "unknown"
-        return hashlib.sha256(src.encode()).hexdigest()[:16]
+        return kernel_source_hash(mod)
 
 
 def _coerce_field(f: dataclasses.Field, raw: Any, key: str) -> Any:

@@ -117,6 +117,7 @@ BAD_ARGUMENTS = {
     "calibrate": (["calibrate", "--db"], "requires an argument"),
     "profile": (["profile", "attention", "--shape", "b=1,h=2,zz=3"], "no dimension 'zz'"),
     "worker": (["worker", "attention", "--storage", " ", "--shape", SHAPE, *MODE], "--storage needs a URL"),
+    "verify": (["verify", "--soak", "5", *MODE], "--soak needs --model"),
 }
 
 

@@ -118,6 +118,7 @@ from omnitune.cli import profile_cmd  # noqa: E402,F401
 from omnitune.cli import search_cmd  # noqa: E402,F401
 from omnitune.cli import plan_cmd  # noqa: E402,F401
 from omnitune.cli import worker_cmd  # noqa: E402,F401
+from omnitune.cli import verify_cmd  # noqa: E402,F401
 
 
 def main() -> None:

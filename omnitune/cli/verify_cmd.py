@@ -1,0 +1,111 @@
+"""`omnitune verify`: check the tuned tables on the machine that will serve them, and gate on it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import typer
+from rich.console import Console
+
+from omnitune.cli import app, preflight
+from omnitune.cli.common import console, err_console, interpret_option, load_spec
+from omnitune.errors import DeviceError, OmnituneError
+
+LOG_WIDTH = 160
+
+
+@app.command()
+def verify(
+    tables: list[Path] = typer.Option(
+        None, "--tables", metavar="DIR", file_okay=False,
+        help="Folder of tables, <DIR>/<kernel>/<device_key>.json. Repeatable. Default: the folders omnitune.runtime "
+        "reads ($OMNITUNE_CONFIG_DIR, then the shipped tuned_configs/).", show_default=False,
+    ),
+    model: str = typer.Option(
+        None, "--model", help="A preset (see `omnitune plan`): its largest shapes for the memory check, its traffic "
+        "for the soak.", show_default=False,
+    ),
+    kernels: str = typer.Option(
+        None, "--kernels", metavar="K1,K2", help="Only these kernels: built-in names, or a module or .py file that "
+        "defines SPEC (a kernel of your own, whose tables are then checked too).", show_default=False,
+    ),
+    soak: float = typer.Option(
+        None, "--soak", metavar="MINUTES", help="Also soak: MINUTES of the preset's mixed calls through the public "
+        "ops (needs --model and a GPU).", show_default=False,
+    ),
+    json_out: Path = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE.",
+                                  show_default=False),
+    fix: bool = typer.Option(False, "--fix", help="Replace every entry slower than its fallback by the fallback, "
+                             "rewriting its table as omnitune export does."),
+    interpret: bool = interpret_option(" Compatibility and numerics only (small problems derived from the "
+                                       "entries, fp32/fp16); the GPU parts are skipped."),
+) -> None:
+    """Check the tuned tables on this machine: compatibility, numerics, speed, memory, soak.
+
+    compat: each table's device, driver, versions and kernel source hash against this machine.
+
+    numerics: each entry's config on fresh seeded inputs against the reference.
+
+    speed (GPU): each entry re-timed interleaved against its fallback and PyTorch; --fix replaces a slower one.
+
+    memory (GPU, --model): each kernel at the preset's largest shape.
+
+    soak (GPU, --model, --soak): mixed production calls, CUDA graphs for decode steps, sampled checks.
+
+    Exit code: 0 when nothing failed, 1 when something did, 2 for a usage error."""
+    if soak is not None and soak <= 0:
+        raise OmnituneError(f"--soak {soak:g}: give a positive number of minutes")
+    if soak is not None and model is None:
+        raise OmnituneError("--soak needs --model NAME: the soak's traffic comes from a preset (see omnitune plan)")
+    if model is not None:
+        from omnitune.presets import get_preset
+
+        get_preset(model)  # an unknown preset is a usage error, before anything runs
+    if interpret:
+        from omnitune.cli import enable_interpreter
+
+        enable_interpreter()
+    elif not torch.cuda.is_available():
+        raise DeviceError("no CUDA GPU here; verify needs one (or --interpret for compatibility and numerics on the CPU)")
+    specs = {}
+    for name in filter(None, (k.strip() for k in (kernels or "").split(","))):
+        spec = load_spec(name, interpret)
+        specs[spec.name] = spec
+    folders = _folders(tables)
+    # found out now, not after minutes of checking
+    if json_out is not None:
+        preflight.require_writable_file(json_out, "--json")
+    if fix:
+        for folder in folders:
+            preflight.require_writable_folder(folder, "--tables")
+
+    from omnitune.verify.pipeline import VerifyOptions, run_verify
+    from omnitune.verify.verdict import render_table
+
+    options = VerifyOptions(tables=tuple(folders), model=model, kernels=tuple(specs) if specs else None,
+                            soak_minutes=soak, fix=fix, interpret=interpret)
+    report = run_verify(options, specs, progress=lambda line: err_console.print(line, style="dim"))
+    # Piped into a log (a CI job, a GPU host's run), Rich's 80 columns would fold every entry key.
+    wide = console.is_terminal or os.environ.get("COLUMNS")
+    (console if wide else Console(highlight=False, width=LOG_WIDTH)).print(render_table(report))
+    if json_out is not None:
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(report.to_json(), encoding="utf-8")
+        except OSError as exc:
+            raise OmnituneError(f"cannot write {json_out}: {exc.strerror or exc}") from None
+        console.print(f"wrote {json_out}")
+    raise typer.Exit(report.exit_code)
+
+
+def _folders(tables: list[Path] | None) -> list[Path]:
+    if tables:
+        missing = [t for t in tables if not t.is_dir()]
+        if missing:
+            raise OmnituneError(f"--tables {missing[0]}: no such folder")
+        return list(tables)
+    from omnitune.runtime import config_dirs
+
+    return [d for d in config_dirs() if d.is_dir()]

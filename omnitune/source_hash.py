@@ -1,0 +1,229 @@
+"""The kernel source hash that provenance records: what a tuned config was measured on.
+
+A config is only as good as the device code it was measured with, so tables record a hash of that
+code. Only the code that runs on the GPU counts: the `@triton.jit` functions a kernel module
+defines, the jit functions they call (by name, transitively, wherever those are defined, except
+Triton's own library such as tl.sum, which the Triton version stands for) and the plain constants
+(ints, floats, strings, `tl.constexpr`s) their bodies read from module globals.
+Comments, blank lines, trailing spaces and the jit functions' docstrings are dropped first. So an
+edit to the module's docstring, its launcher, its reference or its baselines leaves the hash
+unchanged, and an edit to a kernel changes it.
+
+The hash reads the Python source of each jit function (`.fn`), not Triton's `.src`: under
+TRITON_INTERPRET=1 `@triton.jit` gives an InterpretedFunction, which has no `.src`, and the hash
+must be the same on a CPU machine (CI, `omnitune verify --interpret`) as on the GPU that tuned.
+
+A module with no jit functions (a kernel written without Triton) is hashed whole. So were all
+modules before this hash existed: `module_source_hash` is that older hash, which `provenance_hash`
+translates and `omnitune verify` still accepts for tables exported before.
+
+Standard library only at import time (omnitune.spec, and so the runtime, imports it).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import io
+import sys
+import textwrap
+import tokenize
+from typing import Any
+
+HEX_DIGITS = 16
+UNKNOWN = "unknown"
+
+
+def kernel_source_hash(module: Any) -> str:
+    """The hash of a kernel module's device code (see the module doc); the whole module's when it
+    defines no jit functions; "unknown" when its source cannot be read."""
+    try:
+        functions = jit_functions(module)
+        if not functions:
+            return module_source_hash(module)
+        parts = sorted(_describe(obj) for obj in functions.values())
+    except (OSError, TypeError, SyntaxError):
+        return UNKNOWN
+    return _digest("\n\f\n".join(parts))
+
+
+def module_source_hash(module: Any) -> str:
+    """sha256 (first 16 hex digits) of the whole module's source: the hash tables recorded before
+    only the jit sources were hashed."""
+    try:
+        return _digest(inspect.getsource(module))
+    except (OSError, TypeError):
+        return UNKNOWN
+
+
+def source_matches(module: Any, recorded: str | None) -> str | None:
+    """Which hash of the module's current source equals `recorded`: "jit" (the hash above),
+    "module" (the older whole-module hash), or None when neither does."""
+    if not recorded or recorded == UNKNOWN or module is None:
+        return None
+    if recorded == kernel_source_hash(module):
+        return "jit"
+    if recorded == module_source_hash(module):
+        return "module"
+    return None
+
+
+def provenance_hash(kernel: str, recorded: Any) -> Any:
+    """The source hash an exported table records for the search's `recorded` one.
+
+    Searches made before this hash existed recorded the whole-module hash. Where that still
+    equals the module's current source, the device code measured is today's, so its jit hash is
+    written instead; any other value (a jit hash already, or a hash of code that has changed
+    since) is written as recorded, which is the truth about what was measured."""
+    if not isinstance(recorded, str) or recorded in ("", UNKNOWN):
+        return recorded
+    from omnitune.errors import OmnituneError
+    from omnitune.registry import get_spec
+
+    try:
+        module = sys.modules.get(get_spec(kernel).module)
+    except (OmnituneError, ImportError):
+        return recorded
+    if module is not None and source_matches(module, recorded) == "module":
+        return kernel_source_hash(module)
+    return recorded
+
+
+def jit_functions(module: Any) -> dict[str, Any]:
+    """The jit functions the module defines and every jit function they call, transitively,
+    keyed by "<module>.<qualname>"."""
+    name = getattr(module, "__name__", None)
+    pending = [obj for obj in map(_unwrap, vars(module).values())
+               if obj is not None and getattr(obj.fn, "__module__", None) == name]
+    found: dict[str, Any] = {}
+    while pending:
+        obj = pending.pop()
+        key = f"{obj.fn.__module__}.{obj.fn.__qualname__}"
+        if key in found:
+            continue
+        found[key] = obj
+        pending.extend(callee for callee in _referenced(obj)[0] if not _in_triton(callee))
+    return found
+
+
+def _in_triton(obj: Any) -> bool:
+    # tl.sum, tl.max, … are jit functions of Triton's own library: they change with Triton, whose
+    # version the tables record apart (a soft difference), so they are not the kernel's source.
+    module = getattr(obj.fn, "__module__", "") or ""
+    return module == "triton" or module.startswith("triton.")
+
+
+def _jit_classes() -> tuple[type, ...]:
+    classes: list[type] = []
+    try:
+        from triton.runtime.jit import JITFunction
+
+        classes.append(JITFunction)
+    except ImportError:  # no Triton: nothing can be a jit function
+        return ()
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:
+        pass
+    return tuple(classes)
+
+
+def _unwrap(obj: Any) -> Any:
+    """The jit function `obj` is or wraps (@triton.autotune and @triton.heuristics hold theirs in
+    `.fn`), or None."""
+    classes = _jit_classes()
+    if not classes:
+        return None
+    for _ in range(8):  # a wrapper of a wrapper …, never a cycle in practice
+        if isinstance(obj, classes):
+            return obj
+        if type(obj).__name__ not in ("Autotuner", "Heuristics"):
+            return None
+        obj = getattr(obj, "fn", None)
+    return None
+
+
+def _source(obj: Any) -> str:
+    return textwrap.dedent(inspect.getsource(obj.fn))
+
+
+def _referenced(obj: Any) -> tuple[list[Any], list[str]]:
+    """The jit functions a jit function's body names, and `name=value` for each plain constant
+    it reads from its module's globals."""
+    tree = ast.parse(_source(obj))
+    scope = getattr(obj.fn, "__globals__", {})
+    callees: list[Any] = []
+    constants: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in scope:
+            value = scope[node.id]
+            callee = _unwrap(value)
+            if callee is not None:
+                callees.append(callee)
+            elif _is_constant(value):
+                constants.add(f"{node.id}={_constant_repr(value)}")
+        elif isinstance(node, ast.Attribute):
+            # module.helper(...): a jit function reached through another module
+            chain = _attribute_chain(node)
+            if chain and chain[0] in scope:
+                value = scope[chain[0]]
+                for attr in chain[1:]:
+                    value = getattr(value, attr, None)
+                callee = _unwrap(value)
+                if callee is not None:
+                    callees.append(callee)
+    return callees, sorted(constants)
+
+
+def _attribute_chain(node: ast.Attribute) -> list[str] | None:
+    names: list[str] = []
+    current: ast.AST = node
+    while isinstance(current, ast.Attribute):
+        names.append(current.attr)
+        current = current.value
+    if not isinstance(current, ast.Name):
+        return None
+    names.append(current.id)
+    return names[::-1]
+
+
+def _is_constant(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return True
+    return type(value).__name__ == "constexpr" and _is_constant(getattr(value, "value", object()))
+
+
+def _constant_repr(value: Any) -> str:
+    return repr(getattr(value, "value", value)) if type(value).__name__ == "constexpr" else repr(value)
+
+
+def _describe(obj: Any) -> str:
+    """What is hashed for one jit function: its qualified name, its normalized source and the
+    constants it reads. The module's name is left out: a user's kernel file is imported under
+    different module names on different machines."""
+    _, constants = _referenced(obj)
+    return "\n".join([obj.fn.__qualname__, normalized_source(_source(obj)), *constants])
+
+
+def normalized_source(source: str) -> str:
+    """`source` (one function) without comments, its docstring, trailing spaces and blank lines."""
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    function = tree.body[0] if tree.body else None
+    drop: set[int] = set()
+    if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(function) is not None:
+        doc = function.body[0]
+        drop.update(range(doc.lineno - 1, (doc.end_lineno or doc.lineno)))
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            lines[row - 1] = lines[row - 1][:col]
+    kept = [line.rstrip() for i, line in enumerate(lines) if i not in drop]
+    return "\n".join(line for line in kept if line.strip())
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:HEX_DIGITS]

@@ -1,0 +1,156 @@
+"""Part 1, compatibility: what each table records about where and on what code it was measured,
+against this machine.
+
+Hard mismatches fail: another GPU (name or compute capability; the runtime here would not even
+read the file, or would read configs measured on a different chip), and kernel source that has
+changed since the measurement (the configs still launch, but were chosen for other code). Soft
+ones warn: driver, torch, Triton or omnitune versions that differ (said how: major, minor, patch
+or build), and facts the table did not record. The table's provenance covers all its entries:
+export writes it once per file, from the newest measurement.
+
+Without a GPU (--interpret) a GPU's table cannot be compared with this machine's GPU: the device
+fields are skipped, the source hash and the versions still checked — which is what CI can check.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omnitune.profile.device import INTERPRETER_DEVICE, device_key
+from omnitune.source_hash import source_matches
+from omnitune.verify.tables import TableFile
+from omnitune.verify.verdict import Check, Status
+
+PART = "compat"
+
+
+@dataclass(frozen=True)
+class Difference:
+    field: str
+    recorded: Any
+    here: Any
+    note: str = ""
+
+    def as_record(self) -> dict[str, Any]:
+        return {"field": self.field, "recorded": self.recorded, "here": self.here, "note": self.note}
+
+    def text(self) -> str:
+        return f"{self.field} {self.recorded} → {self.here}" + (f" ({self.note})" if self.note else "")
+
+
+def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
+    """The table's compatibility check, and one failed check per entry the runtime would skip."""
+    if table.problem is not None:
+        return [Check(PART, table.label, Status.FAIL, f"unusable: it {table.problem}", table.kernel,
+                      {"table": str(table.path)})]
+    doc = table.document or {}
+    hard: list[Difference] = []
+    soft: list[Difference] = []
+    skipped: list[str] = []
+    notes: list[str] = []
+
+    device = doc.get("device") or {}
+    if _is_interpreter(machine) and device.get("name") != INTERPRETER_DEVICE:
+        skipped += ["device", "compute_capability", "driver"]
+    else:
+        _compare_device(device, machine, hard, soft)
+    software = doc.get("software") or {}
+    for name in ("torch", "triton", "omnitune"):
+        recorded, here = software.get(name), machine.get(name)
+        if recorded is None:
+            soft.append(Difference(name, None, here, "not recorded"))
+        elif recorded != here:
+            soft.append(Difference(name, recorded, here, version_change(recorded, here)))
+    _compare_source(table, doc.get("kernel_source_hash"), hard, soft, notes)
+
+    status = Status.FAIL if hard else Status.WARN if soft else Status.PASS
+    if hard:
+        summary = "hard: " + "; ".join(d.text() for d in hard)
+        if soft:
+            summary += f" (and {len(soft)} soft)"
+    elif soft:
+        summary = "soft: " + "; ".join(d.text() for d in soft)
+    else:
+        summary = f"{len(table.entries)} entries: device, versions and kernel source match"
+    if skipped and not hard:
+        summary += "; device skipped (no GPU)"
+    details = {
+        "table": str(table.path), "device_key": table.device_key, "entries": len(table.entries),
+        "hard": [d.as_record() for d in hard], "soft": [d.as_record() for d in soft],
+        "skipped": skipped, "notes": notes,
+        "recorded": {"device": device, "software": software, "kernel_source_hash": doc.get("kernel_source_hash"),
+                     "exported_at": doc.get("exported_at")},
+    }
+    checks = [Check(PART, table.label, status, summary, table.kernel, details)]
+    for key, reason in table.bad_entries.items():
+        checks.append(Check(PART, key, Status.FAIL, f"the runtime ignores this entry: {reason}", table.kernel,
+                            {"table": str(table.path), "key": key}))
+    return checks
+
+
+def other_gpu(table: TableFile, machine: Mapping[str, Any]) -> str | None:
+    """The GPU a readable table is for when that is not this machine's (None when it is, or when
+    there is no GPU here to compare): its entries are then not run here."""
+    if table.document is None or _is_interpreter(machine):
+        return None
+    name = (table.document.get("device") or {}).get("name")
+    if name is None or device_key(str(name)) != device_key(str(machine.get("name", ""))):
+        return str(name)
+    return None
+
+
+def _is_interpreter(machine: Mapping[str, Any]) -> bool:
+    return machine.get("name") == INTERPRETER_DEVICE
+
+
+def _compare_device(device: Mapping[str, Any], machine: Mapping[str, Any], hard: list, soft: list) -> None:
+    name, here = device.get("name"), machine.get("name")
+    if name != here:
+        hard.append(Difference("device", name, here, "another GPU"))
+    cc, here_cc = device.get("compute_capability"), machine.get("compute_capability")
+    if cc is None:
+        soft.append(Difference("compute_capability", None, here_cc, "not recorded"))
+    elif str(cc) != str(here_cc):
+        hard.append(Difference("compute_capability", cc, here_cc, "another architecture"))
+    driver, here_driver = device.get("driver"), machine.get("driver")
+    if driver is None:
+        soft.append(Difference("driver", None, here_driver, "not recorded"))
+    elif driver != here_driver:
+        soft.append(Difference("driver", driver, here_driver, version_change(driver, here_driver)))
+
+
+def _compare_source(table: TableFile, recorded: Any, hard: list, soft: list, notes: list) -> None:
+    module = sys.modules.get(table.spec.module) if table.spec is not None else None
+    if not recorded or recorded == "unknown":
+        soft.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
+                               "not recorded"))
+        return
+    matched = source_matches(module, recorded)
+    if matched is None:
+        hard.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
+                               "kernel source changed since the measurement"))
+    elif matched == "module":
+        notes.append("kernel_source_hash is the whole-module hash of an older export; it matches today's "
+                     "module, and omnitune export now records the jit-source hash")
+
+
+_VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(.*)$")
+
+
+def version_change(old: Any, new: Any) -> str:
+    """How two version strings differ: "major", "minor", "patch" (any later number) or "build"
+    (the same numbers, another suffix such as +cu130); "other" when either is not a version."""
+    a, b = _VERSION.match(str(old)), _VERSION.match(str(new))
+    if a is None or b is None:
+        return "other"
+    pa, pb = a.group(1).split("."), b.group(1).split(".")
+    for level, (x, y) in zip(("major", "minor"), zip(pa, pb)):
+        if int(x) != int(y):
+            return level
+    if [int(x) for x in pa[2:]] != [int(y) for y in pb[2:]] or len(pa) != len(pb):
+        return "patch"
+    return "build" if a.group(2) != b.group(2) else "same"

@@ -1,0 +1,74 @@
+"""--fix: an entry that was slower than its fallback is replaced by the fallback, in the table
+file itself, written as omnitune export writes (omnitune.export.write_json_atomic: sorted keys,
+two-space indent, a temporary file renamed over the old one).
+
+The new entry holds the fallback config with the times verify measured for it, and says what it
+replaced under `verify_fix` (the old config, both re-timed medians, when), so that a review of
+the diff sees why the table changed. The file is read again just before writing, so entries
+changed on disk since verify read it are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from omnitune.verify.speed import Replacement
+from omnitune.verify.tables import TableFile
+
+
+def apply_fixes(table: TableFile, replacements: Sequence[Replacement], *, now: str | None = None) -> list[str]:
+    """Write `replacements` into the table's file; the keys replaced (those still in the file)."""
+    from omnitune.export import read_table_file, write_json_atomic
+
+    if not replacements:
+        return []
+    now = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    document = read_table_file(table.path, table.kernel)
+    if document is None:
+        return []
+    replaced = []
+    for fix in replacements:
+        old = document["entries"].get(fix.key)
+        if not isinstance(old, dict):
+            continue
+        document["entries"][fix.key] = replaced_entry(old, fix, now, has_fallback_fields="fallback_config" in old)
+        replaced.append(fix.key)
+    if replaced:
+        document["exported_at"] = now
+        write_json_atomic(table.path, document)
+    return replaced
+
+
+def replaced_entry(old: dict[str, Any], fix: Replacement, now: str, *, has_fallback_fields: bool) -> dict[str, Any]:
+    timing = fix.fallback_timing
+    config = fix.config.as_dict()
+    is_default = old.get("default_config") == config
+    entry = dict(old)
+    entry.update({
+        "config": config,
+        "time_ms": timing.median_ms, "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms,
+        # The analytic counts do not change with the config: the rates scale with the time.
+        "tflops": _rescaled(old.get("tflops"), old.get("time_ms"), timing.median_ms),
+        "tbps": _rescaled(old.get("tbps"), old.get("time_ms"), timing.median_ms),
+        "rel_error": fix.rel_error if fix.rel_error == fix.rel_error else old.get("rel_error"),
+        "measured_at": now,
+        "verify_fix": {
+            "replaced_config": old.get("config"), "replaced_time_ms": fix.entry_ms,
+            "fallback_time_ms": fix.fallback_ms, "at": now,
+            "reason": "slower than its fallback when re-timed interleaved by omnitune verify",
+        },
+    })
+    if is_default:
+        entry["default_time_ms"] = timing.median_ms
+        entry["speedup_vs_default"] = 1.0
+    if has_fallback_fields:
+        entry.update({"fallback_config": config, "fallback_time_ms": timing.median_ms, "speedup_vs_fallback": 1.0})
+    return entry
+
+
+def _rescaled(rate: Any, old_ms: Any, new_ms: float) -> Any:
+    if not isinstance(rate, (int, float)) or not isinstance(old_ms, (int, float)) or new_ms <= 0:
+        return None
+    return rate * old_ms / new_ms

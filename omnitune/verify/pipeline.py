@@ -1,0 +1,242 @@
+"""One `omnitune verify` run: the parts in order, each check into one Report.
+
+compat (every table) → numerics (every entry of a table for this GPU) → speed (every entry that
+passed numerics; --fix rewrites the slow ones) → memory (the preset's largest shapes) → soak.
+A part that cannot run says why in a skipped check. A launch that loses the CUDA context stops
+every later GPU check (each then fails as not run), since nothing can run in this process after.
+The public ops the memory and soak parts call read their configs from the tables being verified:
+OMNITUNE_CONFIG_DIR points at them for the duration.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnitune.errors import OmnituneError
+from omnitune.spec import DeviceLimits, KernelSpec
+from omnitune.verify import compat, memory, numerics, speed
+from omnitune.verify.tables import TableFile, find_tables
+from omnitune.verify.verdict import Check, Report, Status, skipped
+
+# The presets describe bf16 serving: the memory and soak parts run in it.
+PRESET_DTYPE = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    tables: tuple[Path, ...]
+    model: str | None = None
+    kernels: tuple[str, ...] | None = None
+    """Spec names to check (None: every kernel with a table, and the preset's)."""
+    soak_minutes: float | None = None
+    fix: bool = False
+    interpret: bool = False
+    seed: int = numerics.VERIFY_SEED
+
+    def as_record(self) -> dict[str, Any]:
+        return {"tables": [str(t) for t in self.tables], "model": self.model,
+                "kernels": list(self.kernels) if self.kernels is not None else None,
+                "soak_minutes": self.soak_minutes, "fix": self.fix, "interpret": self.interpret, "seed": self.seed}
+
+
+@dataclass
+class _State:
+    report: Report
+    progress: Callable[[str], None]
+    lost: str | None = None
+    """Why the CUDA context is gone, once it is."""
+    fixed: dict[str, list[str]] = field(default_factory=dict)
+
+
+def current_machine(interpret: bool) -> dict[str, Any]:
+    """This machine's facts, as the tables record theirs; the interpreter's pseudo-device with
+    --interpret (no GPU to compare with)."""
+    from omnitune.profile.device import current_device_facts
+
+    facts = current_device_facts(interpret)
+    if facts is None:
+        raise OmnituneError("no CUDA GPU here; verify needs one (or --interpret for compatibility and numerics on the CPU)")
+    return {**facts.as_dict(), "key": facts.key, "interpret": interpret}
+
+
+def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = None, *,
+               machine: dict[str, Any] | None = None, timer: speed.Timer | None = None,
+               progress: Callable[[str], None] | None = None) -> Report:
+    """Run every part; `specs` are the kernels loaded by the caller (user kernel files), `machine`
+    and `timer` stand in for this machine's facts and its GPU timer (tests)."""
+    specs = specs or {}
+    machine = machine or current_machine(options.interpret)
+    timer = timer if timer is not None else speed.default_timer(options.interpret)
+    state = _State(Report(machine, options.as_record(), _now()), progress or (lambda _message: None))
+    tables = find_tables(options.tables, options.kernels, specs)
+    if not tables and options.model is None:
+        where = ", ".join(str(t) for t in options.tables) or "(no folder)"
+        only = f" for {', '.join(options.kernels)}" if options.kernels else ""
+        raise OmnituneError(f"no tables{only} under {where}; give --tables DIR, or --model NAME to check a preset")
+
+    state.progress(f"compat: {len(tables)} tables")
+    for table in tables:
+        state.report.add(compat.check_table(table, machine))
+    _entries(tables, options, timer, state, machine)
+    for part in (compat.PART, numerics.PART, speed.PART):
+        if not any(c.part == part for c in state.report.checks):
+            state.report.add(skipped(part, "no table entries to check"))
+    gpu = not options.interpret and torch.cuda.is_available()
+    with _tables_for_runtime(options.tables):
+        _memory(options, gpu, state)
+        _soak(options, gpu, state)
+    state.report.finished_at = _now()
+    return state.report
+
+
+def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: _State, machine) -> None:
+    limits = DeviceLimits() if options.interpret else DeviceLimits.of_current_device()
+    if timer is None:
+        state.report.add(skipped(speed.PART, "no GPU"))
+    for table in tables:
+        if table.problem is not None or table.spec is None:
+            continue  # compat failed it as unusable
+        elsewhere = compat.other_gpu(table, machine)
+        if elsewhere is not None:
+            reason = f"the table is for {elsewhere}"
+            state.report.add([skipped(numerics.PART, reason, subject=table.label, kernel=table.kernel),
+                              skipped(speed.PART, reason, subject=table.label, kernel=table.kernel)])
+            continue
+        replacements = []
+        speed_checks: list[Check] = []
+        state.progress(f"numerics{'' if timer is None else ' and speed'}: {table.label}, {len(table.entries)} entries")
+        for entry in table.entries:
+            if state.lost is not None:
+                state.report.add(Check(numerics.PART, entry.key, Status.FAIL, f"not run: {state.lost}", table.kernel))
+                continue
+            outcome = numerics.check_entry(table, entry, interpret=options.interpret, limits=limits, seed=options.seed)
+            state.report.add(outcome.check)
+            if outcome.context_lost:
+                state.lost = f"the CUDA context was lost checking {table.kernel} {entry.key}"
+            if timer is None or outcome.runner is None:
+                continue
+            try:
+                result = speed.check_speed(table, entry, outcome.runner, timer, baselines=not options.interpret)
+            except Exception as exc:  # noqa: BLE001 — a timing failure is this entry's
+                result = speed.SpeedOutcome(Check(speed.PART, entry.key, Status.FAIL,
+                                                  f"could not be timed: {type(exc).__name__}: {exc}", table.kernel),
+                                            context_lost=numerics.lost_context(exc))
+            if result.context_lost:
+                state.lost = f"the CUDA context was lost timing {table.kernel} {entry.key}"
+            speed_checks.append(result.check)
+            if result.replacement is not None:
+                replacements.append(result.replacement)
+            outcome.runner = None  # the inputs go before the next entry's
+        if options.fix and replacements:
+            speed_checks = _apply_fixes(table, replacements, speed_checks, state)
+        state.report.add(speed_checks)
+
+
+def _apply_fixes(table: TableFile, replacements, checks: list[Check], state: _State) -> list[Check]:
+    from omnitune.verify.fix import apply_fixes
+
+    fixed = set(apply_fixes(table, replacements))
+    state.fixed[str(table.path)] = sorted(fixed)
+    state.progress(f"--fix: {len(fixed)} entries of {table.label} replaced by their fallback")
+    # A replaced entry no longer fails: the table now holds its fallback (rewritten, to be committed).
+    return [
+        Check(c.part, c.subject, Status.WARN, f"replaced by its fallback in {table.path} (--fix); was {c.summary}",
+              c.kernel, {**c.details, "fixed": True})
+        if c.subject in fixed else c
+        for c in checks
+    ]
+
+
+def _preset_kernels(options: VerifyOptions) -> list[str]:
+    from omnitune.presets import KERNELS
+
+    return [k for k in KERNELS if options.kernels is None or k in options.kernels]
+
+
+def _memory(options: VerifyOptions, gpu: bool, state: _State) -> None:
+    if not gpu:
+        state.report.add(skipped(memory.PART, "no GPU"))
+        return
+    if options.model is None:
+        state.report.add(skipped(memory.PART, "needs --model: the largest shapes come from a preset"))
+        return
+    from omnitune.presets import get_preset, preset_problems
+
+    preset = get_preset(options.model)
+    kernels = [k for k in _preset_kernels(options) if preset_problems(preset, k)]
+    if not kernels:
+        state.report.add(skipped(memory.PART, f"{options.model} has no traffic for the kernels named"))
+    for kernel in kernels:
+        problems = preset_problems(preset, kernel)
+        if state.lost is not None:
+            state.report.add(Check(memory.PART, kernel, Status.FAIL, f"not run: {state.lost}", kernel))
+            continue
+        state.progress(f"memory: {kernel}")
+        check = memory.check_memory(memory.largest(problems), PRESET_DTYPE, seed=options.seed)
+        state.report.add(check)
+        if check.details.get("context_lost"):
+            state.lost = f"the CUDA context was lost at {kernel}'s largest shape"
+
+
+def _soak(options: VerifyOptions, gpu: bool, state: _State) -> None:
+    if not options.soak_minutes:
+        state.report.add(skipped("soak", "no --soak MINUTES given"))
+        return
+    if not gpu:
+        state.report.add(skipped("soak", "no GPU"))
+        return
+    if state.lost is not None:
+        state.report.add(Check("soak", "all", Status.FAIL, f"not run: {state.lost}"))
+        return
+    from omnitune.presets import get_preset, preset_problems
+    from omnitune.verify import traffic
+    from omnitune.verify.soak import run_soak
+
+    preset = get_preset(options.model)
+    problems = [p for kernel in _preset_kernels(options) for p in preset_problems(preset, kernel)]
+    if not problems:
+        state.report.add(skipped("soak", f"{options.model} has no traffic for the kernels named"))
+        return
+    calls, shares = [], []
+    for p, share in zip(problems, traffic.weights(problems)):
+        try:
+            calls.append(traffic.build(p, PRESET_DTYPE, "cuda", options.seed))
+            shares.append(share)
+        except Exception as exc:  # noqa: BLE001 — its inputs could not be made: that op fails
+            state.report.add(Check("soak", f"{p.role}", Status.FAIL, f"inputs failed: {type(exc).__name__}: {exc}",
+                                   p.kernel))
+    state.progress(f"soak: {len(calls)} ops for {options.soak_minutes:g} min")
+    state.report.add(run_soak(calls, shares, options.soak_minutes, seed=options.seed))
+
+
+@contextmanager
+def _tables_for_runtime(dirs: Sequence[Path]):
+    """OMNITUNE_CONFIG_DIR set to the verified folders (before any others), the runtime's caches
+    cleared on the way in and out."""
+    from omnitune import runtime
+    from omnitune.runtime import CONFIG_DIR_ENV
+
+    old = os.environ.get(CONFIG_DIR_ENV)
+    joined = os.pathsep.join([str(Path(d).resolve()) for d in dirs] + ([old] if old else []))
+    os.environ[CONFIG_DIR_ENV] = joined
+    runtime.clear_cache()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CONFIG_DIR_ENV, None)
+        else:
+            os.environ[CONFIG_DIR_ENV] = old
+        runtime.clear_cache()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

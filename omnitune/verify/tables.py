@@ -1,0 +1,142 @@
+"""Finding and reading the tables `omnitune verify` checks: `<dir>/<kernel>/<device_key>.json`.
+
+The runtime skips a bad file or entry with a warning (inference must not break); verify instead
+reports each as a failure, so the reasons are kept here rather than logged. Entries are read
+against the kernel's spec as the runtime reads them: the problem rebuilt from its fields, every
+config value one of the parameter's choices, the key the one the problem and dtype give.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnitune.errors import OmnituneError
+from omnitune.runtime._format import SCHEMA_VERSION, entry_key
+from omnitune.spec import DTYPES, Config, KernelSpec
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One valid entry of a table: the tuned config of one (problem, dtype)."""
+
+    key: str
+    problem: Any
+    dtype: torch.dtype
+    config: Config
+    raw: dict[str, Any]
+
+
+@dataclass
+class TableFile:
+    """One table file: its document and entries, or why it cannot be used."""
+
+    path: Path
+    kernel: str
+    """The folder's name, which the runtime takes for the kernel's spec name."""
+    device_key: str
+    document: dict[str, Any] | None = None
+    spec: KernelSpec | None = None
+    problem: str | None = None
+    """Why the file as a whole is unusable (None when it is readable)."""
+    entries: list[Entry] = field(default_factory=list)
+    bad_entries: dict[str, str] = field(default_factory=dict)
+    """Entry key → why the runtime would ignore it."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel}/{self.path.name}"
+
+
+def find_tables(dirs: Iterable[Path], kernels: Sequence[str] | None, specs: dict[str, KernelSpec]) -> list[TableFile]:
+    """Every table file under `dirs` (of the `kernels` named, when given), read and validated.
+    `specs` maps kernels loaded by the caller (a user's kernel file named by --kernels) by name;
+    built-in kernels are looked up in the registry."""
+    found: list[TableFile] = []
+    seen: set[Path] = set()
+    for directory in dirs:
+        directory = Path(directory)
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob("*/*.json")):
+            resolved = path.resolve()
+            # export writes through hidden temporary files beside the table: never tables
+            if resolved in seen or path.name.startswith("."):
+                continue
+            kernel = path.parent.name
+            if kernels is not None and kernel not in kernels:
+                continue
+            seen.add(resolved)
+            found.append(read_table(path, kernel, specs))
+    return found
+
+
+def read_table(path: Path, kernel: str, specs: dict[str, KernelSpec]) -> TableFile:
+    table = TableFile(path=path, kernel=kernel, device_key=path.stem)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        table.problem = f"cannot be read as JSON ({exc})"
+        return table
+    table.document = document if isinstance(document, dict) else None
+    table.problem = _schema_problem(document, kernel, path)
+    if table.problem is not None:
+        return table
+    table.spec = specs.get(kernel) or _registered_spec(kernel)
+    if table.spec is None:
+        table.problem = (f"kernel {kernel!r} is not known here; name its module or file with --kernels "
+                         "to check it")
+        return table
+    for key in sorted(document["entries"]):
+        try:
+            table.entries.append(parse_entry(key, document["entries"][key], table.spec))
+        except KeyError as exc:
+            table.bad_entries[key] = f"it lacks {exc.args[0]!r}"
+        except (OmnituneError, TypeError, ValueError) as exc:
+            table.bad_entries[key] = str(exc)
+    return table
+
+
+def parse_entry(key: str, raw: Any, spec: KernelSpec) -> Entry:
+    """The entry as the runtime would use it; TypeError/ValueError/OmnituneError say why not."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"it is a JSON {type(raw).__name__}, not an object")
+    dtype_name = raw["dtype"]
+    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+    if dtype is None or dtype not in spec.dtypes:
+        raise ValueError(f"dtype {dtype_name!r} is not one of {spec.name}'s dtypes")
+    if not isinstance(raw["problem"], dict):
+        raise TypeError("its 'problem' is not an object")
+    problem = spec.problem_from_mapping(raw["problem"])
+    config = spec.coerce_config(raw["config"])
+    expected = entry_key(dtype_name, spec.problem_key(problem))
+    if key != expected:
+        raise ValueError(f"its problem and dtype give the key {expected!r}")
+    return Entry(key=key, problem=problem, dtype=dtype, config=config, raw=raw)
+
+
+def _schema_problem(document: Any, kernel: str, path: Path) -> str | None:
+    if not isinstance(document, dict):
+        return f"holds a JSON {type(document).__name__}, not an object"
+    if document.get("schema_version") != SCHEMA_VERSION:
+        return f"has schema_version {document.get('schema_version')!r}; this omnitune reads {SCHEMA_VERSION}"
+    if document.get("kernel") != kernel:
+        return f"is for kernel {document.get('kernel')!r} but lies in the folder {kernel!r}"
+    device = document.get("device")
+    if not isinstance(device, dict) or device.get("key") != path.stem:
+        found = device.get("key") if isinstance(device, dict) else None
+        return f"is for device {found!r} but is named {path.stem!r} (the runtime ignores it)"
+    if not isinstance(document.get("entries"), dict):
+        return "has no 'entries' object"
+    return None
+
+
+def _registered_spec(kernel: str) -> KernelSpec | None:
+    from omnitune.registry import BUILTIN_KERNELS, get_spec
+
+    return get_spec(kernel) if kernel in BUILTIN_KERNELS else None

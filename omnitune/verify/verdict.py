@@ -1,0 +1,160 @@
+"""The verdict of `omnitune verify`: every check's outcome, the exit code a CI job gates on, the
+JSON report and the Rich table.
+
+Each part (compat, numerics, speed, memory, soak) reports Checks: one subject (a table, an entry,
+a problem, the soak), a status and a one-line summary, with the figures in `details`. A FAIL
+anywhere fails the run (exit 1); WARN is reported and passes (a soft version difference, drift);
+SKIP says why a part did not run (no GPU, no --model). Errors a user made never get here: the
+command exits 2 before checking anything (omnitune.cli).
+
+The JSON report's schema is docs/cli.md's "omnitune verify" section; REPORT_SCHEMA_VERSION changes
+whenever a field changes meaning or goes away (tests/test_verify.py checks the shape).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+REPORT_SCHEMA = "omnitune-verify"
+REPORT_SCHEMA_VERSION = 1
+PARTS = ("compat", "numerics", "speed", "memory", "soak")
+EXIT_PASS, EXIT_FAILURES, EXIT_USER_ERROR = 0, 1, 2
+
+
+class Status(str, enum.Enum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# How a part's status is drawn from its checks: the worst present, skipped ones aside.
+_RANK = {Status.SKIP: 0, Status.PASS: 1, Status.WARN: 2, Status.FAIL: 3}
+
+
+def worst(statuses: Sequence[Status]) -> Status:
+    """The status a group of checks adds up to: the worst, SKIP only when all were skipped."""
+    if not statuses:
+        return Status.SKIP
+    return max(statuses, key=_RANK.__getitem__)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One outcome: which part, of which kernel (None for a whole-run check), about what."""
+
+    part: str
+    subject: str
+    status: Status
+    summary: str
+    kernel: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "part": self.part, "kernel": self.kernel, "subject": self.subject, "status": self.status.value,
+            "summary": self.summary, "details": json_safe(dict(self.details)),
+        }
+
+
+def skipped(part: str, reason: str, *, subject: str = "all", kernel: str | None = None) -> Check:
+    return Check(part, subject, Status.SKIP, f"skipped ({reason})", kernel)
+
+
+@dataclass
+class Report:
+    """Everything one run found."""
+
+    machine: Mapping[str, Any]
+    options: Mapping[str, Any]
+    started_at: str
+    finished_at: str = ""
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, checks: Check | Sequence[Check]) -> None:
+        self.checks.extend([checks] if isinstance(checks, Check) else checks)
+
+    def part_status(self, part: str) -> Status:
+        return worst([c.status for c in self.checks if c.part == part])
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status is Status.FAIL for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FAILURES if self.failed else EXIT_PASS
+
+    def as_record(self) -> dict[str, Any]:
+        counts = Counter(c.status.value for c in self.checks)
+        return {
+            "schema": REPORT_SCHEMA,
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "verdict": "fail" if self.failed else "pass",
+            "exit_code": self.exit_code,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "machine": json_safe(dict(self.machine)),
+            "options": json_safe(dict(self.options)),
+            "counts": {s.value: counts.get(s.value, 0) for s in Status},
+            "parts": {
+                part: {
+                    "status": self.part_status(part).value,
+                    "counts": {s.value: sum(1 for c in self.checks if c.part == part and c.status is s) for s in Status},
+                }
+                for part in PARTS
+            },
+            "checks": [c.as_record() for c in self.checks],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_record(), indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON: NaN and infinities as None (allow_nan=False holds), tuples as lists, numpy and
+    torch scalars unwrapped, anything else by its str()."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item"):
+        return json_safe(value.item())
+    return str(value)
+
+
+_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+
+
+def render_table(report: Report):
+    """The Rich table of every check, part by part, with the verdict as its caption."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    verdict = "[bold red]FAIL[/]" if report.failed else "[bold green]PASS[/]"
+    machine = report.machine.get("name", "?")
+    table = Table(title=f"omnitune verify on {escape(str(machine))}", title_justify="left",
+                  caption=f"verdict: {verdict} (exit {report.exit_code})", caption_justify="left")
+    for column in ("part", "kernel", "subject", "status", "summary"):
+        table.add_column(column, overflow="fold")
+    for part in PARTS:
+        for check in (c for c in report.checks if c.part == part):
+            style = _STYLE[check.status]
+            table.add_row(part, escape(check.kernel or ""), escape(check.subject),
+                          f"[{style}]{check.status.value}[/]", escape(check.summary))
+    return table

@@ -1,0 +1,533 @@
+"""`omnitune verify` on the CPU: the compatibility and numerics parts run for real under Triton's
+interpreter (--interpret); speed runs against a fake timer, the soak's bookkeeping against a CPU
+backend; the JSON report's schema; the user errors. The GPU parts run in the `gpu` tests at the end
+(on the device machine)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from omnitune import export
+from omnitune.cli import app
+from omnitune.kernels.attention import SPEC, AttentionProblem
+from omnitune.profile.device import INTERPRETER_DEVICE, DeviceFacts, current_device_facts
+from omnitune.spec import Config
+from omnitune.verify import compat, memory, traffic
+from omnitune.verify.pipeline import VerifyOptions, run_verify
+from omnitune.verify.verdict import PARTS, REPORT_SCHEMA, REPORT_SCHEMA_VERSION, Status
+from trial_rows import results_db, trial_row
+
+ON_GPU = torch.cuda.is_available()
+# The CPU tests run the kernels under the interpreter; with a GPU the kernels are compiled (conftest).
+cpu_only = pytest.mark.skipif(ON_GPU, reason="runs the kernels through --interpret, on a machine without a GPU")
+WRONG_KERNEL = str(Path(__file__).with_name("wrong_kernel.py"))
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBLEM = AttentionProblem(b=1, h=2, hkv=1, lq=17, lk=23, d=64, causal=True)
+DEFAULT = SPEC.default_config(PROBLEM, torch.float32)
+FAST = Config(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=True, USE_TMA=False)
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def interpreter_facts(**changes) -> DeviceFacts:
+    facts = current_device_facts(interpret=True)
+    return DeviceFacts(**{**facts.as_dict(), **changes})
+
+
+def machine(facts: DeviceFacts) -> dict:
+    return {**facts.as_dict(), "key": facts.key, "interpret": True}
+
+
+def row(number, problem, config, *, spec=SPEC, device=INTERPRETER_DEVICE, dtype="fp32", **changes):
+    """A trial row measured here (this machine's versions and the kernel's current source) unless
+    `changes` say otherwise."""
+    facts = current_device_facts(interpret=True)
+    r = trial_row(number, problem, config, spec=spec, device=device, dtype=dtype, source_hash=spec.source_hash())
+    r.update(torch_version=facts.torch, triton_version=facts.triton, omnitune_version=facts.omnitune)
+    r.update(changes)
+    return r
+
+
+def exported(tmp_path: Path, rows: list[dict], devices: list[DeviceFacts]) -> Path:
+    """Tables written by omnitune.export from a results database holding `rows`."""
+    out = tmp_path / "tables"
+    export.export_tables(results_db(tmp_path / "results.db", rows, devices), out)
+    return out
+
+
+def attention_table(tmp_path: Path, **changes) -> Path:
+    """One attention entry, FAST (measured faster than the default), on the interpreter."""
+    rows = [row(0, PROBLEM, DEFAULT, time_ms=2.0, is_default=True, **changes),
+            row(1, PROBLEM, FAST, time_ms=1.0, **changes)]
+    return exported(tmp_path, rows, [interpreter_facts()])
+
+
+def checks(report: dict, part: str) -> list[dict]:
+    return [c for c in report["checks"] if c["part"] == part]
+
+
+def assert_schema(report: dict) -> None:
+    """The JSON report's documented schema (docs/cli.md, "omnitune verify")."""
+    assert set(report) == {"schema", "schema_version", "verdict", "exit_code", "started_at", "finished_at",
+                           "machine", "options", "counts", "parts", "checks"}
+    assert report["schema"] == REPORT_SCHEMA and report["schema_version"] == REPORT_SCHEMA_VERSION
+    statuses = {s.value for s in Status}
+    assert report["verdict"] in ("pass", "fail")
+    assert report["exit_code"] == (0 if report["verdict"] == "pass" else 1)
+    assert {"name", "key", "compute_capability", "driver", "torch", "triton", "omnitune", "interpret"} <= set(report["machine"])
+    assert set(report["options"]) == {"tables", "model", "kernels", "soak_minutes", "fix", "interpret", "seed"}
+    assert set(report["counts"]) == statuses and sum(report["counts"].values()) == len(report["checks"])
+    assert set(report["parts"]) == set(PARTS)
+    for part in report["parts"].values():
+        assert part["status"] in statuses and set(part["counts"]) == statuses
+    for check in report["checks"]:
+        assert set(check) == {"part", "kernel", "subject", "status", "summary", "details"}
+        assert check["part"] in PARTS and check["status"] in statuses
+        assert isinstance(check["subject"], str) and isinstance(check["summary"], str)
+        assert check["kernel"] is None or isinstance(check["kernel"], str)
+        assert isinstance(check["details"], dict)
+    assert (report["verdict"] == "fail") == any(c["status"] == "fail" for c in report["checks"])
+    for part in PARTS:  # every part reports, if only why it was skipped
+        assert checks(report, part), part
+
+
+def fake_timer(ms_by_kind: dict[str, float]):
+    """A Timer that times nothing: each candidate takes its kind's figure (± 0.1 %), per round."""
+    def timer(candidates, rounds):
+        return [[ms_by_kind[c.kind] * (1 + 0.001 * (i % 3)) for i in range(rounds)] for c in candidates]
+
+    return timer
+
+
+# --- the whole command on the CPU -----------------------------------------------------------
+
+
+@cpu_only
+def test_a_tiny_search_then_export_verifies_on_the_cpu(tmp_path):
+    db, tables, out = tmp_path / "omnitune.db", tmp_path / "tables", tmp_path / "report.json"
+    searched = invoke("search", "attention", "--shape", "b=1,h=2,hkv=1,lq=17,lk=23,d=64,causal=1", "--dtype", "fp32",
+                      "--trials", "3", "--interpret", "--db", str(db))
+    assert searched.exit_code == 0, searched.output
+    assert invoke("export", "--db", str(db), "--out", str(tables)).exit_code == 0
+
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert "verdict: PASS" in result.stdout
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    assert report["verdict"] == "pass" and report["machine"]["name"] == INTERPRETER_DEVICE
+    (table_check,) = checks(report, "compat")
+    assert table_check["status"] == "pass" and table_check["details"]["hard"] == [] == table_check["details"]["soft"]
+    (entry_check,) = checks(report, "numerics")
+    assert entry_check["status"] == "pass" and entry_check["details"]["rel_error"] <= 1e-4
+    assert entry_check["details"]["seed"] != 0  # not the search's inputs
+    for part in ("speed", "memory"):
+        assert [c["summary"] for c in checks(report, part)] == ["skipped (no GPU)"]
+    assert [c["status"] for c in checks(report, "soak")] == ["skipped"]
+
+
+@cpu_only
+def test_a_table_from_another_gpu_fails_and_its_entries_are_not_run(tmp_path, monkeypatch):
+    h100 = interpreter_facts(name=H100, compute_capability="9.0", driver="575.51")
+    tables = exported(tmp_path, [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device=H100)], [h100])
+    here = machine(interpreter_facts(name="NVIDIA H200", compute_capability="9.0", driver="575.51"))
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True), machine=here).as_record()
+    assert report["exit_code"] == 1
+    (table_check,) = checks(report, "compat")
+    assert table_check["status"] == "fail" and "another GPU" in table_check["summary"]
+    assert [d["field"] for d in table_check["details"]["hard"]] == ["device"]
+    assert [c["status"] for c in checks(report, "numerics")] == ["skipped"]
+    assert "NVIDIA H100" in checks(report, "numerics")[0]["summary"]
+
+    # the same through the command, this machine standing in for an H200
+    monkeypatch.setattr("omnitune.verify.pipeline.current_machine", lambda interpret: here)
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--json", str(tmp_path / "r.json"))
+    assert result.exit_code == 1, result.output
+    assert "verdict: FAIL" in result.stdout
+    assert "another GPU" in checks(json.loads((tmp_path / "r.json").read_text()), "compat")[0]["summary"]
+
+
+@cpu_only
+def test_without_a_gpu_a_gpus_table_is_checked_for_source_and_versions_only(tmp_path):
+    h200 = interpreter_facts(name="NVIDIA H200", compute_capability="9.0", driver="575.51")
+    tables = exported(tmp_path, [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device="NVIDIA H200")],
+                      [h200])
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True)).as_record()
+    (table_check,) = checks(report, "compat")
+    assert table_check["status"] == "pass", table_check
+    assert table_check["details"]["skipped"] == ["device", "compute_capability", "driver"]
+    assert "device skipped (no GPU)" in table_check["summary"]
+    assert [c["status"] for c in checks(report, "numerics")] == ["pass"]  # run on a derived small problem
+    assert report["exit_code"] == 0
+
+
+@cpu_only
+def test_soft_differences_warn_and_pass(tmp_path):
+    tables = attention_table(tmp_path, torch_version="2.11.0+cu130", triton_version="3.6.1")
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True)).as_record()
+    (table_check,) = checks(report, "compat")
+    assert table_check["status"] == "warn"
+    soft = {d["field"]: d["note"] for d in table_check["details"]["soft"]}
+    assert soft["torch"] in ("minor", "major", "patch", "build") and soft["triton"] == "patch"
+    assert report["exit_code"] == 0 and report["verdict"] == "pass"
+
+
+@cpu_only
+def test_a_changed_kernel_source_fails_compat_but_its_configs_are_still_checked(tmp_path):
+    tables = attention_table(tmp_path, source_hash="0123456789abcdef")
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--json", str(tmp_path / "r.json"))
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert_schema(report)
+    (table_check,) = checks(report, "compat")
+    assert table_check["status"] == "fail" and "kernel source changed" in table_check["summary"]
+    assert table_check["details"]["hard"][0]["recorded"] == "0123456789abcdef"
+    assert [c["status"] for c in checks(report, "numerics")] == ["pass"]
+
+
+@cpu_only
+def test_an_older_whole_module_hash_of_todays_source_is_accepted(tmp_path):
+    import sys
+
+    from omnitune.source_hash import module_source_hash
+
+    tables = attention_table(tmp_path)
+    path = next(tables.glob("attention/*.json"))
+    doc = json.loads(path.read_text())
+    doc["kernel_source_hash"] = module_source_hash(sys.modules[SPEC.module])
+    export.write_json_atomic(path, doc)
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True)).as_record()
+    (table_check,) = checks(report, "compat")
+    assert table_check["status"] == "pass" and "whole-module hash" in table_check["details"]["notes"][0]
+
+
+@cpu_only
+def test_an_entry_with_a_wrong_result_fails_numerics(tmp_path):
+    from omnitune.registry import get_spec
+
+    spec = get_spec(WRONG_KERNEL)
+    small, large = spec.problem_type(n=100), spec.problem_type(n=300)
+    rows = [row(0, small, Config(BLOCK=32, SKEW=False), spec=spec, time_ms=1.0, is_default=True),
+            row(0, large, Config(BLOCK=32, SKEW=False), spec=spec, time_ms=2.0, is_default=True),
+            row(1, large, Config(BLOCK=64, SKEW=True), spec=spec, time_ms=1.0)]  # measured "faster": wrong
+    tables = exported(tmp_path, rows, [interpreter_facts()])
+    result = invoke("verify", "--tables", str(tables), "--kernels", WRONG_KERNEL, "--interpret",
+                    "--json", str(tmp_path / "r.json"))
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    by_n = {c["details"]["problem"]: c for c in checks(report, "numerics")}
+    assert by_n["n=100"]["status"] == "pass"
+    assert by_n["n=300"]["status"] == "fail" and "wrong result" in by_n["n=300"]["summary"]
+    assert by_n["n=300"]["details"]["rel_error"] == pytest.approx(0.25)
+    assert checks(report, "compat")[0]["status"] == "pass"
+
+
+@cpu_only
+def test_an_entry_slower_than_its_fallback_fails_and_fix_replaces_it(tmp_path):
+    tables = attention_table(tmp_path)
+    path = next(tables.glob("attention/*.json"))
+    slower = fake_timer({"entry": 2.0, "fallback": 1.0, "default": 1.0})
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True), timer=slower)
+    assert report.exit_code == 1
+    (speed_check,) = [c for c in report.checks if c.part == "speed"]
+    assert speed_check.status is Status.FAIL and "slower than its fallback" in speed_check.summary
+    assert speed_check.details["speedup_vs_fallback"] == pytest.approx(0.5, rel=0.01)
+    assert json.loads(path.read_text())["entries"][f"fp32|{SPEC.problem_key(PROBLEM)}"]["config"] == FAST.as_dict()
+
+    fixed = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), timer=slower)
+    assert fixed.exit_code == 0
+    (speed_check,) = [c for c in fixed.checks if c.part == "speed"]
+    assert speed_check.status is Status.WARN and "replaced by its fallback" in speed_check.summary
+    text = path.read_text()
+    doc = json.loads(text)
+    assert text == export.document_text(doc)  # written the way export writes
+    entry = doc["entries"][f"fp32|{SPEC.problem_key(PROBLEM)}"]
+    assert entry["config"] == DEFAULT.as_dict() and entry["speedup_vs_default"] == 1.0
+    assert entry["verify_fix"]["replaced_config"] == FAST.as_dict()
+    assert entry["time_ms"] == pytest.approx(1.0, rel=0.01)
+
+    # now the entry is its fallback: nothing left to flag
+    again = run_verify(VerifyOptions(tables=(tables,), interpret=True), timer=slower)
+    assert again.exit_code == 0
+    (speed_check,) = [c for c in again.checks if c.part == "speed"]
+    assert speed_check.status is Status.PASS and speed_check.details["entry_is_fallback"]
+
+
+@cpu_only
+def test_fix_through_the_command(tmp_path, monkeypatch):
+    tables = attention_table(tmp_path)
+    monkeypatch.setattr("omnitune.verify.speed.default_timer",
+                        lambda interpret: fake_timer({"entry": 2.0, "fallback": 1.0, "default": 1.0}))
+    assert invoke("verify", "--tables", str(tables), "--interpret").exit_code == 1
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--fix")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(next(tables.glob("attention/*.json")).read_text())
+    assert doc["entries"][f"fp32|{SPEC.problem_key(PROBLEM)}"]["config"] == DEFAULT.as_dict()
+
+
+@cpu_only
+def test_a_faster_entry_passes_and_a_faster_baseline_only_warns(tmp_path):
+    tables = attention_table(tmp_path)
+    faster = run_verify(VerifyOptions(tables=(tables,), interpret=True),
+                        timer=fake_timer({"entry": 1.0, "fallback": 1.5, "default": 1.5}))
+    (speed_check,) = [c for c in faster.checks if c.part == "speed"]
+    assert speed_check.status is Status.PASS and speed_check.details["speedup_vs_fallback"] == pytest.approx(1.5, rel=0.01)
+    assert faster.exit_code == 0
+
+    # a baseline is timed beside the configs (on a GPU; here the check is made on a CPU runner)
+    import dataclasses
+
+    from omnitune.search.runner import Runner
+    from omnitune.verify import speed
+    from omnitune.verify.tables import read_table
+
+    table = read_table(next(tables.glob("attention/*.json")), "attention", {})
+    spec = dataclasses.replace(SPEC, baselines=lambda problem: {"torch": lambda inputs: SPEC.reference(inputs)})
+    runner = Runner(spec, PROBLEM, torch.float32, interpret=True)
+    outcome = speed.check_speed(table, table.entries[0], runner,
+                                fake_timer({"entry": 1.0, "fallback": 1.5, "default": 1.5, "baseline": 0.5}),
+                                baselines=True)
+    assert outcome.check.status is Status.WARN and "slower than baseline:torch" in outcome.check.summary
+    assert outcome.replacement is None
+    assert outcome.check.details["speedup_vs_best_baseline"] == pytest.approx(0.5, rel=0.01)
+
+
+@cpu_only
+def test_the_shipped_tables_configs_are_right_on_derived_problems(tmp_path):
+    # One kernel's shipped table, checked as CI can: numerics on small problems derived from it.
+    out = tmp_path / "r.json"
+    result = invoke("verify", "--tables", str(ROOT / "tuned_configs"), "--kernels", "kv_cache_write",
+                    "--interpret", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    numerics = checks(report, "numerics")
+    assert numerics and all(c["status"] == "pass" for c in numerics), result.output
+    assert all(c["details"]["derived"] and c["details"]["dtype"] == "fp16" for c in numerics)
+
+
+@cpu_only
+def test_the_gpu_parts_say_why_they_were_skipped(tmp_path):
+    tables = attention_table(tmp_path)
+    out = tmp_path / "r.json"
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--model", "qwen2.5-omni-7b", "--soak", "1",
+                    "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    assert report["options"]["model"] == "qwen2.5-omni-7b" and report["options"]["soak_minutes"] == 1.0
+    for part in ("speed", "memory", "soak"):
+        assert [(c["status"], c["summary"]) for c in checks(report, part)] == [("skipped", "skipped (no GPU)")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--soak", "5"], "--soak needs --model"),
+    (["--soak", "0", "--model", "qwen2.5-omni-7b"], "positive number of minutes"),
+    (["--model", "no-such-model"], "unknown model"),
+    (["--tables", "/no/such/folder"], "no such folder"),
+    (["--kernels", "no_such_kernel"], "unknown kernel"),
+])
+def test_user_errors_exit_2(args, message):
+    result = invoke("verify", *args, *([] if ON_GPU else ["--interpret"]))
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+@cpu_only
+def test_nothing_to_verify_and_no_gpu_are_user_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = invoke("verify", "--tables", str(empty), "--interpret")
+    assert result.exit_code == 2 and "no tables" in result.output
+    result = invoke("verify", "--tables", str(empty))
+    assert result.exit_code == 2 and "no CUDA GPU" in result.output
+
+
+# --- the parts, one by one ------------------------------------------------------------------
+
+
+def test_version_changes_are_named():
+    assert compat.version_change("2.11.0+cu130", "3.0.0") == "major"
+    assert compat.version_change("2.11.0+cu130", "2.13.0+cpu") == "minor"
+    assert compat.version_change("3.6.0", "3.6.1") == "patch"
+    assert compat.version_change("580.159.04", "580.159.05") == "patch"
+    assert compat.version_change("2.11.0+cu130", "2.11.0+cu128") == "build"
+    assert compat.version_change("n/a", "580.1") == "other"
+
+
+@cpu_only
+def test_derived_problems_keep_what_the_config_was_chosen_for():
+    from omnitune.registry import get_spec
+    from omnitune.verify.shrink import BYTE_WEIGHT, INTERPRET_BUDGET, interpret_dtype, small_problem
+
+    spec = get_spec("paged_decode_attention")
+    problem = spec.parse_shape("b=64,h=28,hkv=4,lq=1,ctx=16384,d=128,block_size=16")
+    config = spec.complete_config({"NUM_SPLITS": 8, "BLOCK_N": 64, "PACK_GQA": True}, problem, torch.bfloat16)
+    dtype = interpret_dtype(spec, torch.bfloat16)
+    small = small_problem(spec, problem, config, dtype)
+    assert dtype is torch.float16
+    assert (small.h, small.hkv, small.d, small.block_size) == (28, 4, 128, 16)  # matched exactly: kept
+    # the context halves down to one BLOCK_N tile per split (8 × 64): no split may be empty
+    assert small.b == 1 and small.ctx == 8 * 64
+    assert spec.violations(small, config, dtype) == []
+    # without splits to feed, down to the budget
+    one = spec.complete_config({"NUM_SPLITS": 1, "BLOCK_N": 64, "PACK_GQA": True}, problem, torch.bfloat16)
+    smaller = small_problem(spec, problem, one, dtype)
+    assert spec.flops(smaller) + BYTE_WEIGHT * spec.bytes_moved(smaller, dtype) <= INTERPRET_BUDGET
+    assert smaller.ctx > 64  # more than one BLOCK_N tile
+    # a config that needs many keys per split keeps them
+    many = spec.complete_config({"NUM_SPLITS": 64, "BLOCK_N": 64, "PACK_GQA": True}, problem, torch.bfloat16)
+    assert spec.violations(small_problem(spec, problem, many, dtype), many, dtype) == []
+
+
+def test_the_largest_shapes_of_a_preset():
+    from omnitune.presets import get_preset, preset_problems
+
+    preset = get_preset("qwen2.5-omni-7b")
+    largest = {k: memory.largest(preset_problems(preset, k)).problem for k in
+               ("attention", "paged_decode_attention", "kv_cache_write", "cross_attention_layer")}
+    assert (largest["attention"].b, largest["attention"].lk) == (64, 16384)
+    assert (largest["paged_decode_attention"].b, largest["paged_decode_attention"].ctx) == (64, 16384)
+    assert largest["kv_cache_write"].t == 16384
+    assert (largest["cross_attention_layer"].lk, largest["cross_attention_layer"].lq) == (16384, 256)  # long video
+
+
+def test_the_traffic_mix_follows_the_request_model():
+    from omnitune.presets import get_preset, preset_problems
+
+    preset = get_preset("qwen2.5-omni-7b")
+    problems = [p for k in ("attention", "paged_decode_attention") for p in preset_problems(preset, k)]
+    shares = traffic.weights(problems)
+    assert sum(shares) == pytest.approx(1.0)
+    step = [s for p, s in zip(problems, shares) if traffic.is_step(p.role)]
+    prefill = [s for p, s in zip(problems, shares) if not traffic.is_step(p.role)]
+    # attention: 4 prefill-time problems share one call per request, its 4 decode problems 32
+    assert sum(step) / sum(prefill) == pytest.approx(2 * traffic.DECODE_STEPS_PER_REQUEST / 1)
+
+
+def _tiny_calls():
+    from omnitune.kernels.attention import AttentionProblem as A
+    from omnitune.kernels.cross_attention_layer import CrossAttentionLayerProblem as L
+    from omnitune.kernels.kv_cache_write import KVCacheWriteProblem as W
+    from omnitune.kernels.paged_decode_attention import PagedDecodeProblem as P
+    from omnitune.presets import PresetProblem
+
+    return [
+        PresetProblem("attention", A(b=1, h=4, hkv=2, lq=24, lk=24, d=64, causal=True, spans=1, span_len=8), "short prefill"),
+        PresetProblem("paged_decode_attention", P(b=2, h=4, hkv=2, lq=1, ctx=40, d=64), "decode: batch 2"),
+        PresetProblem("kv_cache_write", W(t=8, hkv=2, d=64), "decode step: 8 tokens"),
+        PresetProblem("cross_attention_layer", L(b=2, lq=2, lk=20, hidden=128, h=4, hkv=2, d=64), "decode-like"),
+        PresetProblem("cross_attention_layer", L(b=2, lq=2, lk=20, hidden=128, h=4, hkv=2, d=64, kv_cached=True),
+                      "decode-like, K/V cached"),
+    ]
+
+
+@cpu_only
+def test_the_public_op_calls_agree_with_the_references():
+    for preset_problem in _tiny_calls():
+        op = traffic.build(preset_problem, torch.float16, "cpu")
+        error, tolerance = op.compare(op.call(), op.reference())
+        assert error <= tolerance, preset_problem
+        assert op.step == preset_problem.role.startswith("decode")
+
+
+class CpuBackend:
+    """The soak's device on the CPU: wall-clock stamps for events, `capture` the call itself
+    (or a failure, for the kernels named in `refuse`)."""
+
+    def __init__(self, refuse=()):
+        self.refuse = set(refuse)
+
+    def capture(self, call):
+        out = call()
+        if any(call is c for c in self.refuse):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return (lambda: call()), out
+
+    def start(self):
+        import time
+
+        return time.perf_counter()
+
+    def stop(self, token):
+        return self.start()
+
+    def elapsed_ms(self, start, stop):
+        return (stop - start) * 1e3
+
+    def synchronize(self):
+        pass
+
+
+class FakeSampler:
+    def start(self):
+        pass
+
+    def stop(self, calls):
+        return {"sm_clock_mhz_median": 1980, "temperature_c_max": 50, "throttle_reasons": [], "throttled_thermal": False}
+
+
+@cpu_only
+def test_the_soak_counts_calls_checks_and_drift():
+    from omnitune.verify.soak import run_soak
+
+    calls = [traffic.build(p, torch.float16, "cpu") for p in _tiny_calls()[1:3]]
+    results = run_soak(calls, [0.5, 0.5], 0.04, backend=CpuBackend(), sampler_factory=FakeSampler, chunk=4)
+    *per_op, summary = results
+    assert summary.subject == "all" and summary.status in (Status.PASS, Status.WARN), summary.summary
+    assert summary.details["errors"] == 0 == summary.details["mismatches"]
+    assert summary.details["calls"] > 0 and len(summary.details["windows"]) == 2
+    assert summary.details["windows"][0]["telemetry"]["sm_clock_mhz_median"] == 1980
+    for check in per_op:
+        assert check.details["graph"] and check.details["calls"] > 0 and check.details["checks"] >= 1
+        assert check.details["drift"] is not None
+        assert check.status is not Status.FAIL
+
+
+@cpu_only
+def test_the_soak_reports_a_failed_capture_and_a_mismatch_without_crashing():
+    from omnitune.verify.soak import run_soak
+
+    paged, write = (traffic.build(p, torch.float16, "cpu") for p in _tiny_calls()[1:3])
+    good_call = write.call
+    write.call = lambda: good_call() * 1.5  # a wrong output, every call
+    results = run_soak([paged, write], [0.5, 0.5], 0.02, backend=CpuBackend(refuse=[paged.call]),
+                       sampler_factory=FakeSampler, chunk=4)
+    paged_check, write_check, summary = results
+    assert paged_check.status is Status.FAIL and "CUDA graph capture failed" in paged_check.summary
+    assert not paged_check.details["graph"] and paged_check.details["calls"] > 0  # called eagerly instead
+    assert write_check.status is Status.FAIL and write_check.details["mismatches"] >= 1
+    assert summary.status is Status.FAIL and summary.details["capture_failures"] == 1
+
+
+# --- on the GPU -----------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_every_part_reports_on_the_gpu(tmp_path):
+    """The shipped tables for two kernels, their preset's largest shapes and a short soak: every
+    part reports (whatever the verdict), a capture failure is a check, not a crash."""
+    out = tmp_path / "r.json"
+    result = invoke("verify", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write,paged_decode_attention",
+                    "--soak", "0.2", "--json", str(out))
+    assert result.exit_code in (0, 1), result.output
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    assert all(c["status"] != "skipped" for c in checks(report, "speed") + checks(report, "memory"))
+    for check in checks(report, "memory"):
+        assert check["details"].get("peak_bytes", 0) > 0 or check["status"] == "fail"
+    soak = {c["subject"]: c for c in checks(report, "soak")}
+    assert soak["all"]["details"]["calls"] > 0
+    for subject, check in soak.items():
+        if subject != "all":
+            assert check["details"]["calls"] > 0 or check["details"]["capture_error"], check
+    assert not math.isnan(soak["all"]["details"]["minutes_run"])
