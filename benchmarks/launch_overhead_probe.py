@@ -1,6 +1,8 @@
 """Where a Triton launch's host time goes (triton 3.6): the JIT's full launch path against its
 parts — the argument binder (specialisation), the cache-key computation, and the compiled
-kernel's C launcher called directly — on the KV-cache write kernel, one decode step's worth.
+kernel's C launcher called directly — on the KV-cache write kernel, one decode step's worth;
+then our layers on top: DirectLauncher, the op's internal launch, the public op; and the
+attention op with and without TMA descriptors (host-side descriptors are built per call).
 
     PYTHONPATH=$PWD python benchmarks/launch_overhead_probe.py --out $OUT/launch_overhead_h200.json
 """
@@ -63,11 +65,27 @@ def main() -> int:
         "current_stream_query_us": per_call_us(lambda: triton.runtime.driver.active.get_current_stream(device)),
         "torch_empty_us": per_call_us(lambda: torch.empty((64, 28, 1, 128), device="cuda", dtype=torch.bfloat16)),
         "index_copy_us": per_call_us(lambda: kc.view(-1, hkv, d).index_copy_(0, slots, key)),
+        "direct_launcher_us": per_call_us(lambda: kvw._WRITE(grid, pos, kw, 5)),
+        "internal_launch_us": per_call_us(lambda: kvw._launch(key, value, kc, vc, slots, kvw.Config(cfg))),
         "public_write_kv_cache_us": per_call_us(lambda: kvw.write_kv_cache(key, value, kc, vc, slots, check=False)),
         "specialization": [str(s) for s in specialization],
     }
-    for k, v in results.items():
-        print(f"{k:28s} {v if isinstance(v, list) else f'{v:.2f}'}")
+    from omnitune.kernels import attention as attn
+
+    q = torch.randn(1, 28, 2048, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 4, 2048, 128, device="cuda", dtype=torch.bfloat16)
+    inputs = attn.AttentionInputs(q, k, k, True, 128 ** -0.5)
+    out = torch.empty_like(q)
+    for use_tma in (False, True):
+        c = attn.Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PACK_GQA=False,
+                        USE_TMA=use_tma)
+        results[f"attention_launch_tma{int(use_tma)}_us"] = per_call_us(lambda c=c: attn.launch(inputs, out, c),
+                                                                          calls=500)
+    results["attention_public_us"] = per_call_us(lambda: attn.attention(q, k, k, causal=True, check=False), calls=500)
+    for k_, v in results.items():
+        if k_ == "specialization":
+            continue
+        print(f"{k_:28s} {v:.2f}")
     args.out.write_text(json.dumps(results, indent=1))
     return 0
 
