@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from omnitune.registry import get_spec
-from omnitune.search.precompile import precompile
+from omnitune.measure.precompile import precompile
 from omnitune.spec import DeviceLimits, parse_dtype
 
 # name → (kernel, problem). Qwen2.5-Omni-7B: 28 query heads over 4 KV heads of 128.

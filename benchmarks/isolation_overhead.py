@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 from omnitune.kernels.attention import AttentionProblem  # noqa: E402
 from omnitune.registry import get_spec  # noqa: E402
-from omnitune.search.runner import Runner  # noqa: E402
-from omnitune.search.worker import IsolatedRunner  # noqa: E402
+from omnitune.measure.runner import Runner  # noqa: E402
+from omnitune.measure.worker import IsolatedRunner  # noqa: E402
 
 PROBLEM = AttentionProblem(b=1, h=2, hkv=1, lq=9, lk=21, d=64, causal=True)
 DTYPE = torch.float32

@@ -42,8 +42,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
     from omnitune.profile.device import current_device_facts
     from omnitune.registry import get_spec
     from omnitune.search.driver import run_search
-    from omnitune.search.runner import Runner
-    from omnitune.search.worker import IsolatedRunner
+    from omnitune.measure.runner import Runner
+    from omnitune.measure.worker import IsolatedRunner
     from omnitune.spec import DeviceLimits, parse_dtype
 
     kernel = FAULT_KERNEL if mode == "faults" else args.kernel

@@ -31,7 +31,7 @@ import pandas as pd
 from omnitune.errors import OmnituneError, StoreError
 from omnitune.report import KEY_COLUMNS, best_per_key, load_devices, load_trials, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
-from omnitune.source_hash import provenance_hash
+from omnitune.provenance import provenance_hash
 
 
 @dataclass(frozen=True)

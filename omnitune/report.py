@@ -30,7 +30,7 @@ from omnitune.errors import OmnituneError, StoreError
 from omnitune.profile.calibrate import Calibration
 from omnitune.profile.roofline import RooflinePoint, point_on_device
 from omnitune.search.finalists import NOISY_CV, finalist_facts
-from omnitune.search.trial import TrialStatus
+from omnitune.trial import TrialStatus
 
 KEY_COLUMNS = ["kernel", "problem_key", "dtype", "device_key"]
 

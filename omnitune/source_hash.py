@@ -14,8 +14,9 @@ TRITON_INTERPRET=1 `@triton.jit` gives an InterpretedFunction, which has no `.sr
 must be the same on a CPU machine (CI, `omnitune verify --interpret`) as on the GPU that tuned.
 
 A module with no jit functions (a kernel written without Triton) is hashed whole. So were all
-modules before this hash existed: `module_source_hash` is that older hash, which `provenance_hash`
-translates and `omnitune verify` still accepts for tables exported before.
+modules before this hash existed: `module_source_hash` is that older hash, which
+omnitune.provenance.provenance_hash translates and `omnitune verify` still accepts for tables
+exported before.
 
 Standard library only at import time (omnitune.spec, and so the runtime, imports it).
 """
@@ -26,7 +27,6 @@ import ast
 import hashlib
 import inspect
 import io
-import sys
 import textwrap
 import tokenize
 from typing import Any
@@ -67,27 +67,6 @@ def source_matches(module: Any, recorded: str | None) -> str | None:
     if recorded == module_source_hash(module):
         return "module"
     return None
-
-
-def provenance_hash(kernel: str, recorded: Any) -> Any:
-    """The source hash an exported table records for the search's `recorded` one.
-
-    Searches made before this hash existed recorded the whole-module hash. Where that still
-    equals the module's current source, the device code measured is today's, so its jit hash is
-    written instead; any other value (a jit hash already, or a hash of code that has changed
-    since) is written as recorded, which is the truth about what was measured."""
-    if not isinstance(recorded, str) or recorded in ("", UNKNOWN):
-        return recorded
-    from omnitune.errors import OmnituneError
-    from omnitune.registry import get_spec
-
-    try:
-        module = sys.modules.get(get_spec(kernel).module)
-    except (OmnituneError, ImportError):
-        return recorded
-    if module is not None and source_matches(module, recorded) == "module":
-        return kernel_source_hash(module)
-    return recorded
 
 
 def jit_functions(module: Any) -> dict[str, Any]:

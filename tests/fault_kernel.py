@@ -7,7 +7,7 @@ Triton's OutOfResources, raise a CompilationError, sleep forever, os.abort(), de
 os._exit(3), or store far out of bounds ("illegal_access": a real illegal memory access on a
 GPU, which poisons the process's CUDA context; under the interpreter, which would write to that
 address on the host, it dereferences NULL like "segfault"). The lethal ones (hang, abort, segfault, exit) fire only inside an isolated worker
-(omnitune.search.worker sets WORKER_ENV there): measured in-process by accident, they raise an
+(omnitune.measure.worker sets WORKER_ENV there): measured in-process by accident, they raise an
 ordinary error instead of taking pytest down.
 
 A fault fires only at BLOCK=16 (a constraint prunes the others): one faulty config per fault
@@ -27,7 +27,7 @@ import triton.language as tl
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
-from omnitune.search.worker import WORKER_ENV
+from omnitune.measure.worker import WORKER_ENV
 from omnitune.spec import Config, Constraint, KernelSpec, Param, poisoned
 
 FAULTS = ("none", "raise_resources", "compile_error", "hang", "abort", "segfault", "illegal_access", "exit")

@@ -164,7 +164,7 @@ def test_a_shape_too_large_to_allocate_is_refused_before_anything_is_written(com
 
 
 def test_an_allocation_that_fails_anyway_is_one_line(tmp_db, monkeypatch):
-    from omnitune.search import runner
+    from omnitune.measure import runner
 
     def cannot_allocate(self, *args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from omnitune.cli import app
 from omnitune.profile.device import current_device_facts
-from omnitune.search.runner import Runner
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.measure.runner import Runner
+from omnitune.trial import TrialResult, TrialStatus
 
 SHAPE = "b=1,h=2,hkv=1,lq=17,lk=23,d=64,causal=1"
 ON_GPU = torch.cuda.is_available()
@@ -261,7 +261,7 @@ def test_search_model_searches_every_preset_problem_of_the_chosen_kernels(tmp_db
     from omnitune.presets import get_preset, preset_problems
 
     searched = []
-    monkeypatch.setattr(search_cmd, "_search_all",
+    monkeypatch.setattr(search_cmd, "search_problems",
                         lambda spec, problems, dtype, **kw: searched.append((spec.name, problems, kw["kernel_arg"])))
     result = invoke("search", "--model", "qwen2.5-omni-3b", "--kernels", "paged_decode_attention,kv_cache_write",
                     *MODE, "--db", str(tmp_db))

@@ -29,8 +29,8 @@ from omnitune.cli import app
 from omnitune.profile.device import current_device_facts
 from omnitune.registry import get_spec
 from omnitune.search.driver import StopReason, run_search
-from omnitune.search.runner import Runner
-from omnitune.search.trial import TrialStatus
+from omnitune.measure.runner import Runner
+from omnitune.trial import TrialStatus
 from omnitune.spec import Config
 from omnitune.store import config_from_attrs, open_optuna_storage, result_from_attrs
 

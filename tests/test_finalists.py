@@ -29,7 +29,7 @@ from omnitune.search.finalists import (
     ranked,
     retime_finalists,
 )
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, KernelSpec, Param
 from omnitune.store import open_db, rebuild_catalogue
 

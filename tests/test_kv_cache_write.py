@@ -11,8 +11,8 @@ import torch
 from omnitune.errors import InputError
 from omnitune.kernels import kv_cache_write as kvw
 from omnitune.kernels.kv_cache_write import KVCacheWriteProblem, bitwise_mismatch, write_kv_cache
-from omnitune.search.runner import Runner
-from omnitune.search.trial import TrialStatus
+from omnitune.measure.runner import Runner
+from omnitune.trial import TrialStatus
 from omnitune.spec import Config
 from conftest import assert_constraint_case, assert_registered_with_valid_defaults
 

@@ -336,8 +336,8 @@ def test_bad_input_raises_input_error(case, device):
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_real_shapes(shape, dtype):
-    from omnitune.search.runner import Runner
-    from omnitune.search.trial import TrialStatus
+    from omnitune.measure.runner import Runner
+    from omnitune.trial import TrialStatus
 
     problem = SPEC.parse_shape(shape)
     runner = Runner(SPEC, problem, dtype)

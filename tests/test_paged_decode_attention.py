@@ -12,8 +12,8 @@ import torch
 from omnitune.errors import InputError
 from omnitune.kernels import paged_decode_attention as pda
 from omnitune.kernels.paged_decode_attention import PagedDecodeInputs, PagedDecodeProblem, paged_decode_attention
-from omnitune.search.runner import Runner
-from omnitune.search.trial import TrialStatus
+from omnitune.measure.runner import Runner
+from omnitune.trial import TrialStatus
 from omnitune.spec import Config, relative_error
 from conftest import assert_constraint_case, assert_registered_with_valid_defaults
 

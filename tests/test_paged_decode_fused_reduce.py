@@ -73,8 +73,8 @@ def test_fused_reduce_with_a_tile_spanning_pages(device):
     ("b=3,h=28,hkv=4,lq=4,ctx=1000,d=128,block_size=16", (2, 4, 8)),
 ])
 def test_gpu_fused_reduce_on_issue_shapes(shape, splits):
-    from omnitune.search.runner import Runner
-    from omnitune.search.trial import TrialStatus
+    from omnitune.measure.runner import Runner
+    from omnitune.trial import TrialStatus
 
     problem = pda.SPEC.parse_shape(shape)
     runner = Runner(pda.SPEC, problem, torch.bfloat16)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from omnitune.registry import get_spec
-from omnitune.search.precompile import _importable_name, precompile
+from omnitune.measure.precompile import _importable_name, precompile
 from omnitune.spec import Config
 
 FAULT_KERNEL = str(Path(__file__).with_name("fault_kernel.py"))

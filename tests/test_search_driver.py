@@ -32,7 +32,7 @@ from omnitune.search.driver import (
     StopReason,
     run_search,
 )
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, Constraint, KernelSpec, Param
 from omnitune.store import open_db
 

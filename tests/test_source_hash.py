@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 
+from omnitune.provenance import provenance_hash
 from omnitune.source_hash import (
     jit_functions,
     kernel_source_hash,
     module_source_hash,
     normalized_source,
-    provenance_hash,
     source_matches,
 )
 

@@ -13,7 +13,7 @@ from optuna.distributions import IntDistribution
 
 from omnitune.errors import StoreError
 from omnitune.profile.device import DeviceFacts, current_device_facts
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config
 from omnitune.store import (
     SCHEMA_VERSION,

@@ -287,7 +287,7 @@ def test_a_faster_entry_passes_and_a_faster_baseline_only_warns(tmp_path):
     # a baseline is timed beside the configs (on a GPU; here the check is made on a CPU runner)
     import dataclasses
 
-    from omnitune.search.runner import Runner
+    from omnitune.measure.runner import Runner
     from omnitune.verify import speed
     from omnitune.verify.tables import read_table
 

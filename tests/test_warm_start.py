@@ -15,7 +15,7 @@ import torch
 from omnitune import runtime
 from omnitune.profile.device import DeviceFacts
 from omnitune.search.driver import run_search, warm_start_configs
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, Constraint, KernelSpec, MatchPolicy, Param
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -23,9 +23,9 @@ from omnitune.errors import OmnituneError, UnknownKernelError
 from omnitune.profile.device import current_device_facts
 from omnitune.registry import get_spec
 from omnitune.search.driver import StopReason, run_search
-from omnitune.search.runner import Runner
-from omnitune.search.trial import TrialStatus
-from omnitune.search.worker import IsolatedRunner
+from omnitune.measure.runner import Runner
+from omnitune.trial import TrialStatus
+from omnitune.measure.worker import IsolatedRunner
 from omnitune.spec import Config
 from omnitune.store import open_db
 

@@ -12,7 +12,7 @@ import torch
 import typer
 from rich.console import Console
 
-from omnitune.errors import ConfigError, OmnituneError, ShapeError
+from omnitune.errors import ConfigError, DeviceError, OmnituneError, ShapeError
 from omnitune.spec import Config, KernelSpec, parse_dtype
 
 console = Console(highlight=False)
@@ -28,7 +28,7 @@ def db_path(db: str | None) -> Path:
 
 def load_spec(kernel: str, interpret: bool = False) -> KernelSpec:
     if interpret:
-        from omnitune.cli import enable_interpreter
+        from omnitune.cli._app import enable_interpreter
 
         enable_interpreter()
     from omnitune.registry import get_spec
@@ -115,6 +115,19 @@ def _config_values(raw: str) -> dict:
         if not isinstance(value, (bool, int, float, str)):
             raise ConfigError(f"--config {key}={json.dumps(value)}: a parameter takes a single value")
     return values
+
+
+def search_dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.dtype:
+    """--dtype of a search (search, worker): bf16 on a GPU and fp16 (else fp32) under the
+    interpreter when not given; bf16 refused under the interpreter, which computes it wrongly."""
+    if name is None:
+        if not interpret:
+            return parse_dtype_option(spec, "bf16")
+        return next((d for d in (torch.float16, torch.float32) if d in spec.dtypes), spec.dtypes[0])
+    dtype = parse_dtype_option(spec, name)
+    if interpret and dtype is torch.bfloat16:
+        raise DeviceError("the interpreter computes bf16 wrongly; use --dtype fp16 or fp32 with --interpret")
+    return dtype
 
 
 def search_dtype_option() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from omnitune.cli import app
+from omnitune.cli._app import app
 from omnitune.cli.common import console
 
 

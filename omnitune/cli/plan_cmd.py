@@ -10,7 +10,7 @@ import torch
 import typer
 from rich.markup import escape
 
-from omnitune.cli import app
+from omnitune.cli._app import app
 from omnitune.cli.common import console
 
 # Seconds per measured trial, measured in this project's H200 searches (compile, reference check,

@@ -11,7 +11,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from omnitune.cli import app, preflight
+from omnitune.cli import preflight
+from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path, load_spec, parse_config_option, parse_dtype_option, parse_problems
 from omnitune.errors import ConfigError, DeviceError
 from omnitune.spec import Config, KernelSpec, dtype_name

@@ -17,15 +17,16 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from omnitune.cli import app, preflight
+from omnitune.cli import preflight
+from omnitune.cli._app import app
 from omnitune.cli.common import (
     console,
     db_path,
     err_console,
     interpret_option,
     load_spec,
-    parse_dtype_option,
     parse_problems,
+    search_dtype,
     search_dtype_option,
 )
 from omnitune.errors import DeviceError, OmnituneError
@@ -34,7 +35,7 @@ from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_C
 if TYPE_CHECKING:
     from omnitune.profile.ncu import NcuProfile
     from omnitune.search.driver import SearchOutcome, SearchProgress
-    from omnitune.search.trial import TrialResult
+    from omnitune.trial import TrialResult
     from omnitune.spec import Config, KernelSpec
 
 RESUME_HINT = "rerun the same command to resume: finished trials are kept and not measured again"
@@ -158,7 +159,7 @@ def search(
         for target in targets:
             # The timeout covers every kernel together; a kernel reached after it still says so.
             remaining_s = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
-            _search_all(target.spec, target.problems, target.dtype, trials=trials, timeout_s=remaining_s,
+            search_problems(target.spec, target.problems, target.dtype, trials=trials, timeout_s=remaining_s,
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
                         isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list,
@@ -196,7 +197,7 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
         if kernels is not None:
             raise OmnituneError("--kernels goes with --model; with --shape name the KERNEL")
         spec = load_spec(kernel, interpret)
-        return [_SearchTarget(kernel, spec, _dtype(spec, dtype, interpret), parse_problems(spec, shapes))]
+        return [_SearchTarget(kernel, spec, search_dtype(spec, dtype, interpret), parse_problems(spec, shapes))]
     preset = get_preset(model)
     if kernel is not None and kernels is not None:
         raise OmnituneError("name the kernels either as KERNEL or with --kernels, not both")
@@ -207,7 +208,7 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
         if not problems:
             console.print(f"{name}: {preset.description} never runs it; skipped", soft_wrap=True)
             continue
-        targets.append(_SearchTarget(name, spec, _dtype(spec, dtype, interpret), problems))
+        targets.append(_SearchTarget(name, spec, search_dtype(spec, dtype, interpret), problems))
     return targets
 
 
@@ -234,7 +235,7 @@ def _precompile_workers(requested: int | None, interpret: bool) -> int:
     if interpret:
         return 0
     if requested is None:
-        from omnitune.search.precompile import default_workers
+        from omnitune.measure.precompile import default_workers
 
         return default_workers()
     return requested
@@ -256,30 +257,21 @@ def _profile_top_possible(count: int, interpret: bool) -> int:
     return count
 
 
-def _dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.dtype:
-    if name is None:
-        if not interpret:
-            return parse_dtype_option(spec, "bf16")
-        return next((d for d in (torch.float16, torch.float32) if d in spec.dtypes), spec.dtypes[0])
-    dtype = parse_dtype_option(spec, name)
-    if interpret and dtype is torch.bfloat16:
-        raise DeviceError("the interpreter computes bf16 wrongly; use --dtype fp16 or fp32 with --interpret")
-    return dtype
-
-
-def _search_all(
+def search_problems(
     spec: KernelSpec, problems: list, dtype: torch.dtype, *, trials: int, timeout_s: float | None,
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
     gpus: list[int] | None = None, heartbeat_interval_s: int | None = None, precompile_workers: int = 0,
 ) -> None:
+    """Search each of `problems` in turn with a live view, then print its summary: the session that
+    `omnitune search` runs per kernel and `omnitune worker` runs on a shared storage."""
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
 
     from omnitune.profile.device import current_device_facts
     from omnitune.profile.telemetry import NvmlSampler
     from omnitune.search.driver import SearchInterrupted, StopReason, run_search
-    from omnitune.search.runner import Runner
+    from omnitune.measure.runner import Runner
     from omnitune.spec import DeviceLimits
     from omnitune.store import default_storage_url, open_db, record_device
 
@@ -312,7 +304,7 @@ def _search_all(
                 with preflight.allocation_errors(spec, problem):
                     runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
             else:
-                from omnitune.search.worker import IsolatedRunner
+                from omnitune.measure.worker import IsolatedRunner
 
                 # The worker loads the kernel by the name the user gave, so files and modules work too.
                 runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
@@ -326,7 +318,7 @@ def _search_all(
 
         def precompile_upcoming(configs, problem=problem):
             if precompile_workers and len(configs) >= PRECOMPILE_MIN_CONFIGS:
-                from omnitune.search.precompile import precompile
+                from omnitune.measure.precompile import precompile
 
                 report = precompile(spec, problem, dtype, configs, workers=precompile_workers)
                 console.print(f"{escape(_title(spec, problem, dtype))}: {report.summary()}", soft_wrap=True)
@@ -443,7 +435,7 @@ def _time_and_rate(result: TrialResult) -> str:
 def _failures_text(failures) -> str:
     """'mismatch 2, compile_error 1 · 6 pruned': the failed trials, then apart from them the
     configs the constraints pruned, which were never measured (so are not trials)."""
-    from omnitune.search.trial import TrialStatus
+    from omnitune.trial import TrialStatus
 
     pruned = failures.get(TrialStatus.PRUNED, 0) if failures else 0
     failed = {status: count for status, count in (failures or {}).items() if status is not TrialStatus.PRUNED}
@@ -519,7 +511,7 @@ class _ProgressLines:
         console.print(f"searching {escape(self.title)}: up to {budget} trials, {sampler}", soft_wrap=True)
 
     def update(self, progress: SearchProgress) -> None:
-        from omnitune.search.trial import TrialStatus
+        from omnitune.trial import TrialStatus
 
         with self.lock:
             if progress.result.status is TrialStatus.PRUNED or progress.measured_total == self.shown:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import typer
 
-from omnitune.cli import app, preflight
+from omnitune.cli import preflight
+from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path, load_spec, parse_dtype_option, parse_problems
 from omnitune.errors import OmnituneError, StoreError
 
@@ -231,6 +232,6 @@ def _lookup(spec, problem, dtype, device_name):
 
 
 def _debug() -> bool:
-    from omnitune.cli import _state
+    from omnitune.cli._app import _state
 
     return _state["debug"]

@@ -9,7 +9,8 @@ import torch
 import typer
 from rich.console import Console
 
-from omnitune.cli import app, preflight
+from omnitune.cli import preflight
+from omnitune.cli._app import app
 from omnitune.cli.common import console, err_console, interpret_option, load_spec
 from omnitune.errors import DeviceError, OmnituneError
 
@@ -64,7 +65,7 @@ def verify(
 
         get_preset(model)  # an unknown preset is a usage error, before anything runs
     if interpret:
-        from omnitune.cli import enable_interpreter
+        from omnitune.cli._app import enable_interpreter
 
         enable_interpreter()
     elif not torch.cuda.is_available():

@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from omnitune.cli import app
+from omnitune.cli._app import app
 from omnitune.cli.common import interpret_option, search_dtype_option
 from omnitune.errors import DeviceError, OmnituneError
 
@@ -70,8 +70,8 @@ def worker(
     arguments and --storage on one GPU to re-time them and fill the local database (or
     omnitune report --storage URL to read the results as they are).
     """
-    from omnitune.cli.search_cmd import _dtype, _search_all
-    from omnitune.cli.common import load_spec, parse_problems
+    from omnitune.cli.common import load_spec, parse_problems, search_dtype
+    from omnitune.cli.search_cmd import search_problems
     from omnitune.search.driver import make_sampler, parse_sampler
 
     import torch
@@ -80,7 +80,7 @@ def worker(
         raise OmnituneError("--storage needs a URL, e.g. postgresql://user:password@host:5432/omnitune")
     spec = load_spec(kernel, interpret)
     problems = parse_problems(spec, shape)
-    torch_dtype = _dtype(spec, dtype, interpret)
+    torch_dtype = search_dtype(spec, dtype, interpret)
     sampler_name = parse_sampler(sampler)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     make_sampler(sampler_name, seed)
@@ -91,7 +91,7 @@ def worker(
     if not isolate and gpu is not None and not interpret:
         torch.cuda.set_device(gpu)
     try:
-        _search_all(spec, problems, torch_dtype, trials=trials, timeout_s=None, sampler=sampler_name.value,
+        search_problems(spec, problems, torch_dtype, trials=trials, timeout_s=None, sampler=sampler_name.value,
                     seed=seed, db=db, storage=storage, interpret=interpret, finalists=0, kernel_arg=kernel,
                     isolate_timeout_s=trial_timeout if isolate else None,
                     gpus=[gpu if gpu is not None else 0] if isolate else None,

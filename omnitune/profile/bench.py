@@ -15,7 +15,7 @@ import torch
 
 from omnitune.profile.energy import energy_per_call
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda
-from omnitune.search.runner import classify_exception
+from omnitune.trial import classify_exception
 from omnitune.spec import Config, KernelSpec
 
 

@@ -1,47 +1,16 @@
-"""Facts about the GPU a measurement ran on, and the key that files results per device."""
+"""Reading the facts of the GPU a measurement runs on (the types are omnitune.trial's)."""
 
 from __future__ import annotations
 
 import platform
-import re
-from dataclasses import asdict, dataclass
 
 import torch
 
 import omnitune
+# The device identity is a leaf type (omnitune.trial); re-exported where it has always been read.
+from omnitune.trial import INTERPRETER_DEVICE, DeviceFacts, device_key
 
-
-@dataclass(frozen=True)
-class DeviceFacts:
-    name: str
-    compute_capability: str
-    multiprocessors: int
-    memory_gib: float
-    l2_cache_mib: float
-    shared_memory_per_block_kib: float
-    driver: str
-    cuda: str
-    torch: str
-    triton: str
-    omnitune: str
-    python: str
-
-    @property
-    def key(self) -> str:
-        return device_key(self.name)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-# The device name used when measuring under Triton's interpreter: results are correctness-only
-# and are filed apart from any real GPU's.
-INTERPRETER_DEVICE = "triton-interpreter"
-
-
-def device_key(name: str) -> str:
-    """'NVIDIA H200' → 'NVIDIA_H200': the file and database key of a device."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "unknown"
+__all__ = ["INTERPRETER_DEVICE", "DeviceFacts", "current_device_facts", "device_key", "software_versions"]
 
 
 def software_versions() -> dict[str, str]:

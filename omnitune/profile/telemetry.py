@@ -1,7 +1,7 @@
 """GPU telemetry through NVML while a candidate is timed: clocks, power, temperature,
 utilization, clock-event (throttle) reasons and energy per call.
 
-`NvmlSampler` is an Observer for omnitune.search.runner.Runner: start() opens a background thread
+`NvmlSampler` is an Observer for omnitune.measure.runner.Runner: start() opens a background thread
 that samples every ~10 ms; stop(calls) ends it and returns one flat dict with unit-named keys,
 which the runner stores in the trial's extra facts. A trial measured while the GPU was thermally
 or power throttled is flagged (throttled_thermal / throttled_power), so that a report can tell a

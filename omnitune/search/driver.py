@@ -55,7 +55,7 @@ from omnitune.search.finalists import (
     retime_finalists,
 )
 from omnitune.search.space import ConfigSpace
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, DeviceLimits, KernelSpec, dtype_name
 from omnitune.store import (
     STUDY_ATTR,
@@ -121,7 +121,7 @@ class RetimeStatus(str, enum.Enum):
 
 
 class MeasuresConfigs(Protocol):
-    """What the driver needs of a runner (omnitune.search.runner.Runner is one). A runner may
+    """What the driver needs of a runner (omnitune.measure.runner.Runner is one). A runner may
     also set `context_lost = True` once its process can no longer use the GPU. Re-timing the
     finalists also needs its `time_interleaved` (omnitune.search.finalists.TimesInterleaved)."""
 
@@ -217,7 +217,7 @@ def run_search(
     `precompile`, when given, is called once before the first trial with the configs the driver
     will measure itself next (default, known-good, warm start; with an enumeration, the valid
     configs in order), at most the budget left, none measured yet: compiling them in parallel
-    (omnitune.search.precompile) leaves each trial only its measurement.
+    (omnitune.measure.precompile) leaves each trial only its measurement.
     """
     if runner_factories is None:
         if runner_factory is None:

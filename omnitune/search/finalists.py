@@ -36,7 +36,7 @@ FINALIST_KEY = "finalist"
 
 
 class TimesInterleaved(Protocol):
-    """What re-timing needs of a runner (omnitune.search.runner.Runner is one): per config, one
+    """What re-timing needs of a runner (omnitune.measure.runner.Runner is one): per config, one
     time in ms per round, the configs timed round-robin against each other."""
 
     def time_interleaved(self, configs: Sequence[Config], rounds: int) -> list[list[float]]: ...

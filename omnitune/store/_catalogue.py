@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import sqlite_utils
 
 from omnitune.errors import StoreError
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config
 from omnitune.store._migrations import transaction
 from omnitune.store._records import TrialRecord, config_json, record_trials

@@ -15,7 +15,7 @@ from typing import Any
 import sqlite_utils
 
 from omnitune.errors import StoreError
-from omnitune.profile.device import DeviceFacts
+from omnitune.trial import DeviceFacts
 from omnitune.spec import Config, ParamValue
 from omnitune.store._migrations import TRIAL_COLUMNS, transaction, utc_now
 

@@ -1,7 +1,7 @@
 """Part 2, numerics: each entry's config on fresh seeded inputs against the spec's reference,
 within the spec's tolerance for the dtype, the relative error reported.
 
-The check is the search's own (omnitune.search.runner.Runner.check: a NaN-poisoned output, one
+The check is the search's own (omnitune.measure.runner.Runner.check: a NaN-poisoned output, one
 launch, the spec's compare), on inputs drawn with another seed than the search's 0, so that a
 config is not judged on the very numbers it was chosen on. On a GPU the entry's own problem and
 dtype run; with --interpret a small problem derived from it (omnitune.verify.shrink), fp16 for
@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from omnitune.search.runner import MeasureSettings, Runner, classify_exception
-from omnitune.search.trial import TrialStatus
+from omnitune.measure.runner import MeasureSettings, Runner
+from omnitune.trial import classify_exception
+from omnitune.trial import TrialStatus
 from omnitune.spec import DeviceLimits, KernelSpec, dtype_name
 from omnitune.verify.shrink import interpret_dtype, small_problem
 from omnitune.verify.tables import Entry, TableFile

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from omnitune.search.finalists import DEFAULT_ROUNDS, NOISY_CV, FinalistTiming
-from omnitune.search.runner import Runner
-from omnitune.search.trial import TrialStatus
+from omnitune.measure.runner import Runner
+from omnitune.trial import TrialStatus
 from omnitune.spec import Config, KernelSpec
 from omnitune.verify.tables import Entry, TableFile
 from omnitune.verify.verdict import Check, Status

@@ -21,7 +21,7 @@ import torch
 from omnitune.errors import OmnituneError
 from omnitune.profile.compiled import CompileWatch, compiled_facts
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda, time_interleaved
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.trial import TrialResult, TrialStatus, classify_exception
 from omnitune.spec import Config, DeviceLimits, KernelSpec
 
 
@@ -39,24 +39,6 @@ class MeasureSettings:
     repetitions: int = 50
     max_seconds: float = 1.0
     seed: int = 0
-
-
-def classify_exception(exc: BaseException) -> tuple[TrialStatus, str]:
-    """Map an exception raised by compiling or launching a candidate to a trial status."""
-    name = type(exc).__name__
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
-    text = f"{name}: {message}"[:300]
-    lowered = str(exc).lower()
-    if name == "OutOfResources" or "out of resource" in lowered:
-        return TrialStatus.OUT_OF_RESOURCES, text
-    if "illegal memory access" in lowered or "unspecified launch failure" in lowered or "illegal instruction" in lowered:
-        return TrialStatus.CRASHED, text
-    module = type(exc).__module__ or ""
-    if name in ("CompilationError", "CompileTimeAssertionFailure") or "compiler" in module or any(
-        s in lowered for s in ("passmanager", "mlir", "ptxas", "compil")
-    ):
-        return TrialStatus.COMPILE_ERROR, text
-    return TrialStatus.LAUNCH_ERROR, text
 
 
 class Runner:

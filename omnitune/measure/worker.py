@@ -2,7 +2,7 @@
 its process (an illegal memory access poisons the whole CUDA context; a segfault or abort in the
 compiler; a kernel that never returns) costs one trial, not the search.
 
-IsolatedRunner is a drop-in for Runner as the driver uses it (measure, check, time_interleaved,
+IsolatedRunner is a drop-in for Runner as the search driver uses it (measure, check, time_interleaved,
 context_lost). It starts one worker with multiprocessing's "spawn" context — a fresh interpreter,
 so no CUDA or Triton state is shared with the parent — that imports the kernel by the name the
 user gave (omnitune.registry.get_spec), builds one Runner (inputs and reference once) and then
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from omnitune.errors import OmnituneError
-from omnitune.search.runner import MeasureSettings, Observer
-from omnitune.search.trial import TrialResult, TrialStatus
+from omnitune.measure.runner import MeasureSettings, Observer
+from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, DeviceLimits
 
 # Set to "1" in every worker's environment. Kernels never need it; the fault-injection kernel of
@@ -169,7 +169,7 @@ def _serve(conn: multiprocessing.connection.Connection, kernel: str, interpret: 
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     try:
         from omnitune.registry import get_spec
-        from omnitune.search.runner import Runner
+        from omnitune.measure.runner import Runner
 
         spec = get_spec(kernel)
         setup: _Setup = pickle.loads(setup_bytes)
@@ -259,7 +259,7 @@ class _Worker:
 
 
 class IsolatedRunner:
-    """Measures configs like omnitune.search.runner.Runner, in a worker process of its own.
+    """Measures configs like omnitune.measure.runner.Runner, in a worker process of its own.
 
     `kernel` is the kernel as the user named it (built-in name, module path or .py file): the
     worker imports it itself. `problem`, `dtype`, `settings` and `limits` go to the worker's

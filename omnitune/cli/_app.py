@@ -1,0 +1,112 @@
+"""The `omnitune` app that every command module registers on: it translates OmnituneError and the
+parser's usage errors (an unknown option, a value of the wrong type) into one line on stderr and
+exit code 2 (a traceback only with --debug). A module of its own, so that the command modules
+import it and the package imports them, never the other way round."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from omnitune.errors import OmnituneError
+
+_state = {"debug": False}
+
+# The parser's exceptions: typer >= 0.20 parses with its own copy of click, older ones with click.
+_click = getattr(typer.core, "_click", click)
+_UsageError = _click.exceptions.UsageError
+_NoArgsIsHelpError = getattr(_click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _one_line(message: str) -> typer.Exit:
+    typer.secho(f"error: {' '.join(message.split())}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def _usage_line(exc: Exception) -> typer.Exit:
+    """A usage error (parsed by click) as one line that says where the options are listed; the
+    help that a command with no arguments shows is not an error and is left to click."""
+    if isinstance(exc, _NoArgsIsHelpError) or _state["debug"]:
+        raise exc
+    where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "omnitune"
+    return _one_line(f"{exc.format_message().rstrip('.')}; see {where} --help")
+
+
+def _plain_flags(params) -> None:
+    """No type shown for a flag in --help: typer's <bool> reads as if the flag took a value."""
+    for param in params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+
+
+class _OmnituneGroup(TyperGroup):
+    """Translates OmnituneError and usage errors into one red line and exit code 2, for every
+    command."""
+
+    def parse_args(self, ctx, args):
+        _state["debug"] = False  # until the root callback reads --debug: not left from an earlier run
+        try:
+            return super().parse_args(ctx, args)
+        except _UsageError as exc:
+            raise _usage_line(exc) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _UsageError as exc:
+            raise _usage_line(exc) from None
+        except OmnituneError as exc:
+            if _state["debug"]:
+                raise
+            raise _one_line(str(exc)) from None
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        _plain_flags(params)
+        return params
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _plain_flags(command.get_params(ctx))
+        return command
+
+
+app = typer.Typer(
+    cls=_OmnituneGroup,
+    name="omnitune",
+    help="Autotune and profile Triton kernels for multimodal LLM inference.\n\n"
+    "search → report → export on the target GPU; omnitune.runtime serves the exported tables.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors."),
+) -> None:
+    _state["debug"] = debug
+
+
+def enable_interpreter() -> None:
+    """Run Triton kernels on the CPU through Triton's interpreter. Must happen before any kernel
+    module is imported: @triton.jit reads TRITON_INTERPRET when it decorates."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    loaded = [module for name, module in list(sys.modules.items()) if name.startswith("omnitune.kernels.")]
+    if any(_compiled(module) for module in loaded if module is not None):
+        raise OmnituneError("kernels were imported before --interpret took effect; set TRITON_INTERPRET=1")
+
+
+def _compiled(module) -> bool:
+    """Whether a kernel module holds a kernel compiled for the GPU. Judged by its kernels, not
+    by the module: some (omnitune.kernels._dispatch) hold none, interpreted or not."""
+    from triton.runtime.jit import JITFunction
+
+    return any(isinstance(v, JITFunction) for v in vars(module).values())

@@ -1,0 +1,110 @@
+"""The leaf types every layer shares: what one measured config produced (TrialStatus,
+TrialResult), how an exception raised by a candidate becomes its status (classify_exception),
+and the device results are filed under (DeviceFacts, device_key).
+
+They sit at the bottom of the package so that dependencies run one way: the measuring side
+(omnitune.measure), the search, the catalogue (omnitune.store) and profiling all import them,
+and this module imports only the standard library and omnitune.spec.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+from omnitune.spec import Config
+
+
+class TrialStatus(str, enum.Enum):
+    OK = "ok"
+    PRUNED = "pruned"                  # a constraint rejected it before compiling
+    COMPILE_ERROR = "compile_error"
+    OUT_OF_RESOURCES = "out_of_resources"
+    LAUNCH_ERROR = "launch_error"
+    MISMATCH = "mismatch"              # ran, but disagreed with the reference
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"                # took its worker process down
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def failed(self) -> bool:
+        return self is not TrialStatus.OK
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    config: Config
+    status: TrialStatus
+    time_ms: float = math.inf          # median
+    p20_ms: float = math.inf
+    p80_ms: float = math.inf
+    rel_error: float = math.nan
+    tflops: float = 0.0
+    tbps: float = 0.0
+    detail: str = ""                   # constraint name and reason, or the error's first line
+    representative: bool = True        # False under the interpreter: times mean nothing
+    extra: dict = field(default_factory=dict)  # telemetry, compiled-kernel facts, ...
+
+    def as_record(self) -> dict:
+        d = asdict(self)
+        d["config"] = self.config.as_dict()
+        d["status"] = self.status.value
+        return d
+
+
+def classify_exception(exc: BaseException) -> tuple[TrialStatus, str]:
+    """Map an exception raised by compiling or launching a candidate to a trial status, and
+    the one line (at most 300 characters) that a trial's detail keeps of it."""
+    name = type(exc).__name__
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
+    text = f"{name}: {message}"[:300]
+    lowered = str(exc).lower()
+    if name == "OutOfResources" or "out of resource" in lowered:
+        return TrialStatus.OUT_OF_RESOURCES, text
+    if "illegal memory access" in lowered or "unspecified launch failure" in lowered or "illegal instruction" in lowered:
+        return TrialStatus.CRASHED, text
+    module = type(exc).__module__ or ""
+    if name in ("CompilationError", "CompileTimeAssertionFailure") or "compiler" in module or any(
+        s in lowered for s in ("passmanager", "mlir", "ptxas", "compil")
+    ):
+        return TrialStatus.COMPILE_ERROR, text
+    return TrialStatus.LAUNCH_ERROR, text
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """The GPU a measurement ran on (omnitune.profile.device.current_device_facts reads them)."""
+
+    name: str
+    compute_capability: str
+    multiprocessors: int
+    memory_gib: float
+    l2_cache_mib: float
+    shared_memory_per_block_kib: float
+    driver: str
+    cuda: str
+    torch: str
+    triton: str
+    omnitune: str
+    python: str
+
+    @property
+    def key(self) -> str:
+        return device_key(self.name)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# The device name used when measuring under Triton's interpreter: results are correctness-only
+# and are filed apart from any real GPU's.
+INTERPRETER_DEVICE = "triton-interpreter"
+
+
+def device_key(name: str) -> str:
+    """'NVIDIA H200' → 'NVIDIA_H200': the file and database key of a device."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "unknown"
