@@ -28,8 +28,9 @@ from typing import Any
 
 import pandas as pd
 
+from omnitune import store
 from omnitune.errors import OmnituneError, StoreError
-from omnitune.report import KEY_COLUMNS, best_per_key, load_devices, load_trials, with_retiming
+from omnitune.report import KEY_COLUMNS, best_per_key, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
 from omnitune.provenance import provenance_hash
 
@@ -65,8 +66,8 @@ def export_tables(
     db_path: Path, out_dir: Path, kernel: str | None = None, *, exported_at: str | None = None
 ) -> list[ExportedFile]:
     """Export every kernel × device of the database (or one kernel's) under out_dir."""
-    trials = load_trials(db_path, kernel)
-    devices = load_devices(db_path)
+    trials = store.read_trials(db_path, kernel)
+    devices = store.read_devices(db_path)
     exported_at = exported_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
     results = []
     for document in build_documents(trials, devices, exported_at):

@@ -1,7 +1,7 @@
 """What a search found: the results database turned into a DataFrame, and that frame rendered.
 
 Pure functions over pandas: `load_trials`, `load_calibrations` and `load_profiles` read the
-database (read-only: reporting never creates or migrates one), `best_per_key` reduces the trials
+database through omnitune.store (read-only: reporting never creates or migrates one), `best_per_key` reduces the trials
 to one row per kernel × problem × dtype × device, `summarize` picks the columns a person reads —
 with each result placed on its device's measured roofline and beside its ncu profile — and the
 `render_*` functions turn a summary into a rich table, CSV, Markdown or JSON. `write_figures`
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from omnitune.errors import OmnituneError, StoreError
+from omnitune import store
+from omnitune.errors import OmnituneError
 from omnitune.profile.calibrate import Calibration
 from omnitune.profile.roofline import RooflinePoint, point_on_device
 from omnitune.search.finalists import NOISY_CV, finalist_facts
@@ -34,13 +34,8 @@ from omnitune.trial import TrialStatus
 
 KEY_COLUMNS = ["kernel", "problem_key", "dtype", "device_key"]
 
-TRIAL_COLUMNS = [
-    "study", "trial_number", "kernel", "problem_key", "problem_json", "dtype", "device_key",
-    "device_name", "sampler", "config_json", "config_label", "status", "time_ms", "p20_ms",
-    "p80_ms", "rel_error", "tflops", "tbps", "detail", "representative", "is_default",
-    "extra_json", "source_hash", "torch_version", "triton_version", "omnitune_version",
-    "measured_at",
-]
+# The catalogue's columns, as omnitune.store defines them (TrialRecord).
+TRIAL_COLUMNS = list(store.TRIAL_COLUMNS)
 
 PROFILE_COLUMNS = [
     "id", "kernel", "problem_key", "dtype", "device_key", "config_json", "config_label", "which",
@@ -82,18 +77,17 @@ def load_trials(db_path: Path, kernel: str | None = None) -> pd.DataFrame:
 
     Opened read-only: a missing file is a StoreError, never a new empty database. A database
     without a trials table yet gives an empty frame."""
-    return _read_table(db_path, "trials", TRIAL_COLUMNS, "kernel", kernel)
+    return store.read_trials(db_path, kernel)
 
 
 def load_devices(db_path: Path) -> pd.DataFrame:
     """The `devices` table (one row per GPU key), empty if the database has none."""
-    columns = ["key", "name", "compute_capability", "driver"]
-    return _read_table(db_path, "devices", columns, None, None)
+    return store.read_devices(db_path)
 
 
 def load_calibrations(db_path: Path) -> dict[str, Calibration]:
     """Each calibrated device's ceilings (`omnitune calibrate`), by device key."""
-    rows = _read_table(db_path, "calibrations", ["device_key", "metric", "value"], None, None)
+    rows = store.read_table(db_path, "calibrations", ["device_key", "metric", "value"])
     return {
         key: Calibration.from_metrics(key, dict(zip(group["metric"], group["value"])))
         for key, group in rows.groupby("device_key", sort=True)
@@ -102,59 +96,7 @@ def load_calibrations(db_path: Path) -> dict[str, Calibration]:
 
 def load_profiles(db_path: Path, kernel: str | None = None) -> pd.DataFrame:
     """The `profiles` table (ncu counters per profiled config), of one kernel if given."""
-    return _read_table(db_path, "profiles", PROFILE_COLUMNS, "kernel", kernel)
-
-
-def _read_table(db_path: Path, table: str, columns: list[str], where: str | None, value: str | None) -> pd.DataFrame:
-    db_path = Path(db_path)
-    if not db_path.is_file():
-        raise StoreError(f"no results database at {db_path}; run omnitune search first, or pass --db PATH")
-    try:
-        con = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open {db_path}: {exc}") from None
-    try:
-        if not _is_omnitune_database(con, db_path):
-            return pd.DataFrame(columns=columns)
-        present = con.execute(
-            "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?", (table,)
-        ).fetchone()
-        if not present:
-            return pd.DataFrame(columns=columns)
-        _require_columns(con, db_path, table, columns)
-        select = ", ".join(f'"{c}"' for c in columns)
-        query = f'SELECT {select} FROM "{table}"'
-        params: tuple = ()
-        if where is not None and value is not None:
-            query += f' WHERE "{where}" = ?'
-            params = (value,)
-        return pd.read_sql_query(query, con, params=params)
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
-    finally:
-        con.close()
-
-
-def _is_omnitune_database(con: sqlite3.Connection, db_path: Path) -> bool:
-    """True for a database omnitune made (it has a migrations table), False for an empty one; a
-    StoreError for any other: a foreign file's `trials` table is not ours to read."""
-    tables = [name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    if not tables:
-        return False
-    if "migrations" not in tables:
-        raise StoreError(f"{db_path} is not an omnitune results database: it holds tables "
-                         f"({', '.join(sorted(tables)[:5])}) but no migrations table")
-    return True
-
-
-def _require_columns(con: sqlite3.Connection, db_path: Path, table: str, columns: list[str]) -> None:
-    # Checked, not trusted: SQLite reads a double-quoted name that is not a column as a string,
-    # so a missing column would come back as its own name in every row.
-    present = {row[1] for row in con.execute(f'PRAGMA table_info("{table}")')}
-    missing = [c for c in columns if c not in present]
-    if missing:
-        raise StoreError(f"{db_path} is not an omnitune results database: its {table} table lacks "
-                         f"{', '.join(missing[:5])}")
+    return store.read_table(db_path, "profiles", PROFILE_COLUMNS, where="kernel", value=kernel)
 
 
 # --- reducing ------------------------------------------------------------------------------------

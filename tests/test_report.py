@@ -440,6 +440,53 @@ def _best_view(path: Path) -> tuple:
                            [SPEC.problem_key(PREFILL)]).fetchone()
 
 
+def test_the_best_view_and_best_per_key_agree_on_every_key(tmp_path):
+    """"Best" has two readers: the database's `best` view (omnitune profile) and best_per_key
+    (report, export). Over seeded random catalogues — ties, failures, a failed default, keys
+    with nothing ok, zero to two re-timing sessions with or without the default — they pick the
+    same trial and the same default time for every key."""
+    import random
+
+    rng = random.Random(7)
+    configs = [FAST, TIED, WRONG, PRUNED, FAST.replace(num_warps=4), TIED.replace(num_stages=3)]
+    rows = []
+    for b in range(1, 41):
+        problem = AttentionProblem(b=b, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
+        number = 0
+
+        def add(row):
+            nonlocal number
+            rows.append(row)
+            number += 1
+
+        default_status = rng.choice(["ok", "ok", "ok", "mismatch"])
+        add(trial_row(number, problem, DEFAULT, status=default_status, is_default=True,
+                      time_ms=rng.choice([1.0, 1.5, 2.0]) if default_status == "ok" else None))
+        searched = rng.sample(configs, rng.randint(0, len(configs)))
+        for config in searched:
+            status = rng.choice(["ok", "ok", "ok", "pruned", "compile_error", "mismatch"])
+            add(trial_row(number, problem, config, status=status,
+                          time_ms=rng.choice([0.5, 1.0, 1.25, 1.5]) if status == "ok" else None))
+        ok = [r for r in rows if r["problem_key"] == SPEC.problem_key(problem) and r["status"] == "ok"]
+        for session in range(1, rng.randint(0, 2) + 1 if ok else 1):
+            for row in rng.sample(ok, rng.randint(1, len(ok))):
+                median = rng.choice([0.9, 1.1, 1.2])
+                extra = {"finalist": {"session": session, "retime_of": row["trial_number"], "search_time_ms": 1.0,
+                                      "median_ms": median, "mean_ms": median, "cv": 0.01, "noisy": False, "rounds": 30}}
+                add(trial_row(number, problem, Config(json.loads(row["config_json"])), time_ms=median,
+                              is_default=row["is_default"], extra=extra))
+    path = results_db(tmp_path / "random.db", rows)
+    with sqlite3.connect(path) as con:
+        view = {key: (number, time_ms, default_ms) for key, number, time_ms, default_ms in con.execute(
+            "SELECT problem_key, trial_number, time_ms, default_time_ms FROM best")}
+    best = report.best_per_key(report.load_trials(path))
+    frame = {r["problem_key"]: (int(r["trial_number"]), r["time_ms"],
+                                None if pd.isna(r["default_time_ms"]) else r["default_time_ms"])
+             for r in best.to_dict("records") if r["status"] == "ok"}
+    assert len(frame) > 30 and any(r["extra_json"] != "{}" for r in rows)  # the catalogue exercises both paths
+    assert view == frame
+
+
 # --- figures -------------------------------------------------------------------------------------
 
 

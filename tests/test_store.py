@@ -35,7 +35,6 @@ from omnitune.store import (
     result_from_attrs,
     schema_version,
 )
-from omnitune.store._migrations import TRIAL_COLUMNS
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -76,8 +75,17 @@ def test_open_db_creates_its_folder_and_applies_the_migrations_once(tmp_path):
     assert again.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 1
 
 
-def test_trial_record_fields_are_the_schema_columns():
-    assert [f.name for f in dataclasses.fields(TrialRecord)] == [name for name, _ in TRIAL_COLUMNS]
+def test_trial_record_fields_are_the_schema_columns(db):
+    """TrialRecord defines the catalogue: the migrated table, the best view and what report reads
+    all have its columns, in its order."""
+    from omnitune import report
+    from omnitune.store import TRIAL_COLUMNS
+
+    fields = [f.name for f in dataclasses.fields(TrialRecord)]
+    assert [row[1] for row in db.execute("PRAGMA table_info(trials)").fetchall()] == fields
+    assert [row[1] for row in db.execute("PRAGMA table_info(best)").fetchall()] == fields + [
+        "default_time_ms", "speedup_over_default"]
+    assert list(TRIAL_COLUMNS) == report.TRIAL_COLUMNS == fields
 
 
 def test_a_file_that_is_not_sqlite_is_a_store_error(tmp_path):

@@ -2,9 +2,11 @@
 
 SQLite through sqlite-utils, schema versioned by numbered migrations. Optuna's own storage holds
 the studies and is the truth about trials; the `trials` table is derived from it and can be
-rebuilt with `rebuild_catalogue`. See docs for the schema; the `best` view gives, per kernel ×
-problem × dtype × device, the fastest correct config (the finalists' latest re-timing where there
-is one, as report and export choose) with the default config's time beside it.
+rebuilt with `rebuild_catalogue`. The search writes it through a TrialSink (`catalogue_sink`);
+report and export read it through `read_trials` and `read_table`. See docs for the schema; the
+`best` view gives, per kernel × problem × dtype × device, the fastest correct config (the
+finalists' latest re-timing where there is one, as report and export choose) with the default
+config's time beside it.
 """
 
 from omnitune.store._catalogue import (
@@ -23,11 +25,15 @@ from omnitune.store._catalogue import (
     storage_url_for_driver,
 )
 from omnitune.store._migrations import SCHEMA_VERSION, open_db, schema_version, utc_now
+from omnitune.store._reading import DEVICE_COLUMNS, read_devices, read_table, read_trials
 from omnitune.store._records import (
     CALIBRATION_METRICS,
+    TRIAL_COLUMNS,
     ProfileKind,
     ProfileRecord,
     TrialRecord,
+    TrialSink,
+    catalogue_sink,
     config_json,
     record_calibration,
     record_device,
@@ -38,20 +44,27 @@ from omnitune.store._records import (
 
 __all__ = [
     "CALIBRATION_METRICS",
+    "DEVICE_COLUMNS",
     "SCHEMA_VERSION",
     "STUDY_ATTR",
+    "TRIAL_COLUMNS",
     "ProfileKind",
     "ProfileRecord",
     "Provenance",
     "StudyFacts",
     "TrialRecord",
+    "TrialSink",
     "catalogue_record",
+    "catalogue_sink",
     "config_from_attrs",
     "config_json",
     "default_storage_url",
     "finished_trial_attrs",
     "open_db",
     "open_optuna_storage",
+    "read_devices",
+    "read_table",
+    "read_trials",
     "rebuild_catalogue",
     "record_calibration",
     "record_device",

@@ -20,7 +20,12 @@ import sqlite_utils
 
 from omnitune.errors import StoreError
 
-TRIAL_COLUMNS: tuple[tuple[str, str], ...] = (
+# The `trials` table as migration 1 created it. A released schema, so a literal that is never
+# edited: deriving it from TrialRecord (the definition the code reads and writes) would rewrite
+# migration 1 the day a column is added, and a later ALTER TABLE would then add it twice. A new
+# column is a field of TrialRecord plus a migration; tests/test_store.py checks that the migrated
+# table has exactly TrialRecord's columns.
+TRIALS_V1_COLUMNS: tuple[tuple[str, str], ...] = (
     ("study", "TEXT NOT NULL"),
     ("trial_number", "INTEGER NOT NULL"),
     ("kernel", "TEXT NOT NULL"),
@@ -50,7 +55,7 @@ TRIAL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("measured_at", "TEXT"),
 )
 
-_TRIAL_SELECT = ", ".join(f"r.{name}" for name, _ in TRIAL_COLUMNS)
+_TRIAL_SELECT = ", ".join(f"r.{name}" for name, _ in TRIALS_V1_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "trials, devices, calibrations, profiles and the best view",
         (
             "CREATE TABLE trials ("
-            + ", ".join(f"{name} {decl}" for name, decl in TRIAL_COLUMNS)
+            + ", ".join(f"{name} {decl}" for name, decl in TRIALS_V1_COLUMNS)
             + ", PRIMARY KEY (study, trial_number))",
             "CREATE INDEX trials_by_key ON trials (kernel, problem_key, dtype, device_key)",
             """CREATE TABLE devices (

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +16,9 @@ from typing import Any
 import sqlite_utils
 
 from omnitune.errors import StoreError
-from omnitune.trial import DeviceFacts
 from omnitune.spec import Config, ParamValue
-from omnitune.store._migrations import TRIAL_COLUMNS, transaction, utc_now
+from omnitune.store._migrations import transaction, utc_now
+from omnitune.trial import DeviceFacts
 
 CALIBRATION_METRICS: tuple[str, ...] = (
     "copy_tbps",
@@ -77,9 +78,18 @@ class TrialRecord:
         return row
 
 
+# The catalogue's columns, in order: TrialRecord is their one definition (the migrations build
+# the table to match it, and report and export read these columns).
+TRIAL_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialRecord))
+
+# Where the search writes its rows (omnitune.search.driver): a batch of rows at a time — one
+# after each trial, a resumed study's catch-up in one go, so that it commits once. The SQLite
+# catalogue is catalogue_sink(db); another backend is another callable.
+TrialSink = Callable[[Sequence[TrialRecord]], None]
+
 _INSERT_TRIAL = (
-    f"INSERT OR REPLACE INTO trials ({', '.join(name for name, _ in TRIAL_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + name for name, _ in TRIAL_COLUMNS)})"
+    f"INSERT OR REPLACE INTO trials ({', '.join(TRIAL_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + name for name in TRIAL_COLUMNS)})"
 )
 
 
@@ -88,11 +98,17 @@ def record_trial(db: sqlite_utils.Database, record: TrialRecord) -> None:
     _write(db, _INSERT_TRIAL, record.as_row())
 
 
-def record_trials(db: sqlite_utils.Database, records: list[TrialRecord]) -> None:
+def record_trials(db: sqlite_utils.Database, records: Sequence[TrialRecord]) -> None:
     """Insert many catalogue rows in one transaction."""
     with _write_errors(), transaction(db):
         for record in records:
             db.execute(_INSERT_TRIAL, record.as_row())
+
+
+def catalogue_sink(db: sqlite_utils.Database) -> TrialSink:
+    """The sink that writes the search's rows into the results database `db` (one transaction
+    per batch). Call it from the thread that opened `db`: SQLite connections stay in theirs."""
+    return functools.partial(record_trials, db)
 
 
 def record_device(db: sqlite_utils.Database, facts: DeviceFacts) -> None:

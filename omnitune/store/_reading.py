@@ -1,0 +1,88 @@
+"""Reading the results database for report and export: tables as DataFrames, read-only.
+
+A missing file is a StoreError, never a new empty database (reading never creates or migrates
+one); a database that does not hold a table yet gives an empty frame with its columns. pandas is
+imported inside the functions: `import omnitune.store` stays cheap for the search.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omnitune.errors import StoreError
+from omnitune.store._records import TRIAL_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+DEVICE_COLUMNS = ("key", "name", "compute_capability", "driver")
+
+
+def read_table(db_path: str | Path, table: str, columns: Sequence[str], *, where: str | None = None,
+               value: object = None) -> pd.DataFrame:
+    """`columns` of every row of `table` (a view too), or of the rows whose `where` column
+    equals `value` when both are given."""
+    import pandas as pd
+
+    db_path = Path(db_path)
+    if not db_path.is_file():
+        raise StoreError(f"no results database at {db_path}; run omnitune search first, or pass --db PATH")
+    try:
+        con = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {db_path}: {exc}") from None
+    try:
+        if not _is_omnitune_database(con, db_path):
+            return pd.DataFrame(columns=list(columns))
+        present = con.execute(
+            "SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name = ?", (table,)
+        ).fetchone()
+        if not present:
+            return pd.DataFrame(columns=list(columns))
+        _require_columns(con, db_path, table, columns)
+        select = ", ".join(f'"{c}"' for c in columns)
+        query = f'SELECT {select} FROM "{table}"'
+        params: tuple = ()
+        if where is not None and value is not None:
+            query += f' WHERE "{where}" = ?'
+            params = (value,)
+        return pd.read_sql_query(query, con, params=params)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
+    finally:
+        con.close()
+
+
+def read_trials(db_path: str | Path, kernel: str | None = None) -> pd.DataFrame:
+    """The `trials` catalogue (of one kernel if given), with TRIAL_COLUMNS."""
+    return read_table(db_path, "trials", TRIAL_COLUMNS, where="kernel", value=kernel)
+
+
+def read_devices(db_path: str | Path) -> pd.DataFrame:
+    """The `devices` table: one row per GPU key, with DEVICE_COLUMNS."""
+    return read_table(db_path, "devices", DEVICE_COLUMNS)
+
+
+def _is_omnitune_database(con: sqlite3.Connection, db_path: Path) -> bool:
+    """True for a database omnitune made (it has a migrations table), False for an empty one; a
+    StoreError for any other: a foreign file's `trials` table is not ours to read."""
+    tables = [name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    if not tables:
+        return False
+    if "migrations" not in tables:
+        raise StoreError(f"{db_path} is not an omnitune results database: it holds tables "
+                         f"({', '.join(sorted(tables)[:5])}) but no migrations table")
+    return True
+
+
+def _require_columns(con: sqlite3.Connection, db_path: Path, table: str, columns: Sequence[str]) -> None:
+    # Checked, not trusted: SQLite reads a double-quoted name that is not a column as a string,
+    # so a missing column would come back as its own name in every row.
+    present = {row[1] for row in con.execute(f'PRAGMA table_info("{table}")')}
+    missing = [c for c in columns if c not in present]
+    if missing:
+        raise StoreError(f"{db_path} is not an omnitune results database: its {table} table lacks "
+                         f"{', '.join(missing[:5])}")
