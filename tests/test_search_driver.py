@@ -386,7 +386,7 @@ def test_bad_search_settings_are_user_errors(kwargs, message, storage_url):
 def test_cmaes_without_its_package_is_a_clear_error(storage_url, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        driver_module.importlib.util, "find_spec",
+        importlib.util, "find_spec",
         lambda name, *a: None if name == "cmaes" else real_find_spec(name, *a),
     )
     with pytest.raises(SearchError, match="pip install cmaes"):

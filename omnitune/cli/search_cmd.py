@@ -3,6 +3,7 @@ shape, with a live view of the search and a one-line summary per shape."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from contextlib import nullcontext
@@ -270,8 +271,8 @@ def search_problems(
 
     from omnitune.profile.device import current_device_facts
     from omnitune.profile.telemetry import NvmlSampler
-    from omnitune.search.driver import SearchInterrupted, StopReason, run_search
     from omnitune.measure.runner import Runner
+    from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
     from omnitune.spec import DeviceLimits
     from omnitune.store import default_storage_url, open_db, record_device
 
@@ -288,6 +289,9 @@ def search_problems(
     limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
     observers = [] if interpret else [NvmlSampler()]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    # The same search for every problem: only the time left changes.
+    options = SearchOptions(device=device, trials=trials, storage_url=storage_url, sampler=sampler, seed=seed,
+                            limits=limits, finalists=finalists, heartbeat_interval_s=heartbeat_interval_s)
 
     for problem in problems:
         remaining_s = None if deadline is None else deadline - time.monotonic()
@@ -333,10 +337,8 @@ def search_problems(
         try:
             with showing:
                 outcome = run_search(
-                    spec, problem, dtype, runner_factories=factories, device=device, trials=trials,
-                    storage_url=storage_url, db=database, sampler=sampler, seed=seed, timeout_s=remaining_s,
-                    limits=limits, progress=report_progress, finalists=finalists,
-                    heartbeat_interval_s=heartbeat_interval_s, precompile=precompile_upcoming,
+                    spec, problem, dtype, dataclasses.replace(options, timeout_s=remaining_s),
+                    runner_factories=factories, db=database, progress=report_progress, precompile=precompile_upcoming,
                 )
         except SearchInterrupted as stop:
             _close(runners)

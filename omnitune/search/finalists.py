@@ -10,20 +10,32 @@ with CUDA events. Each gets the median over the rounds and the coefficient of va
 re-timed median.
 
 The GPU part is one method of the runner (`time_interleaved`, see TimesInterleaved): everything
-here runs on the CPU against a fake. Imports nothing heavy, so that the report can read the
-figures it stores.
+here runs on the CPU against a fake. StudyFinalists stores the re-timings as trials of the study
+and reads them back. Optuna is imported inside its methods: the report reads the figures stored
+here without importing it.
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 import math
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from omnitune.spec import Config
+from omnitune.store import result_from_attrs
+from omnitune.trial import TrialResult, TrialStatus
+
 if TYPE_CHECKING:
-    from omnitune.spec import Config
+    import optuna
+
+    from omnitune.search.space import ConfigSpace
+    from omnitune.search.study import Finished
+
+log = logging.getLogger(__name__)
 
 # The issue's threshold, and about the gap that separates finalists: in the H200 searches of
 # 2026-11-29 the first and third configs of 4 of 10 shapes were 0.5–2.4 % apart.
@@ -132,3 +144,122 @@ def retime_finalists(
 def ranked(timings: Sequence[FinalistTiming]) -> list[FinalistTiming]:
     """Fastest re-timed median first; ties keep their order (the search's ranking)."""
     return sorted(timings, key=lambda t: t.median_ms)
+
+
+# --- the re-timing as trials of the study ---------------------------------------------------------
+
+
+class RetimeStatus(str, enum.Enum):
+    """What became of the finalists' re-timing after the search loop."""
+
+    RETIMED = "retimed"            # timed against each other now
+    REUSED = "reused"              # the same finalists were re-timed by an earlier run: kept
+    DISABLED = "disabled"          # finalists=0
+    INTERPRETER = "interpreter"    # times under Triton's interpreter mean nothing
+    NO_OK_CONFIG = "no_ok_config"  # nothing to re-time
+    CONTEXT_LOST = "context_lost"  # the GPU is unusable in this process
+    FAILED = "failed"              # timing raised; the search's own times stand (see detail)
+
+
+@dataclass(frozen=True)
+class Retiming:
+    """The finalists' re-timing as the outcome reports it: the timings (fastest first) and the
+    re-timing trials' results by config."""
+
+    status: RetimeStatus
+    timings: tuple[FinalistTiming, ...] = ()
+    results: Mapping[Config, TrialResult] = field(default_factory=dict)
+    session: int = 0
+    detail: str = ""
+
+
+class StudyFinalists:
+    """The finalists of one study, re-timed and stored as trials of it.
+
+    Optuna cannot change a finished trial, so each re-timing is a trial of its own: the same
+    config, chosen_by "finalist", its figures under extra[FINALIST_KEY] (session, the trial it
+    re-times, median, CV, noisy) — stored, rebuilt and catalogued like every other trial. A rerun
+    that would re-time the same finalists reuses the stored re-timing.
+
+    `attrs_of(result)` gives a re-timing trial's user attrs (the driver's provenance and
+    sampler); `record(number, attrs)` writes its catalogue row.
+    """
+
+    def __init__(self, study: optuna.Study, space: ConfigSpace, attrs_of: Callable[[TrialResult], dict],
+                 record: Callable[[int, Mapping[str, Any]], None]):
+        self.study, self.space, self.attrs_of, self.record = study, space, attrs_of, record
+
+    def retime(self, runner: TimesInterleaved, ranked_ok: Sequence[Finished], default: Config, *, count: int,
+               rounds: int) -> Retiming:
+        """Re-time the first `count` of `ranked_ok` (and the default) against each other and
+        store each re-timing; or reuse the latest one when it re-timed the same configs. A
+        re-timing that raises leaves the search's own times standing (status FAILED)."""
+        from omnitune.errors import OmnituneError
+
+        if not ranked_ok:
+            return Retiming(RetimeStatus.NO_OK_CONFIG)
+        searched = {f.result.config: f for f in ranked_ok}
+        configs = pick_finalists(list(searched), count, default)
+        stored = self.latest()
+        if stored is not None and set(stored.results) == set(configs):
+            return stored
+        try:
+            timings = retime_finalists(runner, configs, rounds=rounds)
+        except OmnituneError:
+            raise
+        except Exception as exc:  # noqa: BLE001 — the search's results stand without the re-timing
+            detail = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            log.warning("re-timing the finalists of %s failed: %s", self.study.study_name, detail)
+            return Retiming(RetimeStatus.FAILED, detail=detail[:300])
+        session = (stored.session if stored is not None else 0) + 1
+        results = {t.config: self.store(t, session, searched[t.config]) for t in timings}
+        return Retiming(RetimeStatus.RETIMED, tuple(ranked(timings)), results, session)
+
+    def store(self, timing: FinalistTiming, session: int, original: Finished) -> TrialResult:
+        """Add one finalist's re-timing to the study as a finished trial (and to the catalogue)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        searched = original.result
+        scale = searched.time_ms / timing.median_ms  # the rates follow the re-timed median
+        result = TrialResult(
+            timing.config, TrialStatus.OK, time_ms=timing.median_ms, p20_ms=timing.p20_ms,
+            p80_ms=timing.p80_ms, rel_error=searched.rel_error, tflops=searched.tflops * scale,
+            tbps=searched.tbps * scale, representative=searched.representative,
+            extra={FINALIST_KEY: timing.as_extra(session=session, retime_of=original.number,
+                                                 search_time_ms=searched.time_ms)},
+        )
+        attrs = self.attrs_of(result)
+        self.study.add_trial(optuna.trial.create_trial(
+            params=self.space.encode(timing.config), distributions=self.space.distributions,
+            value=timing.median_ms, user_attrs=attrs,
+        ))
+        # add_trial does not return the trial; find it (newest first: it is at the end).
+        for trial in reversed(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
+            stored = result_from_attrs(trial.user_attrs)
+            facts = finalist_facts(stored.extra) if stored is not None else None
+            if facts is not None and facts["session"] == session and stored.config == timing.config:
+                self.record(trial.number, trial.user_attrs)
+                break
+        return result
+
+    def latest(self) -> Retiming | None:
+        """The study's most recent re-timing (the highest session), as stored; None if none."""
+        from optuna.trial import TrialState
+
+        sessions: dict[int, dict[Config, tuple[TrialResult, FinalistTiming]]] = {}
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            result = result_from_attrs(trial.user_attrs)
+            facts = finalist_facts(result.extra) if result is not None else None
+            if facts is None:
+                continue
+            timing = FinalistTiming.from_extra(result.config, result.p20_ms, result.p80_ms, facts)
+            sessions.setdefault(int(facts["session"]), {})[result.config] = (result, timing)
+        if not sessions:
+            return None
+        session = max(sessions)
+        latest = sessions[session]
+        return Retiming(
+            RetimeStatus.REUSED, tuple(ranked([timing for _, timing in latest.values()])),
+            {config: result for config, (result, _) in latest.items()}, session,
+        )

@@ -1,0 +1,42 @@
+"""The configs a search measures first, before any sampler: the kernel's default (always first,
+so that every search has the baseline its speedup is told against), then the spec's known-good
+configs, then the winners of the nearest problems already tuned (the warm start)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from omnitune.search.strategies.base import FixedList, Setting
+from omnitune.spec import Config, DeviceLimits, KernelSpec
+
+log = logging.getLogger(__name__)
+
+# Tuned configs of nearby problems measured right after the known-good ones (a warm start).
+WARM_START_CONFIGS = 3
+
+
+class Planned(FixedList):
+    def __init__(self, setting: Setting):
+        super().__init__([(setting.default, "default")]
+                         + [(c, "known-good") for c in setting.known_good]
+                         + [(c, "warm-start") for c in setting.warm_start])
+
+
+def warm_start_configs(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, device_key: str, limits: DeviceLimits | None = None,
+    *, most: int = WARM_START_CONFIGS,
+) -> list[Config]:
+    """The winners of the tuned problems nearest to `problem` in the exported tables that
+    omnitune.runtime reads, nearest first (see omnitune.runtime.nearest_configs); none when a
+    table cannot be read: a warm start is a hint, and a hostile table must not stop the search."""
+    from omnitune.runtime import nearest_configs
+
+    try:
+        return nearest_configs(spec, problem, dtype, device_key, limits, most=most)
+    except Exception as exc:  # noqa: BLE001 — whatever a table can make the reader raise
+        log.warning("no warm start for %s: a tuned table could not be read (%s: %s)", spec.name,
+                    type(exc).__name__, exc)
+        return []
