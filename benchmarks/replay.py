@@ -1,14 +1,15 @@
 """Offline replay of search strategies over a stored exhaustive sweep: how many trials each needs
 to come within 2% of the best config, without a GPU.
 
-Given one problem's table of config → measured time (every valid config measured), each strategy
-is run as the driver runs it — Optuna's ask/tell with the same integer encoding of the space,
-configs a constraint rejects told a penalty without counting as a trial, a config measured before
-told its stored value again, failed configs told PENALTY_FACTOR × the slowest ok time so far, and
-a random unmeasured config after SAMPLER_PATIENCE fruitless proposals — except that "measuring"
-looks the time up. Strategies: TPE cold, TPE warm-started (the spec's default and known-good
-configs first, as the driver does), random, grid (valid configs in the spec's order), CMA-ES
-(the space is integer indices, so it applies), and, for attention, the autotune list of Triton's
+Each strategy is run by the real search driver (omnitune.search.driver.run_search) — its chain of
+strategies, claims, penalties and fallback, over an in-memory Optuna storage — with a runner that
+looks the recorded result up instead of measuring (omnitune.measure.replay.ReplayRunner), until it
+measures a config within 2% of the sweep's best. Configs a constraint rejects are pruned by the
+driver without counting as a trial, as on a GPU. Strategies (chains of
+omnitune.search.strategies): TPE cold, TPE warm-started (the spec's default and known-good
+configs first, as `omnitune search` does), TPE warm-started with the other sweeps' winners too,
+random, CMA-ES (the space is integer indices, so it applies), each with the random fallback, and
+grid (valid configs in the spec's order); for attention, also the autotune list of Triton's
 fused-attention tutorial (BLOCK_M 64/128 × BLOCK_N 32/64/128 × 3/4 stages × 4/8 warps, no GQA
 packing, no TMA; the tutorial's 7-stage configs are beyond this kernel's stage choices): 24
 configs that Triton's @autotune would all time, so its count is fixed and it may never reach 2%.
@@ -22,26 +23,26 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import math
 import multiprocessing
 import os
-import random
-import sqlite3
 import statistics
 import sys
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import optuna
 import torch
 
+from omnitune import store
 from omnitune.errors import OmnituneError
+from omnitune.measure.replay import ReplayRunner, recorded_results, replay_device
 from omnitune.registry import get_spec
-from omnitune.search.driver import PENALTY_BEFORE_ANY_OK_MS, PENALTY_FACTOR, SAMPLER_PATIENCE, make_sampler
-from omnitune.search.space import ConfigSpace
+from omnitune.search.driver import SearchOptions, run_search
 from omnitune.spec import Config, KernelSpec, MatchPolicy, dtype_name, parse_dtype
+from omnitune.trial import TrialResult, TrialStatus
 
 TOLERANCE = 0.02
 DEFAULT_TRIALS_JSON = Path(__file__).parent / "results" / "search_trials_h200.json"
@@ -50,18 +51,34 @@ TRITON_TUTORIAL_ATTENTION = tuple(
     Config(BLOCK_M=bm, BLOCK_N=bn, num_stages=s, num_warps=w, PACK_GQA=False, USE_TMA=False)
     for bm in (64, 128) for bn in (32, 64, 128) for s in (3, 4) for w in (4, 8)
 )
+# The seeded strategies of the study: label, chain (omnitune.search.strategies), Optuna sampler,
+# and whether the other sweeps' winners warm-start it.
+SEEDED = (
+    ("tpe (cold)", ("fallback", "tpe"), "tpe", False),
+    ("tpe (warm: default + known-good)", ("planned", "fallback", "tpe"), "tpe", False),
+    ("tpe (warm: + other problems' winners)", ("planned", "fallback", "tpe"), "tpe", True),
+    ("random", ("fallback", "random"), "random", False),
+    ("cmaes", ("fallback", "cmaes"), "cmaes", False),
+)
+GRID = ("grid (spec order)", ("grid",), "grid")
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """One problem's exhaustive sweep: every measured config's time (None: it failed)."""
+    """One problem's exhaustive sweep: what measuring every valid config gave."""
 
     spec: KernelSpec
     problem: object
     dtype: torch.dtype
-    times_ms: Mapping[Config, float | None]
+    results: Mapping[Config, TrialResult]
+    device_name: str = "the GPU"
 
-    @property
+    @functools.cached_property
+    def times_ms(self) -> dict[Config, float | None]:
+        """Every recorded config's time (None: it failed)."""
+        return {c: r.time_ms if r.status is TrialStatus.OK else None for c, r in self.results.items()}
+
+    @functools.cached_property
     def best_ms(self) -> float:
         return min(t for t in self.times_ms.values() if t is not None)
 
@@ -84,98 +101,44 @@ def sweep_from_rows(rows: Sequence[Mapping], kernel: str, problem_key: str, dtyp
     """A sweep from catalogue rows (the trials JSON's or a results db's `trials` table)."""
     spec = get_spec(kernel)
     problem = spec.parse_shape(problem_key)
-    times: dict[Config, float | None] = {}
-    for row in rows:
-        if row["kernel"] != kernel or row["problem_key"] != problem_key or row["dtype"] != dtype:
-            continue
-        if row["status"] == "pruned":
-            continue  # the constraints reject it: the replay prunes it the same way
-        config = spec.coerce_config(json.loads(row["config_json"]))
-        time_ms = row["time_ms"] if row["status"] == "ok" else None
-        if config not in times or times[config] is None:
-            times[config] = time_ms  # the first measurement, as the search saw it (not a re-timing)
+    recorded = recorded_results(rows, spec, problem_key, dtype)
     valid = spec.valid_configs(problem, parse_dtype(dtype))
-    missing = [c for c in valid if c not in times]
-    if missing or not any(t is not None for t in times.values()):
+    missing = [c for c in valid if c not in recorded]
+    if missing or not any(r.status is TrialStatus.OK for r in recorded.values()):
         raise SystemExit(f"{kernel} {problem_key}: not an exhaustive sweep ({len(missing)} of {len(valid)} "
                          "valid configs unmeasured)")
-    return Sweep(spec, problem, parse_dtype(dtype), times)
+    names = {r.get("device_name") for r in rows if r["kernel"] == kernel and r["problem_key"] == problem_key}
+    device = next(iter(names)) if len(names) == 1 and None not in names else "the GPU"
+    # Only what the driver can propose here: a config recorded but rejected by a constraint now
+    # could never be measured, so it cannot be the best to reach either.
+    valid_here = set(valid)
+    return Sweep(spec, problem, parse_dtype(dtype), {c: r for c, r in recorded.items() if c in valid_here}, device)
 
 
 def load_rows(trials_json: Path | None, db: Path | None) -> list[dict]:
     if db is not None:
-        with sqlite3.connect(db) as con:
-            con.row_factory = sqlite3.Row
-            return [dict(r) for r in con.execute(
-                "SELECT kernel, problem_key, dtype, config_json, status, time_ms FROM trials")]
+        return store.read_trials(db).to_dict("records")
     return json.loads(Path(trials_json or DEFAULT_TRIALS_JSON).read_text())["trials"]
 
 
-def trials_to_good(sweep: Sweep, propose: Callable[[], Config], tell: Callable[[Config, float], None],
-                   rng: random.Random, first: Sequence[Config] = ()) -> int | None:
-    """Measured trials until a config within 2% of the best is measured; None if every valid
-    config was measured without one (impossible for an exhaustive sweep, kept for safety)."""
-    measured: dict[Config, float] = {}
-    ok_times: list[float] = []
-    fruitless = 0
-    queue = list(first)
-    valid = [c for c in sweep.times_ms]
-    while len(measured) < len(valid):
-        if queue:
-            config = queue.pop(0)
-        elif fruitless >= SAMPLER_PATIENCE:
-            config = rng.choice([c for c in valid if c not in measured])
-            fruitless = SAMPLER_PATIENCE - 2
-        else:
-            config = propose()
-        if config in measured:
-            tell(config, measured[config])
-            fruitless += 1
-            continue
-        penalty = PENALTY_FACTOR * max(ok_times) if ok_times else PENALTY_BEFORE_ANY_OK_MS
-        if config not in sweep.times_ms:  # a constraint rejects it: no GPU time, no trial
-            tell(config, penalty)
-            fruitless += 1
-            continue
-        time_ms = sweep.times_ms[config]
-        value = time_ms if time_ms is not None else penalty
-        if time_ms is not None:
-            ok_times.append(time_ms)
-        measured[config] = value
-        tell(config, value)
-        fruitless = 0
-        if sweep.good_enough(config):
-            return len(measured)
-    return None
+def trials_to_good(sweep: Sweep, chain: Sequence[str], sampler: str, seed: int,
+                   warm_start: Sequence[Config] = ()) -> int | None:
+    """One search by the real driver over the sweep: the measured trials until a config within 2%
+    of the best was measured; None if every valid config was measured without one (impossible
+    for an exhaustive sweep, kept for safety)."""
+    runner = ReplayRunner(sweep.results, name=f"the sweep of {sweep.spec.problem_key(sweep.problem)}")
+    reached: list[int] = []
 
+    def good_enough(progress) -> bool:
+        if progress.result.status is TrialStatus.OK and sweep.good_enough(progress.result.config):
+            reached.append(progress.measured_now)
+        return bool(reached)
 
-def run_optuna(sweep: Sweep, sampler_name: str, seed: int, first: Sequence[Config] = ()) -> int | None:
-    """One seeded run of an Optuna sampler over the sweep, measuring `first` before asking it."""
-    space = ConfigSpace(sweep.spec)
-    study = optuna.create_study(sampler=make_sampler(sampler_name, seed))
-    pending: dict[Config, list] = {}
-
-    def propose() -> Config:
-        trial = study.ask(space.distributions)
-        config = space.decode(trial.params)
-        pending.setdefault(config, []).append(trial)
-        return config
-
-    def tell(config: Config, value: float) -> None:
-        if pending.get(config):
-            study.tell(pending[config].pop(), value)
-        else:  # a config the replay chose itself: the sampler learns it as an enqueued trial
-            study.enqueue_trial(space.encode(config))
-            study.tell(study.ask(space.distributions), value)
-
-    return trials_to_good(sweep, propose, tell, random.Random(seed), first)
-
-
-def warm_configs(sweep: Sweep) -> list[Config]:
-    """The driver's first configs: the default, then the known-good ones valid here."""
-    default = sweep.spec.default_config(sweep.problem, sweep.dtype)
-    known = sweep.spec.known_good_configs(sweep.problem, sweep.dtype)
-    return [default] + [c for c in known if c != default]
+    options = SearchOptions(device=replay_device(sweep.device_name), trials=len(sweep.results), sampler=sampler,
+                            seed=seed, finalists=0, strategies=tuple(chain), warm_start=tuple(warm_start))
+    run_search(sweep.spec, sweep.problem, sweep.dtype, options, runner_factory=lambda: runner,
+               storage=optuna.storages.InMemoryStorage(), stop_when=good_enough)
+    return reached[0] if reached else None
 
 
 def neighbour_winners(sweep: Sweep, others: Sequence[Sweep], most: int = 3) -> list[Config]:
@@ -189,21 +152,14 @@ def neighbour_winners(sweep: Sweep, others: Sequence[Sweep], most: int = 3) -> l
         if other is sweep or other.spec.name != sweep.spec.name or other.dtype != sweep.dtype:
             continue
         distance = relaxed.distance(sweep.problem, other.problem)
-        winner = min((c for c, t in other.times_ms.items() if t is not None), key=lambda c: other.times_ms[c])
+        times = other.times_ms
+        winner = min((c for c, t in times.items() if t is not None), key=lambda c: times[c])
         ranked.append((math.inf if distance is None else distance, winner))
     chosen: list[Config] = []
     for _, winner in sorted(ranked, key=lambda pair: pair[0]):
-        if winner in sweep.times_ms and winner not in chosen and len(chosen) < most:
+        if winner in sweep.results and winner not in chosen and len(chosen) < most:
             chosen.append(winner)
     return chosen
-
-
-def grid_order(sweep: Sweep) -> int | None:
-    """The valid configs in the spec's enumeration order."""
-    for position, config in enumerate((c for c in sweep.spec.all_configs() if c in sweep.times_ms), 1):
-        if sweep.good_enough(config):
-            return position
-    return None
 
 
 def summarize(strategy: str, counts: Sequence[int | None], best_ratio: float = 1.0) -> StrategyResult:
@@ -217,24 +173,23 @@ def summarize(strategy: str, counts: Sequence[int | None], best_ratio: float = 1
 
 def replay(sweep: Sweep, seeds: int, others: Sequence[Sweep] = ()) -> list[StrategyResult]:
     """Every strategy over the sweep, the seeded ones `seeds` times. `others`: the other sweeps,
-    whose winners warm-start one strategy."""
+    whose winners warm-start one strategy (left out when they offer none)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-    driver_first = warm_configs(sweep)
-    strategies = [("tpe (cold)", "tpe", []), ("tpe (warm: default + known-good)", "tpe", driver_first)]
+    logging.getLogger("omnitune").setLevel(logging.ERROR)
     neighbours = neighbour_winners(sweep, others)
-    if neighbours:
-        first = driver_first + [c for c in neighbours if c not in driver_first]
-        strategies.append(("tpe (warm: + other problems' winners)", "tpe", first))
-    strategies += [("random", "random", []), ("cmaes", "cmaes", [])]
     results = []
-    for label, sampler, first in strategies:
-        results.append(summarize(label, [run_optuna(sweep, sampler, seed, first) for seed in range(seeds)]))
-    results.append(summarize("grid (spec order)", [grid_order(sweep)]))
+    for label, chain, sampler, from_others in SEEDED:
+        if from_others and not neighbours:
+            continue
+        warm = neighbours if from_others else ()
+        results.append(summarize(label, [trials_to_good(sweep, chain, sampler, seed, warm) for seed in range(seeds)]))
+    label, chain, sampler = GRID
+    results.append(summarize(label, [trials_to_good(sweep, chain, sampler, 0)]))
     if sweep.spec.name == "attention":
-        tutorial = [c for c in TRITON_TUTORIAL_ATTENTION if c in sweep.times_ms]
-        times = [sweep.times_ms[c] for c in tutorial if sweep.times_ms[c] is not None]
-        best = min(times) / sweep.best_ms if times else math.inf
+        times = sweep.times_ms
+        tutorial = [c for c in TRITON_TUTORIAL_ATTENTION if c in times]
+        found = [times[c] for c in tutorial if times[c] is not None]
+        best = min(found) / sweep.best_ms if found else math.inf
         reaches = any(sweep.good_enough(c) for c in tutorial)
         # @autotune times its whole list, valid or not, before the first call returns.
         results.append(summarize(f"triton tutorial autotune list ({len(tutorial)}/24 valid here)",

@@ -1,4 +1,5 @@
-"""benchmarks/replay.py on a small synthetic sweep whose answers are known."""
+"""benchmarks/replay.py on a small synthetic sweep whose answers are known: each strategy run by
+the real search driver over the recording."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from omnitune.registry import get_spec
+from omnitune.trial import TrialResult, TrialStatus
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "replay.py"
 _spec = importlib.util.spec_from_file_location("replay", _PATH)
@@ -45,21 +47,21 @@ def test_grid_order_finds_the_best_at_its_position():
     sweep = replay.sweep_from_rows(rows, KERNEL, PROBLEM_KEY, "fp16")
     assert len(sweep.times_ms) == len(order) and sweep.best_ms == 1.0
     assert sweep.times_ms[order[1]] is None
-    assert replay.grid_order(sweep) == 7
+    assert replay.trials_to_good(sweep, ("grid",), "grid", 0) == 7
 
 
 def test_seeded_samplers_reach_the_best_within_the_space_and_warm_start_helps_when_the_default_is_best():
     rows, order = _rows(best_at=len(_rows(1, 2)[1]), failed_at=1)
     sweep = replay.sweep_from_rows(rows, KERNEL, PROBLEM_KEY, "fp16")
-    for sampler in ("tpe", "random"):
-        counts = [replay.run_optuna(sweep, sampler, seed) for seed in range(3)]
+    for sampler in ("tpe", "random", "cmaes"):
+        counts = [replay.trials_to_good(sweep, ("fallback", sampler), sampler, seed) for seed in range(3)]
         assert all(1 <= c <= len(order) for c in counts)
     # Make the default the best: a warm start then needs exactly one trial.
     default = sweep.spec.default_config(sweep.problem, sweep.dtype)
-    times = dict(sweep.times_ms)
-    times[default] = 0.5
-    warm = replay.Sweep(sweep.spec, sweep.problem, sweep.dtype, times)
-    assert replay.run_optuna(warm, "tpe", 0, replay.warm_configs(warm)) == 1
+    results = dict(sweep.results)
+    results[default] = TrialResult(default, TrialStatus.OK, time_ms=0.5)
+    warm = replay.Sweep(sweep.spec, sweep.problem, sweep.dtype, results)
+    assert replay.trials_to_good(warm, ("planned", "fallback", "tpe"), "tpe", 0) == 1
 
 
 def test_summary_is_median_and_p90_and_counts_misses():
