@@ -195,7 +195,7 @@ def test_finalists_and_profiles_are_skipped_under_the_interpreter_with_a_message
 
 
 def test_profile_best_stores_one_profile_per_config_and_stops_at_an_ncu_failure(tmp_path, capsys):
-    from omnitune.cli.search_cmd import profile_best
+    from omnitune.cli.profile_top import profile_best
     from omnitune.profile.ncu import NcuError, NcuProfile
     from omnitune.registry import get_spec
     from omnitune.store import open_db

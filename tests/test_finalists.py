@@ -251,16 +251,16 @@ def test_no_re_timing_when_disabled_under_the_interpreter_or_when_it_fails(stora
 
 
 def test_the_search_command_lists_the_finalists_winner_first(storage_url):
-    from omnitune.cli.search_cmd import _finalist_lines
+    from omnitune.cli.live import finalist_lines
 
     outcome = search(FakeRunner(), storage_url)
-    lines = _finalist_lines(outcome, DEFAULT)
+    lines = finalist_lines(outcome, DEFAULT)
     assert f"interleaved, {ROUNDS} rounds" in lines[0]
     listed = lines[1:]
     assert [t.config.label() in line for t, line in zip(outcome.finalists, listed)] == [True] * 4
     assert "noisy" in listed[0] and not any("noisy" in line for line in listed[1:])
     assert listed[-1].endswith(f"{DEFAULT.label()} (default)")
-    assert "earlier run" in _finalist_lines(search(FakeRunner(), storage_url), DEFAULT)[0]
+    assert "earlier run" in finalist_lines(search(FakeRunner(), storage_url), DEFAULT)[0]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [({"finalists": -1}, "0 (no re-timing) or more"),

@@ -1,5 +1,5 @@
 """`omnitune search`: find the fastest correct launch config of a kernel, one Optuna study per
-shape, with a live view of the search and a one-line summary per shape."""
+shape, with a live view of the search and a one-line summary per shape (omnitune.cli.live)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import torch
 import typer
 from rich.live import Live
 from rich.markup import escape
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 
 from omnitune.cli import preflight
 from omnitune.cli._app import app
@@ -30,14 +28,13 @@ from omnitune.cli.common import (
     search_dtype,
     search_dtype_option,
 )
+from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
+from omnitune.cli.profile_top import profile_best, profile_top_possible
 from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
 if TYPE_CHECKING:
-    from omnitune.profile.ncu import NcuProfile
-    from omnitune.search.driver import SearchOutcome, SearchProgress
-    from omnitune.trial import TrialResult
-    from omnitune.spec import Config, KernelSpec
+    from omnitune.spec import KernelSpec
 
 RESUME_HINT = "rerun the same command to resume: finished trials are kept and not measured again"
 
@@ -154,7 +151,7 @@ def search(
         console.print("finalists not re-timed under --interpret (the interpreter's times mean nothing); "
                       "--finalists applies on a GPU", soft_wrap=True)
         finalists = 0
-    profile_top = _profile_top_possible(profile_top, interpret)
+    profile_top = profile_top_possible(profile_top, interpret)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         for target in targets:
@@ -242,22 +239,6 @@ def _precompile_workers(requested: int | None, interpret: bool) -> int:
     return requested
 
 
-def _profile_top_possible(count: int, interpret: bool) -> int:
-    """--profile-top as it can run here: 0, with one line saying why, without ncu or a GPU."""
-    if not count:
-        return 0
-    from omnitune.profile.ncu import ncu_available
-
-    if not ncu_available():
-        console.print("--profile-top: Nsight Compute (ncu) is not installed here, so nothing is profiled; "
-                      "put ncu on PATH (it ships with the CUDA toolkit)", soft_wrap=True)
-        return 0
-    if interpret:
-        console.print("--profile-top: skipped under --interpret (ncu profiles kernels on a GPU)", soft_wrap=True)
-        return 0
-    return count
-
-
 def search_problems(
     spec: KernelSpec, problems: list, dtype: torch.dtype, *, trials: int, timeout_s: float | None,
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
@@ -296,7 +277,7 @@ def search_problems(
     for problem in problems:
         remaining_s = None if deadline is None else deadline - time.monotonic()
         if remaining_s is not None and remaining_s <= 0:
-            title = escape(_title(spec, problem, dtype))
+            title = escape(search_title(spec, problem, dtype))
             console.print(f"{title}: not started, the timeout has passed; rerun to continue", soft_wrap=True)
             continue
 
@@ -325,15 +306,15 @@ def search_problems(
                 from omnitune.measure.precompile import precompile
 
                 report = precompile(spec, problem, dtype, configs, workers=precompile_workers)
-                console.print(f"{escape(_title(spec, problem, dtype))}: {report.summary()}", soft_wrap=True)
+                console.print(f"{escape(search_title(spec, problem, dtype))}: {report.summary()}", soft_wrap=True)
 
         # On a terminal a live view redrawn in place; elsewhere (a log, a pipe) the live view would
         # show nothing until the summary, so one line per measured trial instead.
         if console.is_terminal:
-            view = _LiveView(spec, problem, dtype, trials, sampler, interpret)
+            view = LiveView(spec, problem, dtype, trials, sampler, interpret)
             showing, report_progress = Live(view, console=console, transient=True, refresh_per_second=4), view.update
         else:
-            showing, report_progress = nullcontext(), _ProgressLines(spec, problem, dtype, trials, sampler).update
+            showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
         try:
             with showing:
                 outcome = run_search(
@@ -342,12 +323,12 @@ def search_problems(
                 )
         except SearchInterrupted as stop:
             _close(runners)
-            console.print(_summary(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
+            console.print(summary_line(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
             err_console.print(f"interrupted; {RESUME_HINT}")
             raise typer.Exit(130) from None
         _close(runners)
-        console.print(_summary(spec, problem, dtype, outcome, interpret), soft_wrap=True)
-        for line in _finalist_lines(outcome, spec.default_config(problem, dtype)):
+        console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
+        for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
             console.print(line, soft_wrap=True)
         if outcome.stop_reason is StopReason.CONTEXT_LOST:
             err_console.print(
@@ -366,219 +347,3 @@ def _close(runners: list) -> None:
         close = getattr(runner, "close", None)
         if close is not None:
             close()
-
-
-# --- Nsight Compute after the search ------------------------------------------------------------
-
-
-def ncu_profile(kernel_arg: str, spec: KernelSpec, problem, dtype: torch.dtype, config: Config,
-                launches: int = 3) -> NcuProfile:
-    """One config's ncu counters, taken as `omnitune profile` takes them."""
-    from omnitune.profile.ncu import profile_config
-
-    return profile_config(kernel_arg, spec, problem, dtype, config, launches)
-
-
-def profile_best(
-    spec: KernelSpec, kernel_arg: str, problem, dtype: torch.dtype, configs, *, database, device_key: str,
-    profiler=ncu_profile,
-) -> int:
-    """Profile `configs` (best first) with ncu and store each: the first as 'tuned', the kernel's
-    default config as 'default', the others as 'custom'. An ncu failure is one line and ends the
-    profiling, never the search. Returns how many were stored."""
-    from omnitune.profile.ncu import NcuError
-    from omnitune.profile.ncu import profile_record
-    from omnitune.store import ProfileKind, record_profile
-
-    default = spec.default_config(problem, dtype)
-    stored = 0
-    for rank, config in enumerate(configs):
-        which = ProfileKind.TUNED if rank == 0 else ProfileKind.DEFAULT if config == default else ProfileKind.CUSTOM
-        try:
-            with console.status(f"profiling {escape(config.label())} under ncu…"):
-                profile = profiler(kernel_arg, spec, problem, dtype, config)
-        except NcuError as exc:
-            err_console.print(f"  --profile-top: {escape(str(exc))}; the search's results stand", soft_wrap=True)
-            break
-        record_profile(database, profile_record(profile, spec=spec, problem=problem, dtype=dtype,
-                                                device_key=device_key, config=config, which=which))
-        stored += 1
-        console.print(f"  ncu {which.value}: {escape(config.label())}: {_profile_figures(profile)}", soft_wrap=True)
-    return stored
-
-
-def _profile_figures(profile: NcuProfile) -> str:
-    def pct(value: float | None) -> str:
-        return "—" if value is None else f"{value:.1f}%"
-
-    duration = "—" if profile.duration_us is None else f"{profile.duration_us:.1f} µs"
-    return (f"{duration}, L1 hit {pct(profile.l1_hit_pct)}, L2 hit {pct(profile.l2_hit_pct)}, "
-            f"DRAM {pct(profile.dram_pct_of_peak)} of peak, occupancy {pct(profile.achieved_occupancy_pct)}")
-
-
-# --- what the user sees -------------------------------------------------------------------------
-
-
-def _title(spec: KernelSpec, problem, dtype: torch.dtype) -> str:
-    from omnitune.spec import dtype_name
-
-    return f"{spec.name} {spec.problem_key(problem)} {dtype_name(dtype)}"
-
-
-def _ms(value: float) -> str:
-    return f"{value:.4g} ms"
-
-
-def _time_and_rate(result: TrialResult) -> str:
-    """'0.512 ms, 312.4 TFLOP/s'; the rate is left out where there is none (the interpreter)."""
-    return _ms(result.time_ms) + (f", {result.tflops:.1f} TFLOP/s" if result.tflops > 0 else "")
-
-
-def _failures_text(failures) -> str:
-    """'mismatch 2, compile_error 1 · 6 pruned': the failed trials, then apart from them the
-    configs the constraints pruned, which were never measured (so are not trials)."""
-    from omnitune.trial import TrialStatus
-
-    pruned = failures.get(TrialStatus.PRUNED, 0) if failures else 0
-    failed = {status: count for status, count in (failures or {}).items() if status is not TrialStatus.PRUNED}
-    text = ", ".join(f"{status.value} {count}" for status, count in sorted(failed.items(), key=lambda kv: -kv[1]))
-    return (text or "none") + (f" · {pruned} pruned" if pruned else "")
-
-
-def _speedup_text(best: TrialResult | None, default: TrialResult | None) -> str:
-    if best is None or default is None:
-        return ""
-    if not default.status.failed and best.time_ms > 0:
-        return f"{default.time_ms / best.time_ms:.2f}× the default ({_ms(default.time_ms)})"
-    return f"the default failed ({default.status.value})"
-
-
-def _summary(spec: KernelSpec, problem, dtype: torch.dtype, outcome: SearchOutcome, interpret: bool) -> str:
-    from omnitune.search.driver import StopReason
-
-    title = escape(_title(spec, problem, dtype))
-    if outcome.best is None:
-        head = "nothing measured yet" if outcome.measured_total == 0 else "no config worked"
-    else:
-        best = outcome.best
-        head = f"best {_time_and_rate(best)} ({escape(best.config.label())})"
-        speedup = _speedup_text(best, outcome.default)
-        if speedup:
-            head += f", {speedup}"
-    notes = {
-        StopReason.EXHAUSTED: "; every valid config measured",
-        StopReason.TIMEOUT: "; stopped at the timeout, rerun to continue",
-        StopReason.INTERRUPTED: "; interrupted",
-        StopReason.CONTEXT_LOST: "; stopped: GPU context lost",
-    }
-    tail = (
-        f"{outcome.measured_total} measured ({outcome.measured_now} new), failures: "
-        f"{_failures_text(outcome.failures)}; {outcome.wall_s:.1f} s{notes.get(outcome.stop_reason, '')}"
-    )
-    marker = " [yellow](interpreter: timings not representative)[/]" if interpret else ""
-    return f"[bold]{title}[/]: {head}; {tail}{marker}"
-
-
-def _finalist_lines(outcome: SearchOutcome, default: Config) -> list[str]:
-    """Below the summary: the re-timed finalists, fastest first, or why they were not re-timed."""
-    from omnitune.search.driver import RetimeStatus
-
-    if outcome.retime_status is RetimeStatus.FAILED:
-        return [f"  finalists not re-timed ({escape(outcome.retime_detail)}); the search's times stand"]
-    if not outcome.finalists:
-        return []
-    rounds = outcome.finalists[0].rounds
-    how = ("as re-timed by an earlier run (the finalists are unchanged)"
-           if outcome.retime_status is RetimeStatus.REUSED
-           else f"re-timed against each other, interleaved, {rounds} rounds")
-    lines = [f"  finalists {how}; the best median wins:"]
-    for timing in outcome.finalists:
-        cv = f"CV {timing.cv:.1%}" + (" noisy" if timing.noisy else "")
-        cv = f"{cv:<14}"  # padded before the colour, so that the configs line up
-        cv = f"[yellow]{cv}[/]" if timing.noisy else cv
-        mark = " (default)" if timing.config == default else ""
-        lines.append(f"    {_ms(timing.median_ms):>10}  {cv}  {escape(timing.config.label())}{mark}")
-    return lines
-
-
-class _ProgressLines:
-    """The search's progress as lines, for an output that is not a terminal: one line as the
-    search starts, then one per measured trial (pruned configs cost no time and get none)."""
-
-    def __init__(self, spec: KernelSpec, problem, dtype: torch.dtype, budget: int, sampler: str):
-        self.title = _title(spec, problem, dtype)
-        self.budget = budget
-        self.shown = -1
-        self.lock = threading.Lock()  # with --gpus, every slot's thread reports
-        console.print(f"searching {escape(self.title)}: up to {budget} trials, {sampler}", soft_wrap=True)
-
-    def update(self, progress: SearchProgress) -> None:
-        from omnitune.trial import TrialStatus
-
-        with self.lock:
-            if progress.result.status is TrialStatus.PRUNED or progress.measured_total == self.shown:
-                return
-            self.shown = progress.measured_total
-            result = progress.result
-            status = result.status.value + (f" {_ms(result.time_ms)}" if not result.status.failed else "")
-            best = f"best {_ms(progress.best.time_ms)}" if progress.best is not None else "nothing ok yet"
-            console.print(f"  trial {progress.measured_total}/{self.budget}: {escape(result.config.label())} → "
-                          f"{status}; {best}; {progress.elapsed_s:.1f} s", soft_wrap=True)
-
-
-class _LiveView:
-    """The live view of one search: a renderable that Rich's Live redraws a few times a second,
-    fed by the driver's progress reports."""
-
-    def __init__(self, spec: KernelSpec, problem, dtype: torch.dtype, budget: int, sampler: str, interpret: bool):
-        self.title = _title(spec, problem, dtype)
-        self.budget = budget
-        self.sampler = sampler
-        self.interpret = interpret
-        self.started = time.monotonic()
-        self.last: SearchProgress | None = None
-
-    def update(self, progress: SearchProgress) -> None:
-        self.last = progress
-
-    def __rich__(self) -> Table:
-        p = self.last
-        done = p.measured_total if p else 0
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold")
-        grid.add_column()
-        grid.add_row("search", f"{escape(self.title)}  ·  {self.sampler}")
-        bar = Table.grid(padding=(0, 2))
-        bar.add_row(
-            ProgressBar(total=self.budget, completed=min(done, self.budget), width=30),
-            f"{done}/{self.budget}  ·  {time.monotonic() - self.started:.1f} s",
-        )
-        grid.add_row("trials", bar)
-        if p is not None and p.best is not None:
-            best = _time_and_rate(p.best)
-            speedup = _speedup_text(p.best, p.default)
-            grid.add_row("best", best + (f"  ·  {speedup}" if speedup else ""))
-        else:
-            grid.add_row("best", "—")
-        if self.interpret:
-            grid.add_row("", "[yellow]interpreter: timings not representative[/]")
-        if p is not None:
-            status = p.result.status.value + (f" {_ms(p.result.time_ms)}" if not p.result.status.failed else "")
-            grid.add_row("last", f"{escape(p.result.config.label())} → {status}")
-        grid.add_row("failures", _failures_text(p.failures) if p else "none")
-        grid.add_row("GPU", "n/a (interpreter)" if self.interpret else _gpu_clock_and_temperature())
-        return grid
-
-
-def _gpu_clock_and_temperature() -> str:
-    try:
-        from omnitune.profile.telemetry import read_clock_and_temperature
-
-        clock_mhz, temperature_c = read_clock_and_temperature()
-    except Exception:  # noqa: BLE001 — NVML absent or failing: the view goes on without it
-        return "n/a"
-    if clock_mhz is None and temperature_c is None:
-        return "n/a"
-    clock = f"SM {clock_mhz} MHz" if clock_mhz is not None else "SM n/a"
-    temperature = f"{temperature_c} °C" if temperature_c is not None else "n/a °C"
-    return f"{clock}, {temperature}"
