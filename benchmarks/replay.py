@@ -38,7 +38,7 @@ import torch
 
 from omnitune import store
 from omnitune.errors import OmnituneError
-from omnitune.measure.replay import ReplayRunner, recorded_results, replay_device
+from omnitune.measure.replay import ReplayRunner, narrowed_to_recording, recorded_results, replay_device
 from omnitune.registry import get_spec
 from omnitune.search.driver import SearchOptions, run_search
 from omnitune.spec import Config, KernelSpec, MatchPolicy, dtype_name, parse_dtype
@@ -99,7 +99,7 @@ class StrategyResult:
 
 def sweep_from_rows(rows: Sequence[Mapping], kernel: str, problem_key: str, dtype: str) -> Sweep:
     """A sweep from catalogue rows (the trials JSON's or a results db's `trials` table)."""
-    spec = get_spec(kernel)
+    spec = narrowed_to_recording(get_spec(kernel), rows, problem_key, dtype)
     problem = spec.parse_shape(problem_key)
     recorded = recorded_results(rows, spec, problem_key, dtype)
     valid = spec.valid_configs(problem, parse_dtype(dtype))
@@ -187,7 +187,8 @@ def replay(sweep: Sweep, seeds: int, others: Sequence[Sweep] = ()) -> list[Strat
     results.append(summarize(label, [trials_to_good(sweep, chain, sampler, 0)]))
     if sweep.spec.name == "attention":
         times = sweep.times_ms
-        tutorial = [c for c in TRITON_TUTORIAL_ATTENTION if c in times]
+        # Through coerce_config: a parameter added since (BACKEND) takes the value it had then.
+        tutorial = [c for c in map(sweep.spec.coerce_config, TRITON_TUTORIAL_ATTENTION) if c in times]
         found = [times[c] for c in tutorial if times[c] is not None]
         best = min(found) / sweep.best_ms if found else math.inf
         reaches = any(sweep.good_enough(c) for c in tutorial)

@@ -149,3 +149,21 @@ def test_each_strategy_keeps_the_seams_contract(name):
         assert len(batch) == 1 and batch[0].chosen_by == "fallback"
     strategy.tell(Told(configs[0] if configs else VALID[1], batch[0].chosen_by if batch else name,
                        RECORDED[VALID[1]]))
+
+
+def test_a_recording_older_than_a_parameter_is_replayed_over_the_space_it_measured():
+    """A sweep recorded before attention had BACKEND names no backend: its space is the triton
+    kernel's alone, and the known-good SDPA configs are left out of the replay."""
+    from omnitune.measure.replay import narrowed_to_recording
+
+    spec = get_spec("attention")
+    key = "b=1,h=4,hkv=2,lq=16,lk=32,d=64,causal=0,spans=0,span_len=0"
+    old_row = {"kernel": "attention", "problem_key": key, "dtype": "fp16",
+               "config_json": json.dumps({"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1,
+                                          "PACK_GQA": False, "USE_TMA": False})}
+    narrowed = narrowed_to_recording(spec, [old_row], key, "fp16")
+    assert narrowed.param("BACKEND").choices == ("triton",) and len(narrowed.known_good) < len(spec.known_good)
+    assert all(values.get("BACKEND", "triton") == "triton" for values in narrowed.known_good)
+    problem = spec.parse_shape(key)
+    assert {c["BACKEND"] for c in narrowed.valid_configs(problem, torch.float16)} == {"triton"}
+    assert narrowed_to_recording(SPEC, [], PROBLEM_KEY, "bf16") is SPEC  # nothing added since

@@ -11,6 +11,7 @@ was not exhaustive, and any figure drawn from it would be made up.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -75,6 +76,26 @@ def recorded_results(rows: Iterable[Mapping[str, Any]], spec: KernelSpec, proble
         else:
             recorded[config] = TrialResult(config, status, detail=str(row.get("detail") or status.value))
     return recorded
+
+
+def narrowed_to_recording(spec: KernelSpec, rows: Iterable[Mapping[str, Any]], problem_key: str,
+                          dtype: str) -> KernelSpec:
+    """`spec` with the space a recording of (problem_key, dtype) could have measured: a parameter
+    added after it was recorded (its configs never name it, and the parameter says what a config
+    without it means: Param.missing) keeps only that value, and the known-good configs that name
+    another value of it are left out. Replaying the whole of today's space over an older sweep
+    would meet configs the sweep never measured."""
+    named: set[str] = set()
+    for row in rows:
+        if (row["kernel"], row["problem_key"], row["dtype"]) == (spec.name, problem_key, dtype):
+            named |= set(json.loads(row["config_json"]))
+    later = {p.name: p.missing for p in spec.params if p.name not in named and p.missing is not None}
+    if not later:
+        return spec
+    params = tuple(dataclasses.replace(p, choices=(p.missing,)) if p.name in later else p for p in spec.params)
+    known_good = tuple(values for values in spec.known_good
+                       if all(spec.param(k).coerce(v) == later[k] for k, v in values.items() if k in later))
+    return dataclasses.replace(spec, params=params, known_good=known_good)
 
 
 def replay_device(recorded_on: str) -> DeviceFacts:
