@@ -254,6 +254,10 @@ class KernelSpec:
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     known_good: tuple[Mapping[str, ParamValue], ...] = ()
+    backends: tuple[Mapping[str, ParamValue], ...] = ()
+    """Partial configs that run another implementation of the same op (PyTorch's SDPA for
+    attention): the finalists re-time them beside the best configs whenever they ran, so that a
+    table records whichever is fastest and the op never ships slower than them."""
     """Partial configs, laid over the default, that were fast somewhere before: the search measures
     them right after the default (those valid for the problem), so the sampler starts from a
     good region instead of finding it by luck."""

@@ -140,6 +140,18 @@ def test_a_spread_needs_two_positive_samples():
         FinalistTiming.from_samples(C64_W8, [1.0, float("nan")])
 
 
+C32_W4_SDPA = Config(BACKEND="sdpa", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False,
+                     USE_TMA=False)
+
+
+def test_pick_finalists_always_retimes_the_other_backends_that_ran():
+    by_search = [C64_W8, C32_W8, C64_W4, DEFAULT]
+    backend, never_ran = C32_W4_SDPA, C64_W8.replace(num_stages=1)
+    assert pick_finalists(by_search + [backend], 1, DEFAULT, always=[backend, never_ran]) == \
+        [C64_W8, DEFAULT, backend]
+    assert pick_finalists(by_search + [backend], 0, DEFAULT, always=[backend]) == []  # finalists off
+
+
 def test_pick_finalists_adds_the_default_after_the_top_k():
     by_search = [C64_W8, C32_W8, C64_W4, Config(BLOCK=32, num_warps=4), DEFAULT]
     assert pick_finalists(by_search, 3, DEFAULT) == [C64_W8, C32_W8, C64_W4, DEFAULT]

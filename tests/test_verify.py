@@ -102,14 +102,33 @@ def assert_schema(report: dict) -> None:
 
 
 def fake_timer(ms_by_kind: dict[str, float]):
-    """A Timer that times nothing: each candidate takes its kind's figure (± 0.1 %), per round."""
+    """A Timer that times nothing: each candidate takes its kind's figure (± 0.1 %), per round;
+    a kind not named (the spec's other backends, by default) takes 100 ms: never the fastest."""
     def timer(candidates, rounds):
-        return [[ms_by_kind[c.kind] * (1 + 0.001 * (i % 3)) for i in range(rounds)] for c in candidates]
+        return [[ms_by_kind.get(c.kind, 100.0) * (1 + 0.001 * (i % 3)) for i in range(rounds)] for c in candidates]
 
     return timer
 
 
 # --- the whole command on the CPU -----------------------------------------------------------
+
+
+@cpu_only
+def test_an_entry_slower_than_a_pytorch_backend_fails_and_fix_switches_the_backend(tmp_path):
+    """Attention's BACKEND=sdpa timed beside the entry: faster past the margin, the entry fails
+    and --fix writes the SDPA config, which the runtime then dispatches to."""
+    tables = attention_table(tmp_path)
+    path = next(tables.glob("attention/*.json"))
+    timer = fake_timer({"entry": 2.0, "fallback": 2.5, "default": 2.5, "backend": 1.0})
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True), timer=timer)
+    (speed_check,) = [c for c in report.checks if c.part == "speed"]
+    assert report.exit_code == 1 and speed_check.status is Status.FAIL
+    assert "slower than backend" in speed_check.summary and speed_check.details["slower_than_backend"]
+    fixed = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), timer=timer)
+    assert fixed.exit_code == 0
+    entry = json.loads(path.read_text())["entries"][f"fp32|{SPEC.problem_key(PROBLEM)}"]
+    assert entry["config"]["BACKEND"] == "sdpa"
+    assert entry["verify_fix"]["replaced_config"] == FAST.as_dict()
 
 
 @cpu_only

@@ -427,7 +427,14 @@ class _Search:
             return Retiming(RetimeStatus.CONTEXT_LOST)
         finalists = StudyFinalists(self.shared.study, self.space, lambda r: self._attrs(r, "finalist"), self._record)
         return finalists.retime(self._runner_of(0), self.ledger.ranked_ok(), self.default_config,
-                                count=self.options.finalists, rounds=self.options.finalist_rounds)
+                                count=self.options.finalists, rounds=self.options.finalist_rounds,
+                                always=self._backend_configs())
+
+    def _backend_configs(self) -> list[Config]:
+        """The spec's other backends (SDPA for attention) completed for this problem: re-timed
+        beside the finalists whenever they ran ok."""
+        spec, problem, dtype = self.spec, self.problem, self.dtype
+        return [spec.complete_config(values, problem, dtype) for values in spec.backends]
 
     def _default_result(self) -> TrialResult | None:
         finished = self.ledger.finished.get(self.default_config)

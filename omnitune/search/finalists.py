@@ -113,14 +113,18 @@ def finalist_facts(extra: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return facts if isinstance(facts, Mapping) and "session" in facts else None
 
 
-def pick_finalists(ranked_ok: Sequence[Config], count: int, default: Config | None) -> list[Config]:
-    """The configs to re-time: the first `count` of the ok configs (fastest first), and the
-    default config after them when it ran ok but is not among them."""
+def pick_finalists(ranked_ok: Sequence[Config], count: int, default: Config | None,
+                   always: Sequence[Config] = ()) -> list[Config]:
+    """The configs to re-time: the first `count` of the ok configs (fastest first), the default
+    config after them when it ran ok but is not among them, and each of `always` (the spec's
+    other backends, e.g. SDPA) that ran ok."""
     if count < 0:
         raise ValueError(f"the number of finalists cannot be negative, got {count}")
     chosen = list(ranked_ok[:count])
     if count and default is not None and default in ranked_ok and default not in chosen:
         chosen.append(default)
+    if count:
+        chosen += [c for c in dict.fromkeys(always) if c in ranked_ok and c not in chosen]
     return chosen
 
 
@@ -190,7 +194,7 @@ class StudyFinalists:
         self.study, self.space, self.attrs_of, self.record = study, space, attrs_of, record
 
     def retime(self, runner: TimesInterleaved, ranked_ok: Sequence[Finished], default: Config, *, count: int,
-               rounds: int) -> Retiming:
+               rounds: int, always: Sequence[Config] = ()) -> Retiming:
         """Re-time the first `count` of `ranked_ok` (and the default) against each other and
         store each re-timing; or reuse the latest one when it re-timed the same configs. A
         re-timing that raises leaves the search's own times standing (status FAILED)."""
@@ -199,7 +203,7 @@ class StudyFinalists:
         if not ranked_ok:
             return Retiming(RetimeStatus.NO_OK_CONFIG)
         searched = {f.result.config: f for f in ranked_ok}
-        configs = pick_finalists(list(searched), count, default)
+        configs = pick_finalists(list(searched), count, default, always)
         stored = self.latest()
         if stored is not None and set(stored.results) == set(configs):
             return stored

@@ -148,7 +148,7 @@ def _apply_fixes(table: TableFile, replacements, checks: list[Check], state: _St
     state.progress(f"--fix: {len(fixed)} entries of {table.label} replaced by their fallback")
     # A replaced entry no longer fails: the table now holds its fallback (rewritten, to be committed).
     return [
-        Check(c.part, c.subject, Status.WARN, f"replaced by its fallback in {table.path} (--fix); was {c.summary}",
+        Check(c.part, c.subject, Status.WARN, f"replaced by {'a faster backend' if c.details.get('slower_than_backend') else 'its fallback'} in {table.path} (--fix); was {c.summary}",
               c.kernel, {**c.details, "fixed": True})
         if c.subject in fixed else c
         for c in checks

@@ -7,9 +7,11 @@ default (when it is neither) and every baseline of the spec (spec.baselines: SDP
 that runs and agrees with the reference are timed round-robin (A B C, B C A, …), each call alone
 between CUDA events with the L2 flushed before it, so that clock and temperature drift cannot pass
 for a difference. An entry slower than its fallback by more than SLOWER_MARGIN fails (--fix then
-replaces it: omnitune.verify.fix); slower than the best baseline warns, since a table can only
-choose among the kernel's own configs (not for an entry that runs a rollback path: that path is
-PyTorch's own, the baseline the same work).
+replaces it: omnitune.verify.fix). The spec's backends (configs that run PyTorch's
+implementation, e.g. attention's BACKEND=sdpa_cudnn) are timed too: an entry slower than the
+fastest of them fails the same way, and --fix replaces it by that backend — so a fixed table never
+ships slower than PyTorch's path. Slower than a baseline that is not a backend only warns (not for
+an entry that runs a rollback path: that path is PyTorch's own, the baseline the same work).
 
 The GPU is reached only through the Timer: tests hand in a fake one.
 """
@@ -43,7 +45,7 @@ class Candidate:
 
     label: str
     kind: str
-    """"entry", "fallback", "default" or "baseline"."""
+    """"entry", "fallback", "default", "backend" or "baseline"."""
     config: Config | None
     run: Callable[[], object]
 
@@ -127,6 +129,14 @@ def check_speed(table: TableFile, entry: Entry, runner: Runner, timer: Timer, *,
                                 context_lost=runner.context_lost)
         checked[config] = err
         candidates.append(_config_candidate(runner, kind, kind, config))
+    for values in spec.backends:
+        config = spec.complete_config(values, problem, dtype)
+        if any(c.config == config for c in candidates) or spec.violations(problem, config, dtype, runner.limits):
+            continue
+        status, err, _ = runner.check(config)
+        if status is TrialStatus.OK:
+            checked[config] = err
+            candidates.append(_config_candidate(runner, f"backend {config.label()}", "backend", config))
     if baselines and spec.baselines is not None:
         usable, refused = _baseline_candidates(spec, runner)
         candidates += usable
@@ -161,9 +171,20 @@ def check_speed(table: TableFile, entry: Entry, runner: Runner, timer: Timer, *,
     details["noisy"] = noisy
     slower = "fallback" in by_kind and entry_ms > fallback_ms * (1 + SLOWER_MARGIN)
     details["slower_than_fallback"] = slower
+    backends = [(c, t) for c, t in zip(candidates, timings) if c.kind == "backend"]
+    best_backend = min(backends, key=lambda b: b[1].median_ms) if backends else None
+    details["best_backend"] = best_backend[0].config.as_dict() if best_backend else None
+    details["best_backend_ms"] = best_backend[1].median_ms if best_backend else None
     text = _summary(entry_ms, fallback_ms, "fallback" in by_kind, best_base, noisy)
     replacement = None
-    if slower:
+    if best_backend is not None and entry_ms > best_backend[1].median_ms * (1 + SLOWER_MARGIN) and (
+            not slower or best_backend[1].median_ms < fallback_ms):
+        config, timing = best_backend[0].config, best_backend[1]
+        status = Status.FAIL
+        text = f"slower than {best_backend[0].label}: {text}"
+        details["slower_than_backend"] = True
+        replacement = Replacement(entry.key, config, timing.median_ms, entry_ms, timing, checked.get(config, math.nan))
+    elif slower:
         status = Status.FAIL
         text = f"slower than its fallback: {text}"
         replacement = Replacement(entry.key, fallback_config(spec, entry.problem, entry.dtype), fallback_ms,
