@@ -38,5 +38,27 @@ case $part in
       tests/test_paged_decode_attention.py tests/test_paged_decode_fused_reduce.py tests/test_kv_cache_write.py \
       tests/test_attention.py
     ;;
+  D)
+    # C showed: masking bad block numbers cost paged decode a third of its speed, clamping them
+    # nothing: clamping is the default now. Attention has a BACKEND parameter (SDPA measured and
+    # dispatched like a config), the finalists and verify re-time the backends. Here: the GPU tests
+    # of what changed, where the host time goes now, the ops as called, the end-to-end decoder, and
+    # omnitune verify over the shipped tables (a copy in $OUT, --fix: entries slower than their
+    # fallback or a PyTorch backend replaced, stale source hashes revalidated when numerics and
+    # speed pass) — its JSON report and the tables it rewrote come back.
+    step 170 python -m pytest -q -m gpu -p no:cacheprovider tests/test_production_ops_gpu.py \
+      tests/test_paged_decode_attention.py tests/test_attention.py tests/test_kv_cache_write.py tests/test_verify.py
+    step 40 python benchmarks/launch_overhead_probe.py --out "$OUT/launch_overhead_h200.json"
+    step 60 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
+    step 60 python benchmarks/e2e_decoder.py --batch 1 8 --out "$OUT/e2e_decoder_h200.json"
+    cp -r tuned_configs "$OUT/tuned_configs"
+    step 390 python -m omnitune verify --model qwen2.5-omni-7b --tables "$OUT/tuned_configs" --soak 1 --fix \
+      --json "$OUT/verify_h200.json"
+    # only the tables verify rewrote come back (at most 8 files from $OUT)
+    for f in "$OUT"/tuned_configs/*/*.json; do
+      rel=${f#"$OUT"/}; cmp -s "$f" "$rel" && rm "$f"
+    done
+    find "$OUT/tuned_configs" -type d -empty -delete
+    ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
