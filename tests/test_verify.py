@@ -400,7 +400,7 @@ def test_fix_replaces_a_slower_entry_revalidates_the_others_and_moves_the_hash(t
     report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=h200_machine(), timer=timer)
     assert report.exit_code == 0
     (table_check,) = [c for c in report.checks if c.part == "compat"]
-    assert table_check.status is Status.WARN and "1 replaced by the fallback" in table_check.summary
+    assert table_check.status is Status.WARN and "1 replaced by a faster config" in table_check.summary
     doc = table_doc(tables)
     assert doc["kernel_source_hash"] == SPEC.source_hash()
     fast, slow = (doc["entries"][f"fp32|{SPEC.problem_key(p)}"] for p in (PROBLEM, PROBLEM2))

@@ -4,11 +4,13 @@ When a kernel's device code changes (a bounds check, a new parameter), every tab
 old code fails compat hard, yet its configs still launch; whether they are still right and still
 fast is exactly what numerics and speed measure. So, on the GPU a table is for (same name, same
 compute capability: omnitune.verify.compat decides that, and versions may differ), an entry that
-gives the right result and is not slower than its fallback is re-stamped for today's source. It
-gains a `revalidated` record: when, from which source hash to which, and the two medians measured.
+gives the right result and whose speed check passes (not slower than its fallback, nor than one of
+the kernel's PyTorch backends) is re-stamped for today's source. It gains a `revalidated` record:
+when, from which source hash to which, and the two medians measured.
 
 The table's kernel_source_hash is one per file, so it moves only when every entry of the file
-revalidated or was replaced by its fallback in the same run. Otherwise the file keeps its old
+revalidated or was replaced by --fix (by its fallback, or a faster backend) in the same run: a
+replaced entry was measured on today's code too. Otherwise the file keeps its old
 hash (compat still fails it) and the entries that did revalidate carry their records, which the
 compat check counts.
 
@@ -95,7 +97,7 @@ def _refusal(result: EntryResult) -> str | None:
     if speed is None:
         return "not timed"
     details = speed.details
-    if speed.status is Status.FAIL or details.get("slower_than_fallback"):
+    if speed.status is Status.FAIL or details.get("slower_than_fallback") or details.get("slower_than_backend"):
         return f"speed: {speed.summary}"
     if not all(_finite(details.get(k)) for k in ("entry_ms", "fallback_ms")):
         return f"no time against its fallback: {speed.summary}"
@@ -155,14 +157,14 @@ def compat_after(check: Check, restamp: Restamp | None, replaced: Sequence[str],
     if restamp.moved:
         done = [f"{len(restamp.revalidated)} revalidated (right and not slower than the fallback here)"]
         if replaced:
-            done.append(f"{len(replaced)} replaced by the fallback")
+            done.append(f"{len(replaced)} replaced by a faster config (`verify_fix`)")
         stale = next(d for d in hard if d.field == "kernel_source_hash")
         summary = (f"revalidated (--fix): kernel_source_hash {stale.recorded} → {stale.here} re-stamped; entries: "
                    + ", ".join(done) + (f"; {len(soft)} soft differences remain" if soft else ""))
         return replace(check, status=Status.WARN, summary=summary, details=details)
     summary = (f"hard: {base}; --fix revalidated {_entries(len(restamp.revalidated))}"
                + (f" (a `{FIELD}` record each)" if restamp.revalidated else "")
-               + (f", replaced {len(replaced)} by the fallback" if replaced else "")
+               + (f", replaced {len(replaced)} by a faster config" if replaced else "")
                + f"; the table keeps its hash: {restamp.kept_because}")
     return replace(check, summary=summary, details=details)
 
