@@ -106,6 +106,24 @@ def test_exact_hit(config_dir, warnings_seen):
     assert warnings_seen() == []
 
 
+def test_a_stale_table_and_revalidated_entries_are_still_served(config_dir, warnings_seen, caplog):
+    # A table of older kernel source, one of whose entries `omnitune verify --fix` revalidated (the
+    # table keeping its hash): both entries are used, with one INFO line and no warning.
+    caplog.set_level(logging.INFO, logger="omnitune.runtime")
+    key, revalidated = _entry(PREFILL, TUNED)
+    revalidated["revalidated"] = {"at": "2026-12-01T09:00:00+00:00", "from_source_hash": "0123456789abcdef",
+                                  "to_source_hash": SPEC.source_hash(),
+                                  "measured": {"entry_ms": 0.49, "fallback_ms": 0.71}}
+    shorter = dataclasses.replace(PREFILL, lq=256, lk=256)
+    _write(config_dir, _document([(key, revalidated), _entry(shorter, OTHER)], kernel_source_hash="0123456789abcdef"))
+    for problem, config in ((PREFILL, TUNED), (shorter, OTHER)):
+        answer = runtime.lookup("attention", problem, torch.float16, GPU)
+        assert answer.rung is Rung.EXACT and answer.config == config
+    assert warnings_seen() == []
+    infos = [r.getMessage() for r in caplog.records if r.name == "omnitune.runtime" and r.levelno == logging.INFO]
+    assert len(infos) == 1 and "omnitune verify --fix" in infos[0]
+
+
 def test_nearest_hit_picks_the_closest_problem_within_the_ratio(config_dir):
     small = dataclasses.replace(PREFILL, lq=512, lk=512)
     large = dataclasses.replace(PREFILL, lq=2048, lk=2048)

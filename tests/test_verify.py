@@ -294,6 +294,198 @@ def test_fix_through_the_command(tmp_path, monkeypatch):
     assert doc["entries"][f"fp32|{SPEC.problem_key(PROBLEM)}"]["config"] == DEFAULT.as_dict()
 
 
+# --- revalidation: --fix re-stamps a table tuned on older kernel source ----------------------
+
+STALE = "0123456789abcdef"  # a kernel source hash no code here has
+H200_FACTS = {"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "580.159.04"}
+PROBLEM2 = AttentionProblem(b=1, h=2, hkv=1, lq=9, lk=31, d=64, causal=False)
+SLOW = Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
+
+
+def h200_machine(**changes) -> dict:
+    """This machine standing in for an H200 (the kernels still run under the interpreter)."""
+    return machine(interpreter_facts(**{**H200_FACTS, **changes}))
+
+
+def stale_h200_table(tmp_path: Path, tuned=((PROBLEM, FAST), (PROBLEM2, SLOW)), **device) -> Path:
+    """An H200 attention table measured on older kernel source: per problem its default and a
+    tuned config measured faster."""
+    rows = []
+    for problem, config in tuned:
+        default = SPEC.default_config(problem, torch.float32)
+        rows += [row(len(rows), problem, default, time_ms=2.0, is_default=True, device="NVIDIA H200", source_hash=STALE),
+                 row(len(rows) + 1, problem, config, time_ms=1.0, device="NVIDIA H200", source_hash=STALE)]
+    return exported(tmp_path, rows, [interpreter_facts(**{**H200_FACTS, **device})])
+
+
+def entry_timer(entry_ms) -> object:
+    """A Timer whose entry takes `entry_ms(config)` and every other candidate 1.0 ms."""
+    def timer(candidates, rounds):
+        entry = next(c.config for c in candidates if c.kind == "entry")
+        return [[(entry_ms(entry) if c.kind == "entry" else 1.0) * (1 + 0.001 * (i % 3)) for i in range(rounds)]
+                for c in candidates]
+
+    return timer
+
+
+FASTER = entry_timer(lambda config: 0.8)
+
+
+def table_doc(tables: Path, kernel: str = "attention") -> dict:
+    return json.loads(next(tables.glob(f"{kernel}/*.json")).read_text())
+
+
+@cpu_only
+def test_fix_revalidates_a_stale_table_whose_entries_pass_and_the_runtime_serves_it(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from omnitune import runtime
+
+    tables = stale_h200_table(tmp_path)
+    path = next(tables.glob("attention/*.json"))
+    monkeypatch.setattr("omnitune.verify.pipeline.current_machine", lambda interpret: h200_machine())
+    monkeypatch.setattr("omnitune.verify.speed.default_timer", lambda interpret: FASTER)
+    out = tmp_path / "r.json"
+
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--json", str(out))
+    assert result.exit_code == 1, result.output
+    (table_check,) = checks(json.loads(out.read_text()), "compat")
+    assert table_check["status"] == "fail" and "kernel source changed" in table_check["summary"]
+    assert "`omnitune verify --fix` on this GPU would revalidate" in table_check["summary"]
+    assert table_check["details"]["revalidation"]["possible"] is True
+
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--fix", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    (table_check,) = checks(report, "compat")
+    assert table_check["status"] == "warn" and table_check["summary"].startswith("revalidated (--fix)")
+    assert table_check["details"]["revalidated"]["moved"] is True
+    assert len(table_check["details"]["revalidated"]["entries"]) == 2
+    assert all(c["status"] == "pass" and c["summary"].startswith("revalidated") for c in checks(report, "speed"))
+    text = path.read_text()
+    doc = json.loads(text)
+    assert text == export.document_text(doc)  # written the way export writes
+    assert doc["kernel_source_hash"] == SPEC.source_hash()
+    for problem, config in ((PROBLEM, FAST), (PROBLEM2, SLOW)):
+        entry = doc["entries"][f"fp32|{SPEC.problem_key(problem)}"]
+        assert entry["config"] == config.as_dict() and "verify_fix" not in entry  # re-stamped, not changed
+        record = entry["revalidated"]
+        assert set(record) == {"at", "from_source_hash", "to_source_hash", "measured"}
+        assert (record["from_source_hash"], record["to_source_hash"]) == (STALE, SPEC.source_hash())
+        assert record["measured"]["entry_ms"] == pytest.approx(0.8, rel=0.01)
+        assert record["measured"]["fallback_ms"] == pytest.approx(1.0, rel=0.01)
+
+    # the table is today's again: a plain verify passes compat
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    (table_check,) = checks(json.loads(out.read_text()), "compat")
+    assert table_check["status"] == "pass" and table_check["details"]["hard"] == []
+
+    # and the runtime serves its entries, the revalidated record notwithstanding
+    monkeypatch.setenv(runtime.CONFIG_DIR_ENV, str(tables))
+    runtime.clear_cache()
+    caplog.set_level(logging.WARNING, logger="omnitune.runtime")
+    answer = runtime.lookup("attention", PROBLEM, torch.float32, "NVIDIA H200")
+    runtime.clear_cache()
+    assert answer.rung is runtime.Rung.EXACT and answer.source == path
+    assert answer.config == SPEC.coerce_config(FAST.as_dict())
+    assert [r for r in caplog.records if r.name == "omnitune.runtime"] == []
+
+
+@cpu_only
+def test_fix_replaces_a_slower_entry_revalidates_the_others_and_moves_the_hash(tmp_path):
+    tables = stale_h200_table(tmp_path)
+    timer = entry_timer(lambda config: 2.0 if config["BLOCK_M"] == SLOW["BLOCK_M"] else 0.8)
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=h200_machine(), timer=timer)
+    assert report.exit_code == 0
+    (table_check,) = [c for c in report.checks if c.part == "compat"]
+    assert table_check.status is Status.WARN and "1 replaced by a faster config" in table_check.summary
+    doc = table_doc(tables)
+    assert doc["kernel_source_hash"] == SPEC.source_hash()
+    fast, slow = (doc["entries"][f"fp32|{SPEC.problem_key(p)}"] for p in (PROBLEM, PROBLEM2))
+    assert fast["config"] == FAST.as_dict() and fast["revalidated"]["to_source_hash"] == SPEC.source_hash()
+    assert slow["config"] == SPEC.default_config(PROBLEM2, torch.float32).as_dict()
+    assert slow["verify_fix"]["replaced_config"] == SLOW.as_dict() and "revalidated" not in slow
+    speed_checks = {c.subject: c for c in report.checks if c.part == "speed"}
+    assert speed_checks[f"fp32|{SPEC.problem_key(PROBLEM2)}"].status is Status.WARN
+    assert speed_checks[f"fp32|{SPEC.problem_key(PROBLEM)}"].details["revalidated"]["measured"]["entry_ms"] > 0
+
+
+@cpu_only
+def test_an_entry_failing_numerics_keeps_the_tables_hash(tmp_path):
+    from omnitune.registry import get_spec
+
+    spec = get_spec(WRONG_KERNEL)
+    small, large = spec.problem_type(n=100), spec.problem_type(n=300)
+    kw = {"spec": spec, "device": "NVIDIA H200", "source_hash": STALE}
+    rows = [row(0, small, Config(BLOCK=32, SKEW=False), time_ms=1.0, is_default=True, **kw),
+            row(0, large, Config(BLOCK=32, SKEW=False), time_ms=2.0, is_default=True, **kw),
+            row(1, large, Config(BLOCK=64, SKEW=True), time_ms=1.0, **kw)]  # measured "faster": wrong
+    tables = exported(tmp_path, rows, [interpreter_facts(**H200_FACTS)])
+    options = VerifyOptions(tables=(tables,), kernels=(spec.name,), interpret=True, fix=True)
+    report = run_verify(options, {spec.name: spec}, machine=h200_machine(), timer=FASTER)
+    assert report.exit_code == 1
+    (table_check,) = [c for c in report.checks if c.part == "compat"]
+    assert table_check.status is Status.FAIL and "the table keeps its hash" in table_check.summary
+    assert "numerics did not pass" in table_check.summary
+    doc = table_doc(tables, spec.name)
+    assert doc["kernel_source_hash"] == STALE
+    assert doc["entries"]["fp32|n=100"]["revalidated"]["to_source_hash"] == spec.source_hash()
+    assert "revalidated" not in doc["entries"]["fp32|n=300"]
+
+    # a plain verify still fails compat, and counts the entry already re-stamped
+    again = run_verify(VerifyOptions(tables=(tables,), kernels=(spec.name,), interpret=True), {spec.name: spec},
+                       machine=h200_machine(), timer=FASTER)
+    (table_check,) = [c for c in again.checks if c.part == "compat"]
+    assert table_check.status is Status.FAIL and table_check.details["revalidation"]["entries_revalidated_before"] == 1
+
+
+@cpu_only
+def test_without_a_speed_measurement_nothing_is_revalidated(tmp_path):
+    # --interpret on a GPU's table: no GPU to compare with, no timing
+    tables = stale_h200_table(tmp_path, tuned=((PROBLEM, FAST),))
+    path = next(tables.glob("attention/*.json"))
+    before = path.read_text()
+    out = tmp_path / "r.json"
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--fix", "--json", str(out))
+    assert result.exit_code == 1, result.output
+    (table_check,) = checks(json.loads(out.read_text()), "compat")
+    assert table_check["status"] == "fail"
+    assert "`omnitune verify --fix` on the NVIDIA H200 would revalidate" in table_check["summary"]
+    assert "not here: no GPU" in table_check["summary"]
+    assert path.read_text() == before
+
+    # the interpreter's own table: the device matches, but the speed part did not run
+    tables = attention_table(tmp_path / "interpreter", source_hash=STALE)
+    path = next(tables.glob("attention/*.json"))
+    before = path.read_text()
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True))
+    assert report.exit_code == 1
+    (table_check,) = [c for c in report.checks if c.part == "compat"]
+    assert "not revalidated: the speed part did not run" in table_check.summary
+    assert path.read_text() == before
+
+
+@cpu_only
+def test_a_table_of_another_gpu_or_architecture_is_never_revalidated(tmp_path):
+    h100 = exported(tmp_path / "h100", [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device=H100,
+                                            source_hash=STALE)],
+                    [interpreter_facts(name=H100, compute_capability="9.0", driver="580.159.04")])
+    sm80 = stale_h200_table(tmp_path / "sm80", tuned=((PROBLEM, FAST),), compute_capability="8.0")
+    for tables in (h100, sm80):
+        before = next(tables.glob("attention/*.json")).read_text()
+        report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=h200_machine(),
+                            timer=FASTER)
+        assert report.exit_code == 1
+        (table_check,) = [c for c in report.checks if c.part == "compat"]
+        assert table_check.status is Status.FAIL and "cannot be revalidated" in table_check.summary
+        assert table_check.details["revalidation"]["possible"] is False
+        assert next(tables.glob("attention/*.json")).read_text() == before
+    # the same chip name on another architecture runs its entries here, and they pass: still no re-stamp
+    assert [c.status for c in report.checks if c.part == "speed"] == [Status.PASS]
+
+
 @cpu_only
 def test_a_faster_entry_passes_and_a_faster_baseline_only_warns(tmp_path):
     tables = attention_table(tmp_path)

@@ -39,7 +39,9 @@ def verify(
     json_out: Path = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE.",
                                   show_default=False),
     fix: bool = typer.Option(False, "--fix", help="Replace every entry slower than its fallback by the fallback, "
-                             "rewriting its table as omnitune export does."),
+                             "and revalidate a table tuned on older kernel source (on its own GPU, entries right and "
+                             "not slower than their fallback are re-stamped for today's source), rewriting the table "
+                             "as omnitune export does."),
     interpret: bool = interpret_option(" Compatibility and numerics only (small problems derived from the "
                                        "entries, fp32/fp16); the GPU parts are skipped."),
 ) -> None:
@@ -49,7 +51,8 @@ def verify(
 
     numerics: each entry's config on fresh seeded inputs against the reference.
 
-    speed (GPU): each entry re-timed interleaved against its fallback and PyTorch; --fix replaces a slower one.
+    speed (GPU): each entry re-timed interleaved against its fallback and PyTorch; --fix replaces a slower one,
+    and revalidates a table whose kernel source changed when its entries pass.
 
     memory (GPU, --model): each kernel at the preset's largest shape.
 

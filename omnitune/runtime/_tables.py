@@ -165,6 +165,9 @@ def _schema_problem(doc: Any, spec: KernelSpec, path: Path) -> str | None:
 
 
 def _parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
+    # Only the fields that make the lookup are read; every other one (times, `verify_fix`, the
+    # `revalidated` record of omnitune verify --fix, fields a later omnitune adds) is ignored, so
+    # that provenance can never make the runtime skip an entry.
     if not isinstance(raw, dict):
         raise TypeError(f"it is a JSON {type(raw).__name__}, not an object")
     dtype_name = raw["dtype"]
@@ -183,11 +186,13 @@ def _parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
 
 def _note_source_hash(doc: dict, spec: KernelSpec, path: Path) -> None:
     # A soft mismatch, as FlashInfer classes it: the configs are still valid launch parameters,
-    # only perhaps no longer the fastest, so they are used and the difference is logged.
+    # only perhaps no longer the fastest, so they are used and the difference is logged. Entries
+    # that a partial `omnitune verify --fix` revalidated are served the same way as the others.
     recorded = doc.get("kernel_source_hash")
     current = spec.source_hash()
     if recorded and current != "unknown" and recorded != current:
         logger.info(
-            "%s was tuned on %s source %s; the source is now %s (configs used; re-tune to refresh them)",
+            "%s was tuned on %s source %s; the source is now %s (configs used; `omnitune verify --fix` on "
+            "this GPU revalidates them, or re-tune to refresh them)",
             path, spec.name, recorded, current,
         )

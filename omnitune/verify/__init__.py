@@ -5,5 +5,6 @@ against the reference), speed (against its fallback and PyTorch, interleaved), m
 preset's largest shapes), soak (minutes of mixed production calls, CUDA graphs for decode steps)
 — and verdict (the report, its JSON and its exit code). pipeline runs them in order; traffic
 holds the public-op calls; tables reads the files; shrink makes the small problems --interpret
-checks on the CPU; fix rewrites an entry slower than its fallback.
+checks on the CPU; fix rewrites an entry slower than its fallback, and revalidate re-stamps a
+table tuned on older kernel source whose entries still pass on its GPU.
 """

@@ -10,6 +10,11 @@ export writes it once per file, from the newest measurement.
 
 Without a GPU (--interpret) a GPU's table cannot be compared with this machine's GPU: the device
 fields are skipped, the source hash and the versions still checked — which is what CI can check.
+
+A table whose only hard mismatch is the source hash, on the GPU it was tuned on (same name, same
+compute capability), can be revalidated by `verify --fix` rather than re-tuned
+(omnitune.verify.revalidate): its details say so under `revalidation`, and its summary tells the
+user the way out.
 """
 
 from __future__ import annotations
@@ -67,11 +72,14 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
             soft.append(Difference(name, recorded, here, version_change(recorded, here)))
     _compare_source(table, doc.get("kernel_source_hash"), hard, soft, notes)
 
+    revalidation = _revalidation(table, device, hard, skipped)
     status = Status.FAIL if hard else Status.WARN if soft else Status.PASS
     if hard:
         summary = "hard: " + "; ".join(d.text() for d in hard)
         if soft:
             summary += f" (and {len(soft)} soft)"
+        if revalidation is not None:
+            summary += revalidation_hint(revalidation, device)
     elif soft:
         summary = "soft: " + "; ".join(d.text() for d in soft)
     else:
@@ -82,6 +90,7 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
         "table": str(table.path), "device_key": table.device_key, "entries": len(table.entries),
         "hard": [d.as_record() for d in hard], "soft": [d.as_record() for d in soft],
         "skipped": skipped, "notes": notes,
+        **({"revalidation": revalidation} if revalidation is not None else {}),
         "recorded": {"device": device, "software": software, "kernel_source_hash": doc.get("kernel_source_hash"),
                      "exported_at": doc.get("exported_at")},
     }
@@ -101,6 +110,46 @@ def other_gpu(table: TableFile, machine: Mapping[str, Any]) -> str | None:
     if name is None or device_key(str(name)) != device_key(str(machine.get("name", ""))):
         return str(name)
     return None
+
+
+def _revalidation(table: TableFile, device: Mapping[str, Any], hard: list[Difference],
+                  skipped: list[str]) -> dict[str, Any] | None:
+    """Whether `verify --fix` may revalidate the table here, when its source hash is a hard mismatch
+    (None otherwise): `possible`, and `why_not` when it is not. Configs measured on one chip say
+    nothing about another, so the device must have been compared and be the same, compute
+    capability included; version differences are soft and do not stand in the way."""
+    stale = next((d for d in hard if d.field == "kernel_source_hash"), None)
+    if stale is None:
+        return None
+    others = [d for d in hard if d is not stale]
+    if others:
+        why_not = "; ".join(f"{d.field} differs ({d.note})" for d in others)
+    elif skipped:
+        why_not = "no GPU here to compare the table's with"
+    elif device.get("compute_capability") is None:
+        why_not = "the table did not record its compute capability"
+    elif not stale.here or stale.here == "unknown":
+        why_not = "the current kernel source cannot be hashed"
+    else:
+        why_not = None
+    # Entries an earlier partial revalidation re-stamped for today's source (the table kept its hash).
+    already = sum(1 for e in table.entries
+                  if isinstance(e.raw.get("revalidated"), dict) and e.raw["revalidated"].get("to_source_hash") == stale.here)
+    return {"possible": why_not is None, "why_not": why_not, "from_source_hash": stale.recorded,
+            "to_source_hash": stale.here, "entries_revalidated_before": already}
+
+
+def revalidation_hint(revalidation: Mapping[str, Any], device: Mapping[str, Any]) -> str:
+    """The way out of a stale source hash, for the compat summary of a run without --fix."""
+    before = revalidation.get("entries_revalidated_before") or 0
+    before_text = f"; {before} of its entries already revalidated by a partial --fix" if before else ""
+    if revalidation["possible"]:
+        return (f"; `omnitune verify --fix` on this GPU would revalidate it (entries whose numerics and speed "
+                f"pass are re-stamped, no re-tuning){before_text}")
+    if revalidation["why_not"] == "no GPU here to compare the table's with":
+        return (f"; `omnitune verify --fix` on the {device.get('name') or 'GPU it was tuned on'} would revalidate "
+                f"it when numerics and speed pass there (not here: no GPU){before_text}")
+    return f"; cannot be revalidated: {revalidation['why_not']}"
 
 
 def _is_interpreter(machine: Mapping[str, Any]) -> bool:

@@ -1,6 +1,7 @@
-"""--fix: an entry that was slower than its fallback is replaced by the fallback, in the table
-file itself, written as omnitune export writes (omnitune.export.write_json_atomic: sorted keys,
-two-space indent, a temporary file renamed over the old one).
+"""--fix: an entry that was slower than its fallback is replaced by the fallback, and a table
+tuned on older kernel source is revalidated (omnitune.verify.revalidate), in the table file
+itself, written as omnitune export writes (omnitune.export.write_json_atomic: sorted keys,
+two-space indent, a temporary file renamed over the old one) — once for both.
 
 The new entry holds the fallback config with the times verify measured for it, and says what it
 replaced under `verify_fix` (the old config, both re-timed medians, when), so that a review of
@@ -11,34 +12,48 @@ changed on disk since verify read it are kept.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from omnitune.verify.revalidate import FIELD as REVALIDATED
+from omnitune.verify.revalidate import Plan, Restamp, restamp_document
 from omnitune.verify.speed import Replacement
 from omnitune.verify.tables import TableFile
 
 
-def apply_fixes(table: TableFile, replacements: Sequence[Replacement], *, now: str | None = None) -> list[str]:
-    """Write `replacements` into the table's file; the keys replaced (those still in the file)."""
+@dataclass
+class FixOutcome:
+    replaced: list[str] = field(default_factory=list)
+    """The keys replaced by their fallback (those still in the file)."""
+    restamp: Restamp | None = None
+    """What revalidation re-stamped (None when there was nothing to revalidate)."""
+
+
+def apply_fixes(table: TableFile, replacements: Sequence[Replacement], *, revalidation: Plan | None = None,
+                now: str | None = None) -> FixOutcome:
+    """Write `replacements` and the `revalidation` plan into the table's file."""
     from omnitune.export import read_table_file, write_json_atomic
 
-    if not replacements:
-        return []
+    outcome = FixOutcome()
+    if not replacements and revalidation is None:
+        return outcome
     now = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
     document = read_table_file(table.path, table.kernel)
     if document is None:
-        return []
-    replaced = []
+        return outcome
     for fix in replacements:
         old = document["entries"].get(fix.key)
         if not isinstance(old, dict):
             continue
         document["entries"][fix.key] = replaced_entry(old, fix, now, has_fallback_fields="fallback_config" in old)
-        replaced.append(fix.key)
-    if replaced:
+        outcome.replaced.append(fix.key)
+    if revalidation is not None:
+        outcome.restamp = restamp_document(document, revalidation, outcome.replaced, now)
+    if outcome.replaced or (outcome.restamp is not None and outcome.restamp.revalidated):
         document["exported_at"] = now
         write_json_atomic(table.path, document)
-    return replaced
+    return outcome
 
 
 def replaced_entry(old: dict[str, Any], fix: Replacement, now: str, *, has_fallback_fields: bool) -> dict[str, Any]:
@@ -46,6 +61,8 @@ def replaced_entry(old: dict[str, Any], fix: Replacement, now: str, *, has_fallb
     config = fix.config.as_dict()
     is_default = old.get("default_config") == config
     entry = dict(old)
+    # A revalidation record of an earlier run was about the config replaced here.
+    entry.pop(REVALIDATED, None)
     entry.update({
         "config": config,
         "time_ms": timing.median_ms, "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms,

@@ -1,7 +1,9 @@
 """One `omnitune verify` run: the parts in order, each check into one Report.
 
 compat (every table) → numerics (every entry of a table for this GPU) → speed (every entry that
-passed numerics; --fix rewrites the slow ones) → memory (the preset's largest shapes) → soak.
+passed numerics; --fix rewrites the slow ones, and revalidates a table whose kernel source changed
+when its entries pass: the table's compat check is then rewritten to say what was re-stamped) →
+memory (the preset's largest shapes) → soak.
 A part that cannot run says why in a skipped check. A launch that loses the CUDA context stops
 every later GPU check (each then fails as not run), since nothing can run in this process after.
 The public ops the memory and soak parts call read their configs from the tables being verified:
@@ -22,7 +24,8 @@ import torch
 
 from omnitune.errors import OmnituneError
 from omnitune.spec import DeviceLimits, KernelSpec
-from omnitune.verify import compat, memory, numerics, speed
+from omnitune.verify import compat, memory, numerics, revalidate, speed
+from omnitune.verify.revalidate import EntryResult
 from omnitune.verify.tables import TableFile, find_tables
 from omnitune.verify.verdict import Check, Report, Status, skipped
 
@@ -54,6 +57,8 @@ class _State:
     lost: str | None = None
     """Why the CUDA context is gone, once it is."""
     fixed: dict[str, list[str]] = field(default_factory=dict)
+    compat_at: dict[str, int] = field(default_factory=dict)
+    """Table path → where its compat check lies in the report (--fix rewrites it)."""
 
 
 def current_machine(interpret: bool) -> dict[str, Any]:
@@ -84,6 +89,7 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
 
     state.progress(f"compat: {len(tables)} tables")
     for table in tables:
+        state.compat_at[str(table.path)] = len(state.report.checks)
         state.report.add(compat.check_table(table, machine))
     _entries(tables, options, timer, state, machine)
     for part in (compat.PART, numerics.PART, speed.PART):
@@ -112,45 +118,67 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
             continue
         replacements = []
         speed_checks: list[Check] = []
+        results: list[EntryResult] = []
         state.progress(f"numerics{'' if timer is None else ' and speed'}: {table.label}, {len(table.entries)} entries")
         for entry in table.entries:
             if state.lost is not None:
-                state.report.add(Check(numerics.PART, entry.key, Status.FAIL, f"not run: {state.lost}", table.kernel))
+                lost = Check(numerics.PART, entry.key, Status.FAIL, f"not run: {state.lost}", table.kernel)
+                state.report.add(lost)
+                results.append(EntryResult(entry.key, entry.raw.get("config"), lost, None))
                 continue
             outcome = numerics.check_entry(table, entry, interpret=options.interpret, limits=limits, seed=options.seed)
             state.report.add(outcome.check)
             if outcome.context_lost:
                 state.lost = f"the CUDA context was lost checking {table.kernel} {entry.key}"
-            if timer is None or outcome.runner is None:
-                continue
-            try:
-                result = speed.check_speed(table, entry, outcome.runner, timer, baselines=not options.interpret)
-            except Exception as exc:  # noqa: BLE001 — a timing failure is this entry's
-                result = speed.SpeedOutcome(Check(speed.PART, entry.key, Status.FAIL,
-                                                  f"could not be timed: {type(exc).__name__}: {exc}", table.kernel),
-                                            context_lost=numerics.lost_context(exc))
-            if result.context_lost:
-                state.lost = f"the CUDA context was lost timing {table.kernel} {entry.key}"
-            speed_checks.append(result.check)
-            if result.replacement is not None:
-                replacements.append(result.replacement)
+            speed_check = None
+            if timer is not None and outcome.runner is not None:
+                try:
+                    result = speed.check_speed(table, entry, outcome.runner, timer, baselines=not options.interpret)
+                except Exception as exc:  # noqa: BLE001 — a timing failure is this entry's
+                    result = speed.SpeedOutcome(Check(speed.PART, entry.key, Status.FAIL,
+                                                      f"could not be timed: {type(exc).__name__}: {exc}", table.kernel),
+                                                context_lost=numerics.lost_context(exc))
+                if result.context_lost:
+                    state.lost = f"the CUDA context was lost timing {table.kernel} {entry.key}"
+                speed_check = result.check
+                speed_checks.append(result.check)
+                if result.replacement is not None:
+                    replacements.append(result.replacement)
             outcome.runner = None  # the inputs go before the next entry's
-        if options.fix and replacements:
-            speed_checks = _apply_fixes(table, replacements, speed_checks, state)
+            results.append(EntryResult(entry.key, entry.raw.get("config"), outcome.check, speed_check))
+        if options.fix:
+            speed_checks = _apply_fixes(table, replacements, results, speed_checks, state, timed=timer is not None)
         state.report.add(speed_checks)
 
 
-def _apply_fixes(table: TableFile, replacements, checks: list[Check], state: _State) -> list[Check]:
+def _apply_fixes(table: TableFile, replacements, results: list[EntryResult], checks: list[Check], state: _State, *,
+                 timed: bool) -> list[Check]:
+    """Write the table's fixes (replacements, revalidation) and say so in its checks."""
     from omnitune.verify.fix import apply_fixes
 
-    fixed = set(apply_fixes(table, replacements))
+    at = state.compat_at.get(str(table.path))
+    table_check = state.report.checks[at] if at is not None else None
+    revalidation = table_check.details.get("revalidation") if table_check is not None else None
+    # A table compat says cannot be revalidated (another chip, no GPU to compare) keeps its check as is.
+    revalidating = revalidation is not None and revalidation["possible"]
+    plan = None
+    if revalidating and timed:
+        plan = revalidate.plan(table, revalidation, results, {r.key for r in replacements})
+    outcome = apply_fixes(table, replacements, revalidation=plan)
+    fixed = set(outcome.replaced)
     state.fixed[str(table.path)] = sorted(fixed)
-    state.progress(f"--fix: {len(fixed)} entries of {table.label} replaced by their fallback")
+    if fixed:
+        state.progress(f"--fix: {len(fixed)} entries of {table.label} replaced by their fallback")
+    records = outcome.restamp.records if outcome.restamp is not None else {}
+    if revalidating:
+        why_not = revalidate.NO_SPEED if not timed else "the table file could not be read again before writing"
+        state.report.checks[at] = revalidate.compat_after(table_check, outcome.restamp, sorted(fixed), why_not)
+        state.progress(f"--fix: {table.label}: {state.report.checks[at].summary}")
     # A replaced entry no longer fails: the table now holds its fallback (rewritten, to be committed).
     return [
         Check(c.part, c.subject, Status.WARN, f"replaced by {'a faster backend' if c.details.get('slower_than_backend') else 'its fallback'} in {table.path} (--fix); was {c.summary}",
               c.kernel, {**c.details, "fixed": True})
-        if c.subject in fixed else c
+        if c.subject in fixed else revalidate.speed_after(c, records[c.subject]) if c.subject in records else c
         for c in checks
     ]
 

@@ -7,6 +7,11 @@ anywhere fails the run (exit 1); WARN is reported and passes (a soft version dif
 SKIP says why a part did not run (no GPU, no --model). Errors a user made never get here: the
 command exits 2 before checking anything (omnitune.cli).
 
+--fix adds no status of its own. A check whose failure --fix repaired in the table file (an entry
+replaced by its fallback, a stale table revalidated and re-stamped) becomes WARN: the run passes,
+and the file changed, for the user to review and commit; its details say what was done (`fixed`,
+`revalidated`). An entry re-stamped as it was keeps the status it measured, the summary saying so.
+
 The JSON report's schema is docs/cli.md's "omnitune verify" section; REPORT_SCHEMA_VERSION changes
 whenever a field changes meaning or goes away (tests/test_verify.py checks the shape).
 """
