@@ -28,10 +28,11 @@ _TRUE_WORDS = ("1", "true", "yes", "y")
 _FALSE_WORDS = ("0", "false", "no", "n")
 
 
-def describe(value: Any) -> str:
-    """A short repr for messages: a megabyte of digits must not end up in a log line."""
+def describe(value: Any, limit: int = 40) -> str:
+    """A repr of at most ~`limit` characters for messages: a megabyte of digits must not end up
+    in a log line."""
     text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[:limit // 2]}…({len(text)} characters)"
 
 
 def as_int(value: Any, *, strings: bool = True) -> int:

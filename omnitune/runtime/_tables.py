@@ -160,7 +160,7 @@ def _parse(path: Path, stamp: FileStamp, spec: KernelSpec, gap_command: str) -> 
 def _warn_bad_entries(path: Path, stamp: FileStamp, spec: KernelSpec, bad: list[tuple[str, str]], total: int) -> None:
     # One warning per file version, however many entries are bad: a corrupt table must not
     # flood an inference server's log. The first bad entry's key names the search that replaces it.
-    named = "; ".join(f"{describe(key)} ({reason})" for key, reason in bad[:_ENTRIES_NAMED])
+    named = "; ".join(f"{describe(key, 200)} ({reason})" for key, reason in bad[:_ENTRIES_NAMED])
     more = f"; and {len(bad) - _ENTRIES_NAMED} more" if len(bad) > _ENTRIES_NAMED else ""
     dtype_name, problem_key = split_entry_key(bad[0][0])
     command = search_command(spec.name, problem_key or "...", dtype_name or "...")
