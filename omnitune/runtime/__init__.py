@@ -22,12 +22,12 @@ problem no config of the kernel's space can run).
 Caching, for a lookup on every call: answers are cached per bucket of problems (fields the
 MatchPolicy matches by ratio rounded up, see _buckets.py), so that the steps of a decode loop,
 each with a longer context, hit one entry; at most CACHE_ENTRIES answers are kept (least recently
-used go first). A cached lookup takes well under a microsecond (benchmarks/runtime_lookup.py).
+used go first). A cached lookup takes under a microsecond (benchmarks/runtime_lookup.py).
 The config directories ($OMNITUNE_CONFIG_DIR included) are read at the first lookup; a table
 rewritten while the process runs is seen by lookups of buckets not answered yet, and by all
 after clear_cache(), which also re-reads the environment.
 
-Import discipline: this package imports only the standard library, torch and omnitune's spec,
+Import discipline: this package imports only the standard library, torch and omnitune's spec, coerce,
 registry and errors — never optuna, pandas, rich, typer or sqlite-utils (a test checks).
 """
 
