@@ -18,16 +18,18 @@ class KernelNameError(OmnituneError):
     not shadow it, since results, tables and runtime lookups are all keyed by the name."""
 
 
-class ShapeError(OmnituneError):
-    """A problem shape that cannot be parsed or is impossible for the kernel."""
+class InputError(OmnituneError):
+    """Inputs a kernel cannot run on: tensors (shapes, dtypes, devices), or a problem given to
+    the runtime with a value no tensor could have (see ShapeError)."""
+
+
+class ShapeError(InputError):
+    """A problem shape that cannot be parsed or is impossible for the kernel (an InputError too,
+    so that a caller of the runtime catches one error type for every bad problem)."""
 
 
 class ConfigError(OmnituneError):
     """A launch config that is malformed, outside the kernel's space, or violates a constraint."""
-
-
-class InputError(OmnituneError):
-    """Tensors handed to a kernel that it cannot run on (shapes, dtypes, devices)."""
 
 
 class DeviceError(OmnituneError):

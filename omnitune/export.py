@@ -5,9 +5,13 @@ reader: omnitune.runtime). Only what was measured goes in — each entry is the 
 one (problem, dtype). Files are written so that they review well and survive crashes:
 - keys and JSON sorted, two-space indent, final newline, so a diff shows only what changed;
 - written to a temporary file beside the target, then os.replace'd over it, so a crash leaves
-  the old file or the new one, never half of one;
+  the old file or the new one, never half of one; mode 0666 less the umask (omnitune/table_files.py);
 - merged: entries of an existing file whose keys this database does not have are kept, so
-  exports from several machines or sessions accumulate; the same key is replaced;
+  exports from several machines or sessions accumulate; the same key is replaced. The read,
+  merge and write of one file hold its lock file, so concurrent exports keep both sides' entries;
+- a kept entry is validated as the runtime would read it: one it would skip (a value outside the
+  kernel's space, a non-finite number, a key that does not match its problem) is dropped, with
+  one warning (logger "omnitune.export") per file, instead of being carried on forever;
 - a file whose entries would not change is left untouched (its exported_at included).
 
 For a kernel whose spec names a rollback_config (the fallback path of a kernel that chooses
@@ -18,9 +22,8 @@ best ok time, and the winner's speedup over it (None where the fallback was not 
 from __future__ import annotations
 
 import json
+import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,11 +31,18 @@ from typing import Any
 
 import pandas as pd
 
-from omnitune import store
+from omnitune import store, table_files
+from omnitune.coerce import describe
 from omnitune.errors import OmnituneError, StoreError
+from omnitune.provenance import provenance_hash
 from omnitune.report import KEY_COLUMNS, best_per_key, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
-from omnitune.provenance import provenance_hash
+from omnitune.runtime._reading import HugeNumber, UnreadableTable, parse_table_json, read_table_text
+from omnitune.runtime._tables import parse_entry
+from omnitune.spec import KernelSpec
+
+logger = logging.getLogger("omnitune.export")
+_ENTRIES_NAMED = 3  # how many dropped entries the warning names
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class ExportedFile:
     changed: bool
     """False when the file already held exactly these entries and was left untouched."""
     representative: bool
+    dropped: int = 0
+    """Entries of the existing file dropped as invalid (warned about) instead of kept."""
 
 
 def export_tables(
@@ -72,11 +84,14 @@ def export_tables(
     results = []
     for document in build_documents(trials, devices, exported_at):
         path = table_path(out_dir, document.kernel, document.device_key)
-        existing = read_table_file(path, document.kernel)
-        merged = merge_document(document.content, existing)
-        changed = existing is None or _without_timestamp(merged) != _without_timestamp(existing)
-        if changed:
-            write_json_atomic(path, merged)
+        with table_files.locked(path):  # read, merge and write as one step against other exports
+            table_files.remove_stale_temporaries(path)
+            existing = read_table_file(path, document.kernel)
+            dropped = drop_invalid_entries(existing, document.content["entries"], path) if existing else []
+            merged = merge_document(document.content, existing)
+            changed = existing is None or bool(dropped) or _without_timestamp(merged) != _without_timestamp(existing)
+            if changed:
+                write_json_atomic(path, merged)
         from_db = len(document.content["entries"])
         results.append(ExportedFile(
             path=path,
@@ -87,6 +102,7 @@ def export_tables(
             kept=len(merged["entries"]) - from_db,
             changed=changed,
             representative=bool(merged["representative"]),
+            dropped=len(dropped),
         ))
     return results
 
@@ -139,14 +155,15 @@ def merge_document(new: dict[str, Any], existing: dict[str, Any] | None) -> dict
 
 def read_table_file(path: Path, kernel: str) -> dict[str, Any] | None:
     """An existing table to merge into; None if there is none. A file that cannot be merged
-    safely is an error rather than something to overwrite."""
-    if not path.exists():
-        return None
+    safely is an error rather than something to overwrite (read as the runtime reads one: a FIFO
+    or a device at the path is refused, not waited on or read without end)."""
     advice = "move it aside and export again"
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"cannot merge into {path}: it is not readable JSON ({exc}); {advice}") from None
+        document = parse_table_json(read_table_text(path))
+    except FileNotFoundError:
+        return None
+    except UnreadableTable as exc:
+        raise StoreError(f"cannot merge into {path}: it {exc}; {advice}") from None
     if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
         found = document.get("schema_version") if isinstance(document, dict) else None
         raise StoreError(
@@ -157,6 +174,67 @@ def read_table_file(path: Path, kernel: str) -> dict[str, Any] | None:
     return document
 
 
+def drop_invalid_entries(existing: dict[str, Any], replacing: dict[str, Any], path: Path) -> list[tuple[str, str]]:
+    """Remove from `existing` (in place) the entries that would be kept but are invalid, and
+    warn once about them; returns (key, reason) of each. Entries this export replaces are left
+    alone: they go anyway."""
+    spec = _spec_or_none(existing.get("kernel"))
+    dropped = []
+    for key in sorted(k for k in existing["entries"] if k not in replacing):
+        reason = _entry_problem(key, existing["entries"][key], spec)
+        if reason is not None:
+            dropped.append((key, reason))
+    for key, _ in dropped:
+        del existing["entries"][key]
+    if dropped:
+        named = "; ".join(f"{describe(key, 200)} ({reason})" for key, reason in dropped[:_ENTRIES_NAMED])
+        more = f"; and {len(dropped) - _ENTRIES_NAMED} more" if len(dropped) > _ENTRIES_NAMED else ""
+        logger.warning("dropping %d invalid entries of %s instead of keeping them: %s%s",
+                       len(dropped), path, named, more)
+    return dropped
+
+
+def _entry_problem(key: str, raw: Any, spec: KernelSpec | None) -> str | None:
+    """Why an entry of an existing file must not be kept (None if it may)."""
+    bad_number = _non_finite_path(raw)
+    if bad_number is not None:
+        return f"{bad_number} is not a finite number"  # could not even be written back (strict JSON)
+    if spec is None:  # a user's kernel not importable here: the format only
+        if not isinstance(raw, dict) or not {"problem", "dtype", "config"} <= set(raw):
+            return "it is not an object with problem, dtype and config"
+        return None
+    try:
+        parse_entry(key, raw, spec)
+    except KeyError as exc:
+        return f"it lacks {describe(exc.args[0])}"
+    except Exception as exc:  # noqa: BLE001 — whatever the runtime would skip it for
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _non_finite_path(value: Any, where: str = "") -> str | None:
+    """The JSON path of the first NaN, infinity or oversized integer in `value`, else None."""
+    if isinstance(value, HugeNumber) or (isinstance(value, float) and not math.isfinite(value)):
+        return where or "the entry"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _non_finite_path(v, f"{where}.{k}" if where else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+def _spec_or_none(kernel: Any) -> KernelSpec | None:
+    from omnitune.registry import get_spec
+
+    if not isinstance(kernel, str):
+        return None
+    try:
+        return get_spec(kernel)
+    except (OmnituneError, ImportError):
+        return None
+
+
 def document_text(document: dict[str, Any]) -> str:
     """The canonical text of a table: sorted keys, two-space indent, final newline."""
     return json.dumps(document, sort_keys=True, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
@@ -165,18 +243,7 @@ def document_text(document: dict[str, Any]) -> str:
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
     """Write through a temporary file in the same folder and os.replace it over `path`: readers
     (and a crash) see the old file or the new one, never a truncated one."""
-    text = document_text(document)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    table_files.write_atomic(path, document_text(document))
 
 
 def _entry(row: pd.Series) -> dict[str, Any]:

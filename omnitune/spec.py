@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from omnitune.coerce import as_bool, as_float, as_int, as_str, describe
 from omnitune.errors import ConfigError, InputError, ShapeError
 from omnitune.source_hash import kernel_source_hash
 
@@ -110,26 +111,40 @@ class Param:
     """The value a config that lacks this parameter means (a parameter added after tables were
     exported: their entries keep meaning what they meant); None: a config must name it."""
 
-    def coerce(self, value: Any) -> ParamValue:
-        """Coerce a value read from JSON or the command line to one of the choices."""
+    def coerce(self, value: Any, *, strict: bool = False) -> ParamValue:
+        """One of the choices, from a value read from JSON or given by a user.
+
+        strict (what a tuned table must hold, as export writes it): a flag only true/false, an
+        integer only an integer, so that a corrupt table is skipped instead of reinterpreted (a
+        table's 1.0 for a flag was once False and its 1 True). Otherwise (a user's --config or
+        dict) a flag also takes 0/1 and '0'/'1'/'true'/'false', an integer ASCII digits. A float
+        is never an integer or a flag, and nothing non-finite or out of range is ever accepted."""
+        parsed: dict[type, Any] = {}
         for choice in self.choices:
-            if isinstance(choice, bool):
-                if value in (True, False, 0, 1, "0", "1", "true", "false", "True", "False"):
-                    v = value if isinstance(value, bool) else str(value).lower() in ("1", "true")
-                    if v == choice:
-                        return choice
-            elif isinstance(choice, int):
-                try:
-                    if int(value) == choice and not isinstance(value, bool) and float(value) == int(value):
-                        return choice
-                except (TypeError, ValueError):
-                    pass
-            elif str(value) == str(choice):
+            kind = type(choice)
+            if kind not in parsed:
+                parsed[kind] = _parse_choice(kind, value, strict)
+            if parsed[kind] is not _UNPARSABLE and parsed[kind] == choice:
                 return choice
         raise ConfigError(
-            f"{self.name}={value!r} is not a valid choice; choose one of "
+            f"{self.name}={describe(value)} is not a valid choice; choose one of "
             + ", ".join(_fmt(c) for c in self.choices)
         )
+
+
+_UNPARSABLE = object()
+
+
+def _parse_choice(kind: type, value: Any, strict: bool) -> Any:
+    """`value` read as a choice of type `kind` (bool, int or str), or _UNPARSABLE."""
+    try:
+        if kind is bool:
+            return as_bool(value, lenient=not strict)
+        if kind is int:
+            return as_int(value, strings=not strict)
+        return as_str(value)
+    except ValueError:
+        return _UNPARSABLE
 
 
 @dataclass(frozen=True)
@@ -171,14 +186,27 @@ class MatchPolicy:
     `exact` fields must be equal (e.g. head dim, causality, GQA ratio). Every other numeric field
     may differ by at most `max_ratio` (per dimension, larger over smaller); among candidates the one
     with the smallest summed |log2 ratio| wins. So a decode call (lq=1) never snaps to a prefill
-    config (lq=512) with the default ratio of 4."""
+    config (lq=512) with the default ratio of 4.
+
+    The same split decides how the runtime caches its answers (omnitune/runtime/_buckets.py):
+    exact fields are cached as they are, while each integer ratio field is rounded up to the next
+    bucket bound, 2**(k / buckets_per_octave) rounded up to an integer, so that consecutive decode
+    steps (a context growing by one token) share one cache entry. With 4 buckets per octave a bucket
+    is at most ~19% wide, small next to max_ratio; small values (1..8) are their own buckets."""
 
     exact: tuple[str, ...] = ()
     max_ratio: float = 4.0
     ratio_overrides: Mapping[str, float] = field(default_factory=dict)
+    buckets_per_octave: int = 4
+    bucket_overrides: Mapping[str, int] = field(default_factory=dict)
+    """Per field, another number of buckets per octave; 0 caches that field exactly (a field whose
+    constraints are not monotone within a bucket must be cached exactly: see _buckets.py)."""
 
     def distance(self, a: Any, b: Any) -> float | None:
-        """Summed |log2 ratio| over the soft fields, or None if a and b may not be matched."""
+        """Summed |log2 ratio| over the soft fields, or None if a and b may not be matched.
+
+        Never raises for odd values (a table is untrusted input): a ratio too large for a float,
+        a non-finite or non-positive value, or a value of another type means "no match"."""
         total = 0.0
         for f in dataclasses.fields(a):
             va, vb = getattr(a, f.name), getattr(b, f.name)
@@ -188,13 +216,22 @@ class MatchPolicy:
                 continue
             if va == vb:
                 continue
-            if va <= 0 or vb <= 0:
+            if isinstance(vb, bool) or not isinstance(vb, (int, float)) or not (va > 0 and vb > 0):
                 return None
-            ratio = max(va, vb) / min(va, vb)
-            if ratio > self.ratio_overrides.get(f.name, self.max_ratio):
+            try:
+                ratio = max(va, vb) / min(va, vb)
+            except (OverflowError, ZeroDivisionError):  # e.g. 10**400 / 3: far beyond any max_ratio
                 return None
-            total += abs(math.log2(ratio))
+            if not ratio <= self.ratio_overrides.get(f.name, self.max_ratio):  # also catches NaN
+                return None
+            total += math.log2(ratio)
         return total
+
+    def buckets_of(self, f: dataclasses.Field) -> int:
+        """Buckets per octave of one problem field in the runtime's cache; 0: cached exactly."""
+        if f.name in self.exact or field_kind(f) != "int":
+            return 0
+        return max(0, int(self.bucket_overrides.get(f.name, self.buckets_per_octave)))
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -324,22 +361,23 @@ class KernelSpec:
     ) -> list[Config]:
         return [c for c in self.all_configs() if not self.violations(problem, c, dtype, limits)]
 
-    def coerce_config(self, values: Mapping[str, Any], *, partial_ok: bool = False) -> Config:
+    def coerce_config(self, values: Mapping[str, Any], *, partial_ok: bool = False, strict: bool = False) -> Config:
         """Validate a config read from JSON or a user: every key a known parameter, every value
-        one of its choices; missing keys an error unless partial_ok."""
+        one of its choices; missing keys an error unless partial_ok. strict: values exactly as
+        export writes them (see Param.coerce), for configs read from tuned tables."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"a {self.name} config must be a JSON object, got {type(values).__name__}")
         names = {p.name for p in self.params}
-        unknown = sorted(set(values) - names)
+        unknown = sorted(set(values) - names, key=str)
         if unknown:
             raise ConfigError(
-                f"{self.name} has no parameter {unknown[0]!r}; its parameters are {', '.join(sorted(names))}"
+                f"{self.name} has no parameter {describe(unknown[0])}; its parameters are {', '.join(sorted(names))}"
             )
         filled = {p.name: p.missing for p in self.params if p.name not in values and p.missing is not None}
         missing = sorted(names - set(values) - set(filled))
         if missing and not partial_ok:
             raise ConfigError(f"{self.name} config lacks {', '.join(missing)}")
-        coerced = {k: self.param(k).coerce(v) for k, v in values.items()}
+        coerced = {k: self.param(k).coerce(v, strict=strict) for k, v in values.items()}
         return Config(coerced if partial_ok else {**filled, **coerced})
 
     def known_good_configs(
@@ -378,7 +416,7 @@ class KernelSpec:
                 if name not in fields:
                     valid = sorted(set(fields) | set(self.aliases))
                     raise ShapeError(
-                        f"{self.name} problems have no dimension {key!r}; use {', '.join(valid)}"
+                        f"{self.name} problems have no dimension {describe(key)}; use {', '.join(valid)}"
                     )
                 kwargs[name] = _coerce_field(fields[name], raw, key)
         missing = [
@@ -389,15 +427,21 @@ class KernelSpec:
             raise ShapeError(f"{self.name} shape lacks {', '.join(missing)}")
         try:
             return self.problem_type(**kwargs)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, ArithmeticError) as exc:
             raise ShapeError(f"impossible {self.name} shape: {exc}") from None
+
+    def canonical_problem(self, problem: Any) -> Any:
+        """An instance of problem_type rebuilt from its own fields through problem_from_mapping's
+        strict parsing: numpy integers become ints, 0/1 flags bools, and a value no table or
+        tensor could hold (inf, 2**40, a string where a dimension belongs) is a ShapeError."""
+        return self.problem_from_mapping({f.name: getattr(problem, f.name) for f in self.problem_fields()})
 
     def parse_shape(self, text: str) -> Any:
         """Parse a shape spec such as 'b=8,h=28,hkv=4,lq=128,lk=1152,d=128'."""
         values: dict[str, str] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             if "=" not in part:
-                raise ShapeError(f"bad shape {text!r}: expected name=value pairs separated by commas")
+                raise ShapeError(f"bad shape {describe(text)}: expected name=value pairs separated by commas")
             k, v = (s.strip() for s in part.split("=", 1))
             values[k] = v
         if not values:
@@ -423,27 +467,23 @@ class KernelSpec:
         return kernel_source_hash(mod)
 
 
-def _coerce_field(f: dataclasses.Field, raw: Any, key: str) -> Any:
+def field_kind(f: dataclasses.Field) -> str:
+    """'bool', 'int', 'float', 'str' or 'other', from a problem dataclass field's annotation."""
     typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    try:
-        if "bool" in typ:
-            if isinstance(raw, bool):
-                return raw
-            s = str(raw).strip().lower()
-            if s in ("1", "true", "yes", "y"):
-                return True
-            if s in ("0", "false", "no", "n"):
-                return False
-            raise ValueError
-        if "int" in typ:
-            if isinstance(raw, bool):
-                raise ValueError
-            value = float(raw) if not isinstance(raw, int) else raw
-            if value != int(value):
-                raise ValueError
-            return int(value)
-        if "float" in typ:
-            return float(raw)
+    for kind in ("bool", "int", "float", "str"):
+        if kind in typ:
+            return kind
+    return "other"
+
+
+def _coerce_field(f: dataclasses.Field, raw: Any, key: str) -> Any:
+    # Strict (omnitune/coerce.py): "1e400", "Infinity", 10**400, b"16", "１６" and "1_0" are
+    # a caller's mistakes to report, not numbers to guess at.
+    kind = field_kind(f)
+    parse = {"bool": as_bool, "int": as_int, "float": as_float, "str": as_str}.get(kind)
+    if parse is None:
         return raw
-    except (TypeError, ValueError):
-        raise ShapeError(f"{key}={raw!r} is not a valid {typ}") from None
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise ShapeError(f"{key}={describe(raw)} is not a valid {kind}: {exc}") from None

@@ -109,7 +109,7 @@ BAD_ARGUMENTS = {
     "kernels": (["kernels", "attention"], "unexpected extra argument"),
     "devices": (["devices", "--gpu", "0"], "No such option: --gpu"),
     "bench": (["bench", "attention", "--shape", "b=1,h=2,zz=3", "--dtype", "fp32", *MODE], "no dimension 'zz'"),
-    "search": (["search", "attention", "--shape", "b=1,h=2,hkv=1,lq=inf,lk=23,d=64", *MODE], "not a finite integer"),
+    "search": (["search", "attention", "--shape", "b=1,h=2,hkv=1,lq=inf,lk=23,d=64", *MODE], "lq='inf' is not a valid int"),
     "plan": (["plan", "--model", "llama-9"], "unknown model 'llama-9'"),
     "report": (["report", "--db", "{tmp}/missing.db"], "no results database"),
     "export": (["export", "--db", "{tmp}/missing.db", "--out", "{tmp}/out"], "no results database"),

@@ -162,7 +162,7 @@ def test_the_target_is_replaced_whole(tmp_path, monkeypatch):
         seen_while_writing.append(path.read_text())
         real_fsync(fd)
 
-    monkeypatch.setattr(export.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
     export.write_json_atomic(path, new)
     assert seen_while_writing == [old]
     assert path.read_text() == export.document_text(new)
@@ -177,11 +177,11 @@ def test_a_failed_write_leaves_the_old_file_and_no_debris(populated, tmp_path, m
     def crash(src, dst):
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(export.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="disk on fire"):
         export.export_tables(populated, tmp_path)
     assert path.read_text() == old
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f".{path.name}.lock"])
 
 
 # --- into the runtime ----------------------------------------------------------------------------
@@ -251,3 +251,160 @@ def test_export_command_unknown_kernel_lists_the_ones_present(populated, tmp_pat
     result = CliRunner().invoke(app, ["export", "--db", str(populated), "--out", str(tmp_path), "--kernel", "nope"])
     assert result.exit_code == 2
     assert "no results for kernel 'nope'" in result.stderr and "attention" in result.stderr
+
+
+# --- hardening: modes, concurrent exports, debris, what is kept -----------------------------------
+
+
+def _one_entry_db(tmp_path: Path, name: str, problem) -> Path:
+    return results_db(tmp_path / f"{name}.db", [trial_row(0, problem, FAST, time_ms=1.0)])
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_tables_get_the_mode_the_umask_gives(populated, tmp_path, umask, mode):
+    """Not mkstemp's 0600, which another user's inference process could not read."""
+    previous = os.umask(umask)
+    try:
+        export.export_tables(populated, tmp_path)
+    finally:
+        os.umask(previous)
+    assert _h200_file(tmp_path).stat().st_mode & 0o777 == mode
+
+
+def test_an_export_waits_for_the_one_holding_the_tables_lock(tmp_path):
+    """The read-merge-write of one file is serialized: an entry another export wrote while this
+    one waited is kept, not overwritten by a merge of what was there before."""
+    import threading
+
+    from omnitune import table_files
+
+    path = _h200_file(tmp_path)
+    export.export_tables(_one_entry_db(tmp_path, "first", PREFILL), tmp_path)
+    done = threading.Event()
+    with table_files.locked(path):
+        worker = threading.Thread(target=lambda: (export.export_tables(_one_entry_db(tmp_path, "second", CROSS), tmp_path),
+                                                  done.set()))
+        worker.start()
+        assert not done.wait(1.0)  # blocked on the lock
+        # Meanwhile the holder adds an entry (as a concurrent export from another machine would).
+        export.write_json_atomic(path, export.merge_document(
+            json.loads(path.read_text()) | {"entries": {**json.loads(path.read_text())["entries"],
+                                                        _key(UNTOUCHED): _kept_entry(UNTOUCHED)}}, None))
+    worker.join(30)
+    assert done.is_set()
+    assert set(json.loads(path.read_text())["entries"]) == {_key(PREFILL), _key(CROSS), _key(UNTOUCHED)}
+
+
+def _kept_entry(problem, **changes):
+    entry = {"problem": dataclasses.asdict(problem), "dtype": "fp16", "config": FAST.as_dict(), "time_ms": 2.0}
+    entry.update(changes)
+    return entry
+
+
+def _export_after(barrier, db: Path, out: Path) -> None:
+    barrier.wait()
+    export.export_tables(db, out)
+
+
+def test_concurrent_exports_into_one_folder_keep_both_sides(tmp_path):
+    """Processes, as concurrent exports are (forked, so that none imports torch again)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    problems = [dataclasses.replace(PREFILL, lq=lq, lk=lq) for lq in (64, 256, 1024, 4096)]
+    databases = [_one_entry_db(tmp_path, f"db{i}", p) for i, p in enumerate(problems)]
+    for round_ in range(2):
+        out = tmp_path / f"round{round_}"
+        barrier = context.Barrier(len(databases))
+        workers = [context.Process(target=_export_after, args=(barrier, db, out)) for db in databases]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        assert [w.exitcode for w in workers] == [0] * len(workers)
+        assert set(json.loads(_h200_file(out).read_text())["entries"]) == {_key(p) for p in problems}
+
+
+def test_temporary_and_lock_files_are_ignored_by_git_and_stale_ones_removed(populated, tmp_path):
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    names = ["tuned_configs/attention/.NVIDIA_H200.json.1a2b3c4d.tmp", "tuned_configs/attention/.NVIDIA_H200.json.lock"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *names, "tuned_configs/attention/NVIDIA_H200.json"],
+                             cwd=repo, capture_output=True, text=True)
+    assert ignored.stdout.split() == names  # the table itself is not ignored
+
+    path = _h200_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    stale = path.parent / f".{path.name}.dead0001.tmp"  # what a killed export leaves
+    stale.write_text('{"half of a')
+    export.export_tables(populated, tmp_path)
+    assert not stale.exists() and not list(path.parent.glob("*.tmp"))
+
+
+def test_invalid_entries_of_the_existing_file_are_dropped_with_one_warning(populated, tmp_path, caplog):
+    import logging
+
+    path = _h200_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    far = dataclasses.replace(PREFILL, lq=4096, lk=4096)
+    entries = {
+        _key(UNTOUCHED): _kept_entry(UNTOUCHED),                                 # valid: kept
+        _key(far): _kept_entry(far, config=FAST.replace(BLOCK_M=7).as_dict()),  # outside the space
+        _key(CROSS): _kept_entry(PREFILL),                                      # key and problem disagree
+        "fp16|b=1": {"problem": "b=1"},                                         # not an entry at all
+    }
+    path.write_text(json.dumps({"schema_version": 1, "kernel": "attention", "device": {"key": "NVIDIA_H200"},
+                                "entries": entries}))
+    caplog.set_level(logging.WARNING, logger="omnitune.export")
+    written = export.export_tables(populated, tmp_path)
+    h200 = next(f for f in written if f.path == path)
+    assert (h200.kept, h200.dropped, h200.changed) == (1, 3, True)
+    assert set(json.loads(path.read_text())["entries"]) == {_key(PREFILL), _key(UNTOUCHED)}
+    warned = [r.getMessage() for r in caplog.records if r.name == "omnitune.export"]
+    assert len(warned) == 1 and "dropping 3 invalid entries" in warned[0] and "BLOCK_M=7" in warned[0]
+
+
+@pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e999", "1" + "0" * 500])
+def test_merging_into_a_table_holding_a_nan_does_not_crash(populated, tmp_path, raw):
+    path = _h200_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    entries = {_key(UNTOUCHED): _kept_entry(UNTOUCHED, time_ms="@@RAW@@"),  # kept otherwise: dropped
+               _key(PREFILL): _kept_entry(PREFILL, time_ms="@@RAW@@")}      # replaced by the database's
+    text = json.dumps({"schema_version": 1, "kernel": "attention", "device": {"key": "NVIDIA_H200"}, "entries": entries})
+    path.write_text(text.replace('"@@RAW@@"', raw))
+    export.export_tables(populated, tmp_path)
+    written = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} written"))
+    assert set(written["entries"]) == {_key(PREFILL)}
+    assert written["entries"][_key(PREFILL)]["time_ms"] == FAST_MS
+
+
+def test_a_fifo_at_the_target_is_an_error_not_a_hang(populated, tmp_path):
+    import threading
+
+    path = _h200_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_raises(lambda: export.export_tables(populated, tmp_path))),
+                              daemon=True)
+    worker.start()
+    worker.join(30)
+    assert outcome and isinstance(outcome[0], StoreError) and "not a regular file" in str(outcome[0])
+
+
+def _raises(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def test_a_lock_held_too_long_is_a_clear_error(populated, tmp_path, monkeypatch):
+    from omnitune import table_files
+
+    monkeypatch.setattr(table_files, "LOCK_TIMEOUT_S", 0.3)
+    with table_files.locked(_h200_file(tmp_path)):
+        with pytest.raises(StoreError, match="another export has been writing"):
+            export.export_tables(populated, tmp_path)

@@ -154,11 +154,18 @@ def test_entries_of_another_dtype_do_not_match(config_dir):
     assert answer.config == SPEC.default_config(PREFILL, torch.bfloat16)
 
 
-def test_missing_file_is_silent(config_dir, warnings_seen):
+def test_a_missing_table_warns_once_per_kernel_and_device(config_dir, warnings_seen):
     answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
     assert answer.rung is Rung.DEFAULT
     assert answer.config == SPEC.default_config(PREFILL, torch.float16)
-    assert warnings_seen() == []
+    runtime.lookup("attention", DECODE, torch.bfloat16, GPU)  # another problem, another dtype: no new warning
+    seen = warnings_seen()
+    assert len(seen) == 1, seen
+    assert f"no tuned configs for attention on {GPU}" in seen[0]
+    assert str(config_dir / "attention" / f"{device_key(GPU)}.json") in seen[0]
+    assert _search_command(PREFILL) in seen[0]
+    runtime.lookup("attention", PREFILL, torch.float16, "Test GPU X2")  # another device: its own warning
+    assert len(warnings_seen()) == 2
 
 
 def test_no_dtype_or_no_gpu_means_the_default(config_dir, monkeypatch):
@@ -293,6 +300,8 @@ def test_config_dir_takes_precedence_over_shipped_tables(tmp_path, config_dir, m
 
     assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == TUNED
     monkeypatch.delenv("OMNITUNE_CONFIG_DIR")
+    assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == TUNED  # read at the first lookup
+    runtime.clear_cache()  # ... and again after clear_cache
     assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == OTHER
     repo_file.unlink()
     runtime.clear_cache()

@@ -10,15 +10,24 @@ config. Tables are `<dir>/<kernel>/<device_key>.json`, read from $OMNITUNE_CONFI
 (several directories may be joined with os.pathsep), then the repository's tuned_configs/, then
 the tuned_configs/ shipped inside the installed package.
 
-A missing, empty, corrupt or stale table never breaks inference: it is logged once (logger
-"omnitune.runtime") with the `omnitune search` command that would fill the gap, and the chain
-falls through. Only a programming error raises (an unknown kernel, a problem of the wrong type).
+A missing, unreadable, corrupt or stale table never breaks inference: it is logged once (logger
+"omnitune.runtime", see _tables.py) with the `omnitune search` command that would fill the gap,
+and the chain falls through. The config returned never breaks a constraint of the problem: a
+default that would is replaced by the first valid config of the space. Lookup raises only for
+the caller's mistakes: UnknownKernelError (no such kernel), ShapeError (an InputError: a problem
+of the wrong type, or with a value no tensor could have — inf, "1e400", 10**400, any dimension
+above 2**31 - 1, b"16", "１６", "1_0"), and InputError (a dtype the kernel does not support, or a
+problem no config of the kernel's space can run).
 
-Answers are cached per (kernel, problem, dtype, device, $OMNITUNE_CONFIG_DIR): a repeated lookup
-costs a dict access. A table rewritten while the process runs is seen by lookups not answered
-yet, or by all of them after clear_cache().
+Caching, for a lookup on every call: answers are cached per bucket of problems (fields the
+MatchPolicy matches by ratio rounded up, see _buckets.py), so that the steps of a decode loop,
+each with a longer context, hit one entry; at most CACHE_ENTRIES answers are kept (least recently
+used go first). A cached lookup takes under a microsecond (benchmarks/runtime_lookup.py).
+The config directories ($OMNITUNE_CONFIG_DIR included) are read at the first lookup; a table
+rewritten while the process runs is seen by lookups of buckets not answered yet, and by all
+after clear_cache(), which also re-reads the environment.
 
-Import discipline: this package imports only the standard library, torch and omnitune's spec,
+Import discipline: this package imports only the standard library, torch and omnitune's spec, coerce,
 registry and errors — never optuna, pandas, rich, typer or sqlite-utils (a test checks).
 """
 
@@ -26,20 +35,24 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import omnitune
-from omnitune.errors import InputError, ShapeError
+from omnitune.coerce import describe
+from omnitune.errors import InputError, ShapeError, UnknownKernelError
 from omnitune.runtime import _tables
-from omnitune.runtime._chain import Lookup, Rung, ranked_entries, resolve
+from omnitune.runtime._buckets import Bucketing
+from omnitune.runtime._chain import Bucket, Impossible, Lookup, Rung, ranked_entries, resolve_bucket, resolve_problem
 from omnitune.runtime._format import CONFIG_DIR_ENV, SCHEMA_VERSION, search_command, table_path
 from omnitune.spec import DTYPE_NAMES, Config, DeviceLimits, KernelSpec, dtype_name
 
 __all__ = [
+    "CACHE_ENTRIES",
     "CONFIG_DIR_ENV",
     "SCHEMA_VERSION",
     "Lookup",
@@ -52,10 +65,18 @@ __all__ = [
     "nearest_configs",
 ]
 
-_results: dict[tuple, Lookup] = {}
+CACHE_ENTRIES = 4096
+"""Most answers kept: buckets of problems, plus single problems where a bucket has no shared answer."""
+
+# (kernel, dtype, device_name, bucket key[, problem values]) → Lookup | Bucket | Impossible
+_answers: OrderedDict[tuple, Any] = OrderedDict()
+_bucket_keys: dict[Any, Callable[[Any], Any]] = {}  # kernel as the caller names it → its key function
+_bucketings: dict[str, Bucketing] = {}
 _device_names: dict[int, str] = {}
+_cuda: list[bool] = []             # torch.cuda.is_available(), asked once: it costs ~0.6 µs a call
 _limits: list[DeviceLimits] = []
-_lock = threading.Lock()
+_dirs: list[list[Path]] = []       # config_dirs() as of the first lookup
+_lock = threading.Lock()           # guards writes to the caches above; never held while reading files
 # Bumped by clear_cache: callers that memoise answers (the public ops) start over when it moves.
 _generation = [0]
 
@@ -87,21 +108,32 @@ def lookup(
     """
     if device_name is None:
         device_name = _current_device_name()
-    cache_key = (kernel, problem, dtype, device_name, os.environ.get(CONFIG_DIR_ENV))
+    # The hot path: one generated key function, one dict access. Anything it cannot answer —
+    # not cached yet, a string or mapping, a value that is not a plain int — takes the slow path,
+    # which validates the call and raises the caller's mistakes.
     try:
-        return _results[cache_key]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable problem (a dict): answer without caching
-        cache_key = None
-    answer = _lookup_uncached(kernel, problem, dtype, device_name)
-    if cache_key is not None:
-        _results[cache_key] = answer
-    return answer
+        key = (kernel, dtype, device_name, _bucket_keys[kernel](problem))
+        answer = _answers[key]
+        _answers.move_to_end(key)
+    except Exception:  # noqa: BLE001 — see above: the slow path decides
+        return _lookup_slow(kernel, problem, dtype, device_name)
+    if answer.__class__ is Lookup:
+        return answer
+    found = answer.pick(problem)  # a Bucket: its tuned problems, or the answer it shares
+    if found is not None:
+        return found
+    try:  # a bucket with no shared answer: this problem's own
+        found = _answers[(*key, answer.values(problem))]
+    except Exception:  # noqa: BLE001 — as above
+        return _lookup_slow(kernel, problem, dtype, device_name)
+    if found.__class__ is Impossible:
+        raise InputError(found.message)
+    return found
 
 
 def config_dirs() -> list[Path]:
-    """The directories searched for tables, in order of precedence."""
+    """The directories searched for tables, in order of precedence (from the environment now;
+    lookups use them as they were at the first lookup, until clear_cache())."""
     dirs = [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
     package_dir = Path(omnitune.__file__).parent
     dirs.append(package_dir.parent / "tuned_configs")  # the repository's (an editable install)
@@ -112,11 +144,16 @@ def config_dirs() -> list[Path]:
 
 
 def clear_cache() -> None:
-    """Forget every answer, parsed table and warning (for tests, or after rewriting tables)."""
+    """Forget every answer, parsed table and warning, and read the environment again (for tests,
+    or after rewriting tables)."""
     with _lock:
-        _results.clear()
+        _answers.clear()
+        _bucket_keys.clear()
+        _bucketings.clear()
         _device_names.clear()
+        _cuda.clear()
         _limits.clear()
+        _dirs.clear()
         _generation[0] += 1
     _tables.clear()
 
@@ -124,24 +161,6 @@ def clear_cache() -> None:
 def cache_generation() -> int:
     """A counter that clear_cache() advances: memoised answers older than it are stale."""
     return _generation[0]
-
-
-def _lookup_uncached(kernel: str, problem: Any, dtype: torch.dtype | None, device_name: str | None) -> Lookup:
-    from omnitune.profile.device import device_key
-    from omnitune.registry import get_spec
-
-    spec = get_spec(kernel)  # an unknown kernel is a programming error: UnknownKernelError
-    problem = _as_problem(spec, problem)
-    if dtype is None:
-        return Lookup(spec.default_config(problem, _widest_dtype(spec)), Rung.DEFAULT)
-    if dtype not in spec.dtypes or dtype not in DTYPE_NAMES:
-        supported = ", ".join(dtype_name(d) for d in spec.dtypes)
-        raise InputError(f"{spec.name} does not support {dtype}; use one of {supported}")
-    if device_name is None:
-        return Lookup(spec.default_config(problem, dtype), Rung.DEFAULT)
-
-    tables = _tables_for(spec, problem, dtype, device_key(device_name))
-    return resolve(spec, problem, dtype, tables, _device_limits())
 
 
 def nearest_configs(
@@ -152,7 +171,8 @@ def nearest_configs(
     device, within the spec's MatchPolicy, the exact problem included), nearest first: at most
     `most` distinct configs, each valid for `problem`. What a search warm-starts from."""
     chosen: list[Config] = []
-    for _, _, entry in ranked_entries(spec, problem, dtype, _tables_for(spec, problem, dtype, device_key)):
+    tables = _tables_at(spec, problem, dtype, device_key, config_dirs())
+    for _, _, entry in ranked_entries(spec, problem, dtype, tables):
         if len(chosen) >= most:
             break
         if entry.config not in chosen and not spec.violations(problem, entry.config, dtype, limits):
@@ -160,21 +180,102 @@ def nearest_configs(
     return chosen
 
 
-def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str) -> list:
-    """The readable tables for one kernel and device, in precedence order; a bad file warns once,
-    naming the search that would fill the gap, and is skipped."""
+def _lookup_slow(kernel: Any, problem: Any, dtype: Any, device_name: Any) -> Lookup:
+    """Validate the call, then answer from the cache or resolve and cache the answer."""
+    spec = _spec_of(kernel)
+    problem = _as_problem(spec, problem)
+    _check_dtype(spec, dtype)
+    if device_name is not None and not isinstance(device_name, str):
+        raise InputError(f"device_name must be a GPU's name (a str) or None, got {describe(device_name)}")
+    bucketing = _bucketing_of(kernel, spec)
+    check_dtype = dtype if dtype is not None else _widest_dtype(spec)
+    key = (kernel, dtype, device_name, bucketing.key(problem))
+    tables = None
+
+    bucket = _answers.get(key)
+    if bucket is None:
+        tables = _tables_for(spec, problem, dtype, device_name)
+        bucket = resolve_bucket(spec, bucketing, problem, dtype, check_dtype, tables, _device_limits())
+        _remember(key, bucket)
+    found = bucket if bucket.__class__ is Lookup else bucket.pick(problem)
+    if found is not None:
+        return found
+
+    # No answer serves the whole bucket: this problem is resolved (and cached) on its own.
+    problem_key = (*key, bucketing.values(problem))
+    answer = _answers.get(problem_key)
+    if answer is None:
+        if tables is None:
+            tables = _tables_for(spec, problem, dtype, device_name)
+        answer = resolve_problem(spec, problem, dtype, check_dtype, tables, _device_limits())
+        _remember(problem_key, answer)
+    if answer.__class__ is Impossible:
+        raise InputError(answer.message)
+    return answer
+
+
+def _remember(key: tuple, answer: Any) -> None:
+    with _lock:
+        _answers[key] = answer
+        _answers.move_to_end(key)
+        while len(_answers) > CACHE_ENTRIES:
+            _answers.popitem(last=False)
+
+
+def _spec_of(kernel: Any) -> KernelSpec:
+    from omnitune.registry import get_spec
+
+    if not isinstance(kernel, str):
+        raise UnknownKernelError(f"kernel must be a kernel's name (a str), got {describe(kernel)}")
+    return get_spec(kernel)  # an unknown kernel is a programming error: UnknownKernelError
+
+
+def _bucketing_of(kernel: str, spec: KernelSpec) -> Bucketing:
+    bucketing = _bucketings.get(spec.name)
+    if bucketing is None:
+        bucketing = Bucketing(spec)
+        with _lock:
+            _bucketings[spec.name] = bucketing
+    with _lock:
+        _bucket_keys[kernel] = bucketing.key
+    return bucketing
+
+
+def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype | None, device_name: str | None) -> list:
+    """The tables a lookup reads: none without a dtype or a device (the default answers)."""
+    if dtype is None or device_name is None:
+        return []
+    from omnitune.profile.device import device_key
+
+    return _tables_at(spec, problem, dtype, device_key(device_name), _snapshot_dirs(), device_name)
+
+
+def _tables_at(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str, dirs: list[Path], device_name: str | None = None,
+) -> list:
+    """The readable tables for one kernel and device under `dirs`, in precedence order; a bad file
+    warns once, naming the search that would fill the gap, and is skipped. With device_name (a
+    lookup, not a search's warm start), no table in any directory warns once too."""
     gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
-    tables = []
-    for config_dir in config_dirs():
-        table = _tables.load_table(table_path(config_dir, spec.name, key), spec, gap)
+    tables, paths, found_any = [], [], False
+    for config_dir in dirs:
+        path = table_path(config_dir, spec.name, key)
+        paths.append(path)
+        stamp = _tables.file_stamp(path)
+        if stamp is None:
+            continue
+        found_any = True
+        table = _tables.load_stamped(path, stamp, spec, gap)
         if table is not None:
             tables.append(table)
+    if not found_any and device_name is not None:
+        _tables.warn_missing(spec, device_name, paths, gap)
     return tables
 
 
 def _as_problem(spec: KernelSpec, problem: Any) -> Any:
     if isinstance(problem, spec.problem_type):
-        return problem
+        return spec.canonical_problem(problem)  # inf, 2**40 or "16" in a field: ShapeError
     if isinstance(problem, str):
         return spec.parse_shape(problem)
     if isinstance(problem, Mapping):
@@ -185,6 +286,16 @@ def _as_problem(spec: KernelSpec, problem: Any) -> Any:
     )
 
 
+def _check_dtype(spec: KernelSpec, dtype: Any) -> None:
+    if dtype is None:
+        return
+    supported = ", ".join(str(d) for d in spec.dtypes)
+    if not isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype must be a torch.dtype (one of {supported}) or None, got {describe(dtype)}")
+    if dtype not in spec.dtypes or dtype not in DTYPE_NAMES:
+        raise InputError(f"{spec.name} does not support {dtype}; use one of {supported}")
+
+
 def _widest_dtype(spec: KernelSpec) -> torch.dtype:
     # Without a dtype, the default is computed for the widest element type the kernel supports:
     # a config whose tiles fit in shared memory at that width fits at any narrower one.
@@ -192,13 +303,24 @@ def _widest_dtype(spec: KernelSpec) -> torch.dtype:
 
 
 def _current_device_name() -> str | None:
-    if not torch.cuda.is_available():
+    if not _cuda:
+        _cuda.append(torch.cuda.is_available())
+    if not _cuda[0]:
         return None
     index = torch.cuda.current_device()
     name = _device_names.get(index)
     if name is None:
         name = _device_names[index] = torch.cuda.get_device_name(index)
     return name
+
+
+def _snapshot_dirs() -> list[Path]:
+    if not _dirs:
+        dirs = config_dirs()
+        with _lock:
+            if not _dirs:
+                _dirs.append(dirs)
+    return _dirs[0]
 
 
 def _device_limits() -> DeviceLimits:

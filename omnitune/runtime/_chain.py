@@ -1,17 +1,20 @@
-"""The lookup chain: exact key → nearest tuned problem → the kernel's default config."""
+"""The lookup chain: exact key → nearest tuned problem → the kernel's default config, resolved
+once per bucket of problems (see _buckets.py) and, where one answer cannot serve a whole bucket,
+once per problem. Nothing here returns a config that breaks a constraint of the problem asked."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from omnitune.runtime._buckets import Bucketing
 from omnitune.runtime._format import entry_key, search_command
-from omnitune.runtime._tables import Table, TableEntry, warn_entry_once
+from omnitune.runtime._tables import Table, TableEntry, warn_entry_once, warn_once
 from omnitune.spec import Config, DeviceLimits, KernelSpec, dtype_name
 
 
@@ -38,28 +41,71 @@ class Lookup:
     matched_key: str | None = None
     """The entry key ('<dtype>|<problem_key>') that answered; None for the default."""
     distance: float | None = None
-    """MatchPolicy distance to the matched problem: 0.0 when exact, None for the default."""
+    """MatchPolicy distance to the matched problem: 0.0 when exact; for a nearest match, from the
+    problem's bucket bound (its bucketed fields rounded up), which answers for the whole bucket;
+    None for the default."""
 
 
-def resolve(
-    spec: KernelSpec,
-    problem: Any,
-    dtype: torch.dtype,
-    tables: Sequence[Table],
-    limits: DeviceLimits,
-) -> Lookup:
-    """Walk the chain over `tables` (earlier tables take precedence for the same key)."""
-    key = entry_key(dtype_name(dtype), spec.problem_key(problem))
-    for table in tables:
-        entry = table.entries.get(key)
-        if entry is not None and _fits(spec, table, entry, problem, dtype, limits):
-            return Lookup(entry.config, Rung.EXACT, table.path, key, 0.0)
+@dataclass(frozen=True)
+class Impossible:
+    """No config of the kernel's space satisfies its constraints for a problem: looking the
+    problem up raises InputError with this message (cached like an answer, so that a caller
+    repeating the call does not search the space again)."""
 
-    for distance, table, entry in ranked_entries(spec, problem, dtype, tables, include_exact=False):
-        if _fits(spec, table, entry, problem, dtype, limits):
-            return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+    message: str
 
-    return Lookup(spec.default_config(problem, dtype), Rung.DEFAULT)
+
+class Bucket:
+    """The answers for one bucket: its tuned problems exactly, every other problem `shared` —
+    or, where no one config is valid throughout the bucket (shared None), each problem apart."""
+
+    __slots__ = ("exact", "shared", "values")
+
+    def __init__(self, exact: dict[tuple, Lookup], shared: Lookup | None, values: Callable[[Any], tuple]):
+        self.exact = exact
+        self.shared = shared
+        self.values = values
+
+    def pick(self, problem: Any) -> Lookup | None:
+        """The answer for `problem`, or None when it must be resolved on its own."""
+        if self.exact:
+            found = self.exact.get(self.values(problem))
+            if found is not None:
+                return found
+        return self.shared
+
+
+def resolve_bucket(
+    spec: KernelSpec, bucketing: Bucketing, problem: Any, dtype: torch.dtype | None, check_dtype: torch.dtype,
+    tables: Sequence[Table], limits: DeviceLimits,
+) -> Lookup | Bucket:
+    """The answers for the bucket of `problem` (a validated problem; dtype None: no table applies,
+    the default is checked at check_dtype). A bare Lookup when one answer serves the whole bucket."""
+    bucket_key = bucketing.key(problem)
+    exact: dict[tuple, Lookup] = {}
+    for table in tables:  # precedence order: the first table whose entry is valid wins
+        for entry in table.entries.values():
+            if entry.dtype != dtype or bucketing.key(entry.problem) != bucket_key:
+                continue
+            values = bucketing.values(entry.problem)
+            if values not in exact and _fits(spec, table, entry, entry.problem, dtype, limits):
+                exact[values] = Lookup(entry.config, Rung.EXACT, table.path, entry.key, 0.0)
+    shared = _shared_answer(spec, bucketing, problem, dtype, check_dtype, tables, limits)
+    if not exact and shared is not None:
+        return shared
+    return Bucket(exact, shared, bucketing.values)
+
+
+def resolve_problem(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype | None, check_dtype: torch.dtype,
+    tables: Sequence[Table], limits: DeviceLimits,
+) -> Lookup | Impossible:
+    """The chain for one problem whose bucket has no shared answer (and that was not tuned)."""
+    if dtype is not None:
+        for distance, table, entry in ranked_entries(spec, problem, dtype, tables, include_exact=False):
+            if _fits(spec, table, entry, problem, dtype, limits):
+                return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+    return safe_default(spec, problem, check_dtype, limits)
 
 
 def ranked_entries(
@@ -80,12 +126,91 @@ def ranked_entries(
     return [(distance, table, entry) for distance, _, _, table, entry in candidates]
 
 
+def safe_default(spec: KernelSpec, problem: Any, dtype: torch.dtype, limits: DeviceLimits) -> Lookup | Impossible:
+    """The kernel's default config if it is valid for `problem`; else the first config of the
+    space (parameters and choices in their declared order, so the smallest tiles and fewest
+    warps first) that breaks no constraint; else Impossible. A default that breaks its own
+    kernel's constraints (kv_cache_write's for d ≥ 32,769 did) is a bug in the spec, warned about
+    once per kernel and constraint; the config returned is still a valid one."""
+    try:
+        default = spec.default_config(problem, dtype)
+        broken = _outside_space(spec, default) or spec.violations(problem, default, dtype, limits)
+    except Exception as exc:  # noqa: BLE001 — a spec's default for an extreme problem: not this call's end
+        default, broken = None, [("default_config", f"{type(exc).__name__}: {exc}")]
+    if not broken:
+        return Lookup(default, Rung.DEFAULT)
+    name, reason = broken[0]
+    problem_key = spec.problem_key(problem)
+    for config in spec.all_configs():
+        if _valid_at(spec, config, (problem,), dtype, limits):
+            warn_once(
+                ("broken default", spec.name, name),
+                f"the default {spec.name} config breaks {name} for {problem_key} ({dtype_name(dtype)}): {reason}; "
+                f"using {config.label()}, the first config of its space that breaks no constraint (and so for "
+                f"any problem where the default breaks {name})",
+            )
+            return Lookup(config, Rung.DEFAULT)
+    return Impossible(
+        f"{spec.name} cannot run {problem_key} in {dtype_name(dtype)}: no config of its space satisfies its "
+        f"constraints (the default breaks {name}: {reason})"
+    )
+
+
+def _shared_answer(
+    spec: KernelSpec, bucketing: Bucketing, problem: Any, dtype: torch.dtype | None, check_dtype: torch.dtype,
+    tables: Sequence[Table], limits: DeviceLimits,
+) -> Lookup | None:
+    """The first candidate, ranked by distance from the bucket's bound, whose config is valid at
+    every corner of the bucket; else the bound's default config if it is; else None."""
+    try:
+        bound = bucketing.bound(problem)
+        corners = bucketing.corners(problem)
+    except Exception:  # noqa: BLE001 — a corner the problem type rejects (e.g. lq > ctx there)
+        return None
+    if dtype is not None:
+        for distance, table, entry in ranked_entries(spec, bound, dtype, tables):
+            # The caller's own problem first: a warning names it (a config tuned for one shape
+            # that breaks a constraint of its neighbour is worth knowing about); a failure at
+            # another corner only means that this config cannot serve the whole bucket.
+            if _fits(spec, table, entry, problem, dtype, limits) and _valid_at(spec, entry.config, corners, dtype, limits):
+                return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+    try:
+        default = spec.default_config(bound, check_dtype)
+    except Exception:  # noqa: BLE001 — left to safe_default, problem by problem
+        return None
+    if _outside_space(spec, default) or not _valid_at(spec, default, corners, check_dtype, limits):
+        return None
+    return Lookup(default, Rung.DEFAULT)
+
+
+def _outside_space(spec: KernelSpec, config: Config) -> list[tuple[str, str]]:
+    """[('the config space', why)] for a config that is not one of the space's, else []: a
+    default computed from the problem can land outside it (kv_cache_write's BLOCK_H=32 for
+    17..32 kv heads of a small head dim)."""
+    try:
+        if spec.coerce_config(config.as_dict(), strict=True) == config:
+            return []
+        return [("the config space", f"{config.label()} is not one of its configs")]
+    except Exception as exc:  # noqa: BLE001 — ConfigError naming the value, or a default that is no Config
+        return [("the config space", str(exc))]
+
+
+def _valid_at(spec: KernelSpec, config: Config, problems: Sequence[Any], dtype: torch.dtype, limits: DeviceLimits) -> bool:
+    try:
+        return all(not spec.violations(p, config, dtype, limits) for p in problems)
+    except Exception:  # noqa: BLE001 — a constraint that cannot judge a corner cannot vouch for it
+        return False
+
+
 def _fits(
     spec: KernelSpec, table: Table, entry: TableEntry, problem: Any, dtype: torch.dtype, limits: DeviceLimits
 ) -> bool:
     """Whether an entry's config is valid for the *requested* problem: a config tuned for one
     shape can break a constraint (shared memory, rows per block) of a neighbouring one."""
-    violations = spec.violations(problem, entry.config, dtype, limits)
+    try:
+        violations = spec.violations(problem, entry.config, dtype, limits)
+    except Exception as exc:  # noqa: BLE001 — a constraint that raises cannot vouch for the config
+        violations = [("a constraint", f"it raised {type(exc).__name__}")]
     if not violations:
         return True
     name, reason = violations[0]

@@ -1,32 +1,41 @@
 """Reading tuned-config files: parse, validate against the kernel's spec, cache, and warn once.
 
-A missing file is normal (nothing was tuned for that GPU) and silent. Anything else wrong — an
-empty, corrupt or truncated file, another schema, an entry whose values are outside the kernel's
-space — is logged once (per file version, per entry) and skipped: inference must never break
-because a table is bad. Parsed files are cached by (path, mtime, size), so a rewritten file is
-read again and warned about again, an unchanged one never.
+A table is untrusted input: hand-edited, truncated by a full disk, or not a file at all. Whatever
+is wrong with it, inference goes on with the next table or the default config, and the problem
+is logged once (logger "omnitune.runtime", WARNING) with the command that would fill the gap:
+- no table for a kernel on this GPU in any config directory: one warning per kernel and device;
+- a file that cannot be used whole (not a regular file, larger than MAX_TABLE_BYTES, not UTF-8,
+  empty, not JSON, another schema, kernel or device): one warning per file version;
+- entries that cannot be used (a value outside the kernel's space, a non-finite or huge number,
+  a wrong type, a key that does not match its problem): skipped, the rest of the file is used,
+  and ONE warning per file version names how many and the first few.
+Parsed files are cached by (path, mtime, size), so a rewritten file is read again and warned
+about again, an unchanged one never. Files are read and parsed outside the lock, so a slow
+filesystem delays only the lookup that reads it, not other threads' lookups.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from omnitune.errors import OmnituneError
+from omnitune.coerce import describe
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, search_command, split_entry_key
+from omnitune.runtime._reading import UnreadableTable, parse_table_json, read_table_text
 from omnitune.spec import DTYPES, Config, KernelSpec
 
 logger = logging.getLogger("omnitune.runtime")
 
 FileStamp = tuple[int, int]  # (mtime_ns, size)
+
+_ENTRIES_NAMED = 3  # how many bad entries a summary warning names
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class Table:
 
 _parsed: dict[str, tuple[FileStamp, Table | None]] = {}
 _warned: set[tuple] = set()
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _parsed and _warned; never held while reading a file
 
 
 def clear() -> None:
@@ -65,84 +74,100 @@ def load_table(path: Path, spec: KernelSpec, gap_command: str) -> Table | None:
 
     `gap_command` is the search command that would fill the gap the caller is looking up; it goes
     into the warning when the whole file has to be ignored."""
+    stamp = file_stamp(path)
+    if stamp is None:
+        return None
+    return load_stamped(path, stamp, spec, gap_command)
+
+
+def file_stamp(path: Path) -> FileStamp | None:
+    """(mtime_ns, size) of whatever is at `path` (stat never blocks, even on a FIFO); None if
+    nothing is, or it cannot be stat'ed (that is warned about when it is read)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        _warn_once((str(path), "stat"), f"cannot read tuned configs {path} ({exc}); {_fallback(gap_command)}")
-        return None
-    stamp = (st.st_mtime_ns, st.st_size)
+    except (OSError, ValueError):  # ValueError: a path with a NUL byte
+        return (-1, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def load_stamped(path: Path, stamp: FileStamp, spec: KernelSpec, gap_command: str) -> Table | None:
     cached = _parsed.get(str(path))
     if cached is not None and cached[0] == stamp:
         return cached[1]
+    table = _parse(path, stamp, spec, gap_command)  # outside the lock: reading may be slow
     with _lock:
-        cached = _parsed.get(str(path))
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        table = _parse(path, stamp, spec, gap_command)
         _parsed[str(path)] = (stamp, table)
-        return table
+    return table
 
 
 def warn_entry_once(table: Table, key: str, message: str) -> None:
     """Warn about one entry of one file version, once."""
-    _warn_once((str(table.path), table.stamp, key), message)
+    warn_once((str(table.path), table.stamp, key), message)
 
 
-def _warn_once(identity: tuple, message: str) -> None:
-    if identity in _warned:
-        return
-    _warned.add(identity)
+def warn_once(identity: tuple, message: str) -> None:
+    with _lock:
+        if identity in _warned:
+            return
+        _warned.add(identity)
     logger.warning(message)
 
 
-def _fallback(command: str) -> str:
+def warn_missing(spec: KernelSpec, device_name: str, paths: Iterable[Path], gap_command: str) -> None:
+    """No config directory holds a table for this kernel and device: once per kernel and device."""
+    paths = list(paths)
+    warn_once(
+        ("missing", spec.name, device_name, tuple(map(str, paths))),
+        f"no tuned configs for {spec.name} on {device_name}: none of {', '.join(map(str, paths))} exists; "
+        f"using the default config for every {spec.name} call. To tune a shape: {gap_command}, then omnitune export",
+    )
+
+
+def fallback_advice(command: str) -> str:
     return f"using the next table or the default config. To tune this shape: {command}, then omnitune export"
 
 
 def _parse(path: Path, stamp: FileStamp, spec: KernelSpec, gap_command: str) -> Table | None:
-    problem = None
-    doc: Any = None
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        problem = f"cannot be read ({exc})"
-    else:
-        if not text.strip():
-            problem = "is empty"
-        else:
-            try:
-                doc = json.loads(text)
-            except json.JSONDecodeError as exc:
-                problem = f"is not valid JSON, truncated or corrupt ({exc.msg}: line {exc.lineno} column {exc.colno})"
-            except (ValueError, RecursionError) as exc:  # e.g. absurdly deep nesting
-                problem = f"is not valid JSON ({type(exc).__name__})"
-    if problem is None:
+        doc = parse_table_json(read_table_text(path))
         problem = _schema_problem(doc, spec, path)
+    except FileNotFoundError:  # removed since it was stat'ed
+        return None
+    except UnreadableTable as exc:
+        problem = str(exc)
     if problem is not None:
-        _warn_once((str(path), stamp), f"ignoring tuned configs {path}: it {problem}; {_fallback(gap_command)}")
+        warn_once((str(path), stamp), f"ignoring tuned configs {path}: it {problem}; {fallback_advice(gap_command)}")
         return None
 
     _note_source_hash(doc, spec, path)
     entries: dict[str, TableEntry] = {}
+    bad: list[tuple[str, str]] = []
     for key in sorted(doc["entries"]):
         try:
-            entries[key] = _parse_entry(key, doc["entries"][key], spec)
+            entries[key] = parse_entry(key, doc["entries"][key], spec)
         except KeyError as exc:
-            _warn_entry(path, stamp, key, spec, f"it lacks {exc.args[0]!r}")
-        except (OmnituneError, TypeError, ValueError) as exc:
-            _warn_entry(path, stamp, key, spec, str(exc))
+            bad.append((key, f"it lacks {describe(exc.args[0])}"))
+        except Exception as exc:  # noqa: BLE001 — a table is untrusted, and an entry's problem is
+            # built by the spec author's dataclass: whatever one entry raises, the others stay usable
+            bad.append((key, str(exc) or type(exc).__name__))
+    if bad:
+        _warn_bad_entries(path, stamp, spec, bad, len(doc["entries"]))
     return Table(path, stamp, entries)
 
 
-def _warn_entry(path: Path, stamp: FileStamp, key: str, spec: KernelSpec, reason: str) -> None:
-    # The entry's own key names the gap: re-tuning that (problem, dtype) replaces it.
-    dtype_name, problem_key = split_entry_key(key)
-    _warn_once(
-        (str(path), stamp, key),
-        f"ignoring entry {key!r} of {path}: {reason}; "
-        + _fallback(search_command(spec.name, problem_key or "...", dtype_name or "...")),
+def _warn_bad_entries(path: Path, stamp: FileStamp, spec: KernelSpec, bad: list[tuple[str, str]], total: int) -> None:
+    # One warning per file version, however many entries are bad: a corrupt table must not
+    # flood an inference server's log. The first bad entry's key names the search that replaces it.
+    named = "; ".join(f"{describe(key, 200)} ({reason})" for key, reason in bad[:_ENTRIES_NAMED])
+    more = f"; and {len(bad) - _ENTRIES_NAMED} more" if len(bad) > _ENTRIES_NAMED else ""
+    dtype_name, problem_key = split_entry_key(bad[0][0])
+    command = search_command(spec.name, problem_key or "...", dtype_name or "...")
+    warn_once(
+        (str(path), stamp, "entries"),
+        f"ignoring {len(bad)} of the {total} entries of {path}: {named}{more}; for their problems "
+        + fallback_advice(command),
     )
 
 
@@ -151,20 +176,22 @@ def _schema_problem(doc: Any, spec: KernelSpec, path: Path) -> str | None:
     if not isinstance(doc, dict):
         return f"holds a JSON {type(doc).__name__}, not an object"
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        return f"has schema_version {version!r}; this omnitune reads schema_version {SCHEMA_VERSION}"
+    if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
+        return f"has schema_version {describe(version)}; this omnitune reads schema_version {SCHEMA_VERSION}"
     if doc.get("kernel") != spec.name:
-        return f"is for kernel {doc.get('kernel')!r}, not {spec.name!r}"
+        return f"is for kernel {describe(doc.get('kernel'))}, not {spec.name!r}"
     device = doc.get("device")
     if not isinstance(device, dict) or device.get("key") != path.stem:
         found = device.get("key") if isinstance(device, dict) else None
-        return f"is for device {found!r}, but its name says {path.stem!r}"
+        return f"is for device {describe(found)}, but its name says {path.stem!r}"
     if not isinstance(doc.get("entries"), dict):
         return "has no 'entries' object"
     return None
 
 
-def _parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
+def parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
+    """One entry of a table, validated against the spec (export re-validates the entries it keeps
+    with it too); raises KeyError, TypeError, ValueError or an OmnituneError naming what is wrong."""
     # Only the fields that make the lookup are read; every other one (times, `verify_fix`, the
     # `revalidated` record of omnitune verify --fix, fields a later omnitune adds) is ignored, so
     # that provenance can never make the runtime skip an entry.
@@ -173,11 +200,11 @@ def _parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
     dtype_name = raw["dtype"]
     dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
     if dtype is None or dtype not in spec.dtypes:
-        raise ValueError(f"dtype {dtype_name!r} is not one of {spec.name}'s dtypes")
+        raise ValueError(f"dtype {describe(dtype_name)} is not one of {spec.name}'s dtypes")
     if not isinstance(raw["problem"], Mapping):
         raise TypeError("its 'problem' is not an object")
     problem = spec.problem_from_mapping(raw["problem"])
-    config = spec.coerce_config(raw["config"])
+    config = spec.coerce_config(raw["config"], strict=True)  # true/false for a flag, not 1 or 1.0
     expected = entry_key(dtype_name, spec.problem_key(problem))
     if key != expected:
         raise ValueError(f"its problem and dtype give the key {expected!r}")
@@ -190,9 +217,9 @@ def _note_source_hash(doc: dict, spec: KernelSpec, path: Path) -> None:
     # that a partial `omnitune verify --fix` revalidated are served the same way as the others.
     recorded = doc.get("kernel_source_hash")
     current = spec.source_hash()
-    if recorded and current != "unknown" and recorded != current:
+    if isinstance(recorded, str) and recorded and current != "unknown" and recorded != current:
         logger.info(
             "%s was tuned on %s source %s; the source is now %s (configs used; `omnitune verify --fix` on "
             "this GPU revalidates them, or re-tune to refresh them)",
-            path, spec.name, recorded, current,
+            path, spec.name, describe(recorded), current,
         )
