@@ -7,6 +7,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C|D}
+started=$(date +%s)
 step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
 
 case $part in
@@ -52,7 +53,8 @@ case $part in
     step 60 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
     step 60 python benchmarks/e2e_decoder.py --batch 1 8 --out "$OUT/e2e_decoder_h200.json"
     cp -r tuned_configs "$OUT/tuned_configs"
-    step 390 python -m omnitune verify --model qwen2.5-omni-7b --tables "$OUT/tuned_configs" --soak 1 --fix \
+    # whatever is left of the call's 600 s, less a margin to copy the tables back
+    step $(( 560 - ($(date +%s) - started) )) python -m omnitune verify --model qwen2.5-omni-7b --tables "$OUT/tuned_configs" --soak 1 --fix \
       --json "$OUT/verify_h200.json"
     # only the tables verify rewrote come back (at most 8 files from $OUT)
     for f in "$OUT"/tuned_configs/*/*.json; do
