@@ -412,3 +412,44 @@ def test_launch_key_separates_what_triton_specialises_on():
         assert _arg_key(a) != _arg_key(b)
     with pytest.raises(TypeError):
         _arg_key(object())
+
+
+# ------------------------------------------------------------------------------------------------
+# Backend selection: the op dispatches to the backend its config names
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn"])
+def test_attention_dispatches_to_sdpa_when_its_config_says_so(backend, device, monkeypatch):
+    gen = torch.Generator().manual_seed(12)
+    q, k, v, spans = _attention_args(device, gen)
+    calls = []
+    real = attn.sdpa
+    monkeypatch.setattr(attn, "sdpa", lambda *a: calls.append(a[-1]) or real(*a))
+    out = attn.attention(q, k, v, causal=True, config={"BACKEND": backend})
+    assert calls == [backend]
+    want = attn.reference(attn.AttentionInputs(q, k, v, True, 1 / 8.0))
+    assert relative_error(out.double().cpu(), want.cpu()) < 1e-4
+    # with spans SDPA would need a dense mask: the kernel runs them
+    calls.clear()
+    with_spans = attn.attention(q, k, v, causal=True, mm_spans=spans, config={"BACKEND": backend})
+    assert calls == []
+    want = attn.reference(attn.AttentionInputs(q, k, v, True, 1 / 8.0, spans))
+    assert relative_error(with_spans.double().cpu(), want.cpu()) < 1e-4
+
+
+def test_an_sdpa_backend_parks_the_kernels_parameters_and_refuses_what_sdpa_cannot_do():
+    p = attn.AttentionProblem(b=1, h=4, hkv=2, lq=64, lk=64, d=64, causal=True)
+    sdpa = attn.SPEC.complete_config({"BACKEND": "sdpa"}, p, torch.float16)
+    assert sdpa == attn.park_ignored(sdpa) and not attn.SPEC.violations(p, sdpa, torch.float16)
+    unparked = sdpa.replace(BLOCK_M=64)
+    assert [n for n, _ in attn.SPEC.violations(p, unparked, torch.float16)] == ["backend_parks_the_rest"]
+    for impossible in (attn.AttentionProblem(b=1, h=4, hkv=2, lq=64, lk=64, d=64, causal=True, spans=1, span_len=8),
+                       attn.AttentionProblem(b=1, h=4, hkv=2, lq=80, lk=64, d=64, causal=True)):
+        assert attn.SPEC.violations(impossible, sdpa, torch.float16)
+
+
+def test_finalists_and_verify_see_the_backends():
+    assert {b["BACKEND"] for b in attn.SPEC.backends} == {"sdpa", "sdpa_cudnn"}
+    for values in attn.SPEC.backends:
+        assert values in attn.SPEC.known_good  # measured early by every search

@@ -433,7 +433,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_sca
         kwargs["attn_mask"] = _causal_lower_right(lq, lk)
     else:
         kwargs["is_causal"] = causal
-    if backend == "sdpa_cudnn":
+    # cuDNN only on CUDA tensors: elsewhere (the CPU interpreter) SDPA's own dispatch stands in,
+    # so that a table for a GPU reads the same on any machine.
+    if backend == "sdpa_cudnn" and q.is_cuda:
         with _sdpa_kernel([_SDPBackend.CUDNN_ATTENTION]):
             return _F.scaled_dot_product_attention(q, k, v, **kwargs)
     return _F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -509,6 +511,20 @@ def attention(
 _memo = _dispatch.ConfigMemo("attention")
 
 
+def _triton_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
+    """A config of this kernel for a problem whose table entry chose an SDPA backend (needed when
+    the call has spans): the nearest tuned Triton config valid for it, else the default."""
+    if torch.cuda.is_available():
+        from omnitune import runtime
+        from omnitune.trial import device_key
+
+        key = device_key(torch.cuda.get_device_name(torch.cuda.current_device()))
+        for cfg in runtime.nearest_configs(SPEC, problem, dtype, key, most=8):
+            if cfg.get("BACKEND", "triton") == "triton":
+                return cfg
+    return default_config(problem, dtype)
+
+
 def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tensor:
     _check_inputs(q, k, v)
     b, h, lq, d = q.shape
@@ -528,8 +544,9 @@ def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tens
     if cfg.get("BACKEND", "triton") != "triton":
         if spans is None:
             return sdpa(q, k, v, causal, float(sm_scale), cfg.get("BACKEND", "triton"))
-        # SDPA would need a dense mask for the spans: the kernel's own default runs them.
-        cfg = _memo.get(("spans", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: default_config(
+        # SDPA would need a dense mask for the spans: the kernel runs them, with the nearest
+        # tuned Triton config.
+        cfg = _memo.get(("spans", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: _triton_config(
             AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype))
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
     launch(AttentionInputs(q, k, v, causal, float(sm_scale), spans), out, cfg)
@@ -677,8 +694,6 @@ def _check_backend(problem, config, dtype, limits):
         return f"BACKEND={backend} cannot express image spans without a dense mask (only triton)"
     if problem.causal and problem.lq > problem.lk:
         return f"BACKEND={backend} gives NaN for the rows that see no key (lq > lk, causal); only triton"
-    if backend == "sdpa_cudnn" and not torch.cuda.is_available():
-        return "BACKEND=sdpa_cudnn needs a CUDA GPU"
     return None
 
 
@@ -731,7 +746,7 @@ PARAMS = (
 
 CONSTRAINTS = (
     Constraint("backend_parks_the_rest", _check_backend,
-               "an SDPA backend parks the kernel's parameters (one config per backend), no spans, cuDNN on CUDA"),
+               "an SDPA backend parks the kernel's parameters (one config per backend); no spans"),
     Constraint("shared_memory", _triton_only(_check_shared_memory),
                "Q tile + K/V tiles per stage must fit in shared memory"),
     Constraint("accumulator_registers", _triton_only(_check_accumulator), "fp32 accumulator ≤ 128 registers per thread"),

@@ -74,12 +74,15 @@ def replaced_entry(old: dict[str, Any], fix: Replacement, now: str, *, has_fallb
         "verify_fix": {
             "replaced_config": old.get("config"), "replaced_time_ms": fix.entry_ms,
             "fallback_time_ms": fix.fallback_ms, "at": now,
-            "reason": "slower than its fallback when re-timed interleaved by omnitune verify",
+            "reason": fix.reason,
         },
     })
     if is_default:
         entry["default_time_ms"] = timing.median_ms
         entry["speedup_vs_default"] = 1.0
+    elif fix.default_ms == fix.default_ms and fix.default_ms > 0:  # measured in the same re-timing
+        entry["default_time_ms"] = fix.default_ms
+        entry["speedup_vs_default"] = fix.default_ms / timing.median_ms
     if has_fallback_fields:
         entry.update({"fallback_config": config, "fallback_time_ms": timing.median_ms, "speedup_vs_fallback": 1.0})
     return entry

@@ -87,6 +87,10 @@ class Replacement:
     entry_ms: float
     fallback_timing: FinalistTiming
     rel_error: float
+    default_ms: float = math.nan
+    """The default config's median in the same re-timing (the entry's speedup_vs_default is
+    recomputed against it)."""
+    reason: str = "slower than its fallback when re-timed interleaved by omnitune verify"
 
 
 @dataclass
@@ -183,12 +187,14 @@ def check_speed(table: TableFile, entry: Entry, runner: Runner, timer: Timer, *,
         status = Status.FAIL
         text = f"slower than {best_backend[0].label}: {text}"
         details["slower_than_backend"] = True
-        replacement = Replacement(entry.key, config, timing.median_ms, entry_ms, timing, checked.get(config, math.nan))
+        replacement = Replacement(entry.key, config, timing.median_ms, entry_ms, timing, checked.get(config, math.nan),
+                                  by_config[default].median_ms,
+                                  f"slower than {best_backend[0].label} when re-timed interleaved by omnitune verify")
     elif slower:
         status = Status.FAIL
         text = f"slower than its fallback: {text}"
         replacement = Replacement(entry.key, fallback_config(spec, entry.problem, entry.dtype), fallback_ms,
-                                  entry_ms, fallback_timing, checked.get(fallback, math.nan))
+                                  entry_ms, fallback_timing, checked.get(fallback, math.nan), by_config[default].median_ms)
     elif best_base is not None and entry_ms > best_base[1] * (1 + SLOWER_MARGIN) and not (
             spec.rollback_config and entry.config == fallback):
         status = Status.WARN
