@@ -71,7 +71,9 @@ def _eager(fn, calls: int) -> tuple[float, float, float]:
     return ((t_issue - t0) / calls * 1e6, (t_done - t0) / calls * 1e6, start.elapsed_time(end) / calls * 1e3)
 
 
-def _capture(fn):
+def capture(fn, calls: int = GRAPH_CALLS):
+    """A CUDA graph of `calls` back-to-back calls of fn (warmed up on a side stream first, as
+    capture requires)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -81,21 +83,22 @@ def _capture(fn):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             fn()
     torch.cuda.synchronize()
     return graph
 
 
-def _graph_us(graph) -> float:
+def graph_call_us(graph, calls: int = GRAPH_CALLS, replays: int = GRAPH_REPLAYS) -> float:
+    """µs per captured call over `replays` back-to-back replays, between CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    for _ in range(GRAPH_REPLAYS):
+    for _ in range(replays):
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / (GRAPH_REPLAYS * GRAPH_CALLS) * 1e3
+    return start.elapsed_time(end) / (replays * calls) * 1e3
 
 
 def measure(case: Case, copy_tbps: float) -> dict:
@@ -108,7 +111,7 @@ def measure(case: Case, copy_tbps: float) -> dict:
     graphs, capture_errors = {}, {}
     for name, fn in case.impls.items():
         try:
-            graphs[name] = _capture(fn)
+            graphs[name] = capture(fn)
         except Exception as exc:  # noqa: BLE001 — recorded: a capture failure is a result
             capture_errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             torch.cuda.synchronize()
@@ -121,7 +124,7 @@ def measure(case: Case, copy_tbps: float) -> dict:
             samples[name]["wall_us"].append(wall)
             samples[name]["gpu_us"].append(gpu)
             if name in graphs:
-                samples[name]["graph_us"].append(_graph_us(graphs[name]))
+                samples[name]["graph_us"].append(graph_call_us(graphs[name]))
     result = {"notes": case.notes, "bytes_moved": case.bytes_moved, "flops": case.flops,
               "max_rel_error_vs_baseline": errors, "impls": {}}
     for name, s in samples.items():

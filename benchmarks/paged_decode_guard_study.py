@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ops_bench import capture, graph_call_us  # benchmarks/ is on the path when run as a script
 from omnitune.kernels import paged_decode_attention as pda
 from omnitune.profile.calibrate import measure_copy_tbps
 from omnitune.profile.timing import time_cuda
@@ -25,26 +26,9 @@ GUARDS = {0: "none", 1: "mask", 2: "clamp"}
 
 
 def graph_us(fn, calls=10, replays=30) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / (calls * replays) * 1e3)
-    return sorted(samples)[len(samples) // 2]
+    """The median of 5 measurements of µs per call, as a graph of `calls` calls replayed."""
+    graph = capture(fn, calls)
+    return sorted(graph_call_us(graph, calls, replays) for _ in range(5))[2]
 
 
 def main() -> int:
@@ -53,6 +37,7 @@ def main() -> int:
     args = parser.parse_args()
     copy_tbps, _ = measure_copy_tbps("cuda")
     report = {"device": torch.cuda.get_device_name(), "copy_tbps": copy_tbps, "shapes": {}}
+    default_guard = pda.PAGE_GUARD[0]
     for b, h, hkv, ctx in SHAPES:
         problem = pda.PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=1, ctx=ctx, d=128, block_size=16)
         inputs = pda.SPEC.make_inputs(problem, torch.bfloat16, "cuda", 0)
@@ -74,7 +59,7 @@ def main() -> int:
                          "flushed_us": flushed,
                          "flushed_pct_of_copy": 100 * moved / (flushed * 1e-6) / 1e12 / copy_tbps,
                          "equal_to_unguarded": same}
-        pda.PAGE_GUARD[0] = 1
+        pda.PAGE_GUARD[0] = default_guard
         if b * ctx <= 64 * 16384:
             k = torch.stack([pda.gather_context(inputs.key_cache, inputs.block_tables[i], ctx) for i in range(b)])
             v = torch.stack([pda.gather_context(inputs.value_cache, inputs.block_tables[i], ctx) for i in range(b)])
@@ -91,7 +76,7 @@ def main() -> int:
             if isinstance(r, dict):
                 print(f"   {name:16s} " + "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                                  for k, v in r.items()))
-        del inputs
+        inputs = None  # the next shape's cache must not sit beside this one's
         torch.cuda.empty_cache()
     args.out.write_text(json.dumps(report, indent=1))
     return 0

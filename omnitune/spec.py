@@ -259,6 +259,10 @@ def require_runnable_device(t: torch.Tensor) -> None:
     (TRITON_INTERPRET=1, set before the kernel module was imported)."""
     if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
+    if t.device.type == "cpu" and t.dtype == torch.bfloat16:
+        # Refused, not run: Triton's interpreter computes bf16 wrongly, and silently.
+        raise InputError("bf16 tensors on the CPU: Triton's interpreter computes bf16 wrongly; use float16 or "
+                         "float32 there, bf16 on a GPU")
 
 
 def poisoned(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

@@ -453,3 +453,15 @@ def test_finalists_and_verify_see_the_backends():
     assert {b["BACKEND"] for b in attn.SPEC.backends} == {"sdpa", "sdpa_cudnn"}
     for values in attn.SPEC.backends:
         assert values in attn.SPEC.known_good  # measured early by every search
+
+
+def test_bf16_under_the_interpreter_is_refused_not_computed_wrongly():
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's case: CPU tensors")
+    q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="interpreter computes bf16 wrongly"):
+        attn.attention(q, q, q)
+    key = torch.randn(2, 2, 32, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 4, 2, 32, dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="interpreter computes bf16 wrongly"):
+        kvw.write_kv_cache(key, key, cache, cache, torch.arange(2))
