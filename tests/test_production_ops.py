@@ -465,3 +465,20 @@ def test_bf16_under_the_interpreter_is_refused_not_computed_wrongly():
     cache = torch.zeros(2, 4, 2, 32, dtype=torch.bfloat16)
     with pytest.raises(InputError, match="interpreter computes bf16 wrongly"):
         kvw.write_kv_cache(key, key, cache, cache, torch.arange(2))
+
+
+def test_an_sdpa_backend_that_refuses_a_call_falls_back_to_the_kernel_with_one_warning(device, monkeypatch, caplog):
+    gen = torch.Generator().manual_seed(13)
+    q, k, v, _ = _attention_args(device, gen)
+    attn._sdpa_refused.clear()
+
+    def refuses(*args):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(attn, "sdpa", refuses)
+    want = attn.reference(attn.AttentionInputs(q, k, v, True, 1 / 8.0))
+    with caplog.at_level("WARNING", logger="omnitune.runtime"):
+        for _ in range(2):
+            out = attn.attention(q, k, v, causal=True, config={"BACKEND": "sdpa_cudnn"})
+            assert relative_error(out.double().cpu(), want.cpu()) < 1e-4
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1

@@ -511,6 +511,22 @@ def attention(
 _memo = _dispatch.ConfigMemo("attention")
 
 
+# Calls whose table entry named an SDPA backend that then refused them (a shape or build its
+# kernels do not support): logged once, then run by this kernel for the rest of the process.
+_sdpa_refused: set[tuple] = set()
+
+
+def _refuse_sdpa(identity: tuple, exc: Exception) -> None:
+    import logging
+
+    if identity not in _sdpa_refused:
+        _sdpa_refused.add(identity)
+        logging.getLogger("omnitune.runtime").warning(
+            "attention: BACKEND=%s refused b=%s,h=%s,hkv=%s,lq=%s,lk=%s,d=%s,causal=%d %s (%s: %s); this "
+            "kernel runs it from now on", identity[8], *identity[:6], int(identity[6]), identity[7],
+            type(exc).__name__, str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "")
+
+
 def _triton_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     """A config of this kernel for a problem whose table entry chose an SDPA backend (needed when
     the call has spans): the nearest tuned Triton config valid for it, else the default."""
@@ -541,12 +557,17 @@ def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tens
     causal = bool(causal)
     cfg = _memo.get((b, h, hkv, lq, lk, d, causal), config,
                     lambda: AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype)
-    if cfg.get("BACKEND", "triton") != "triton":
-        if spans is None:
-            return sdpa(q, k, v, causal, float(sm_scale), cfg.get("BACKEND", "triton"))
-        # SDPA would need a dense mask for the spans: the kernel runs them, with the nearest
-        # tuned Triton config.
-        cfg = _memo.get(("spans", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: _triton_config(
+    backend = cfg.get("BACKEND", "triton")
+    if backend != "triton":
+        identity = (b, h, hkv, lq, lk, d, causal, q.dtype, backend)
+        if spans is None and identity not in _sdpa_refused:
+            try:
+                return sdpa(q, k, v, causal, float(sm_scale), backend)
+            except RuntimeError as exc:  # a backend that refuses this call: the kernel runs it
+                _refuse_sdpa(identity, exc)
+        # SDPA would need a dense mask for the spans (or refused): the kernel runs them, with the
+        # nearest tuned Triton config.
+        cfg = _memo.get(("triton", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: _triton_config(
             AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype))
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
     launch(AttentionInputs(q, k, v, causal, float(sm_scale), spans), out, cfg)
