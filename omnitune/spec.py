@@ -405,6 +405,26 @@ class KernelSpec:
             cfg = Config(self.park_ignored(cfg).as_dict(), **partial.as_dict())
         return cfg
 
+    def resolve_config(self, config: Config | Mapping[str, Any], problem: Any, dtype: torch.dtype, *,
+                       check_given: bool = False) -> Config:
+        """A caller's config for one problem, the one rule every public function follows.
+
+        A Config is taken as given: it is what the search and the tests launch, values outside
+        the space included. check_given (the layer, which picks a path from the config) coerces
+        it against the space and checks it against the constraints as well. A mapping (a user's
+        JSON) is laid over the default (complete_config), each value checked against the space
+        and the result against the constraints. ConfigError names what is wrong."""
+        if isinstance(config, Config):
+            if not check_given:
+                return config
+            cfg = self.coerce_config(config.as_dict())
+        elif isinstance(config, Mapping):
+            cfg = self.complete_config(config, problem, dtype)
+        else:
+            raise ConfigError(f"config must be a Config or a mapping, got {type(config).__name__}")
+        self.require_valid(problem, cfg, dtype)
+        return cfg
+
     # --- problems ---------------------------------------------------------------------------
 
     def problem_fields(self) -> list[dataclasses.Field]:

@@ -203,3 +203,22 @@ def test_match_policy_distance_never_overflows():
         assert policy.distance(base, _P(8, far, 128, True)) is None, far
         assert policy.distance(_P(8, far, 128, True), base) is None, far
     assert policy.distance(_P(10**400, 512, 128, True), _P(10**400, 512, 128, True)) == 0
+
+
+def test_resolve_config_takes_a_config_as_given_and_checks_a_mapping():
+    from omnitune.errors import ConfigError
+    from omnitune.kernels import kv_cache_write as kvw
+
+    spec = kvw.SPEC
+    problem = kvw.KVCacheWriteProblem(t=5, hkv=2, d=64)
+    outside = Config(spec.default_config(problem, torch.float16).as_dict(), BLOCK_T=3)
+    assert spec.resolve_config(outside, problem, torch.float16) is outside  # what the search launches
+    with pytest.raises(ConfigError, match="BLOCK_T"):
+        spec.resolve_config(outside, problem, torch.float16, check_given=True)
+    with pytest.raises(ConfigError, match="BLOCK_T"):
+        spec.resolve_config({"BLOCK_T": 3}, problem, torch.float16)
+    with pytest.raises(ConfigError, match="block_t_exceeds_tokens"):
+        spec.resolve_config({"BLOCK_T": 64}, problem, torch.float16)
+    assert spec.resolve_config({}, problem, torch.float16) == spec.default_config(problem, torch.float16)
+    with pytest.raises(ConfigError, match="mapping"):
+        spec.resolve_config(["BLOCK_T"], problem, torch.float16)

@@ -116,25 +116,11 @@ class ConfigMemo:
         if config is None:
             return get_config(self.spec_name, problem, dtype=dtype)
         spec: KernelSpec = get_spec(self.spec_name)
-        return resolve_config(spec, config, problem, dtype)
+        return spec.resolve_config(config, problem, dtype)
 
     def clear(self) -> None:
         with self._lock:
             self._configs.clear()
-
-
-def resolve_config(spec: KernelSpec, config: Config | Mapping, problem: Any, dtype: torch.dtype) -> Config:
-    """A caller's config for one problem. A Config is taken as given (what the search and the
-    tests launch, values outside the space included); a mapping (a user's JSON) is laid over the
-    default, each value checked against the space and the result against the spec's
-    constraints (ConfigError names the one it breaks)."""
-    if isinstance(config, Config):
-        return config
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"config must be a Config or a mapping, got {type(config).__name__}")
-    cfg = spec.complete_config(config, problem, dtype)
-    spec.require_valid(problem, cfg, dtype)
-    return cfg
 
 
 def _config_identity(config: Any) -> Hashable:

@@ -571,10 +571,8 @@ def compress_kv(
         from omnitune.runtime import get_config
 
         cfg = get_config("kv_compress", problem, dtype=k.dtype)
-    elif isinstance(config, Config):
-        cfg = config
     else:
-        cfg = SPEC.complete_config(config, problem, k.dtype)
+        cfg = SPEC.resolve_config(config, problem, k.dtype)
     return _compress(q_window, k, v, modality.to(torch.int64), quotas, recent, float(sm_scale), cfg, merge,
                      float(merge_threshold))
 
@@ -992,10 +990,8 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     problem = KVCompressProblem(b=b, h=h, hkv=k.shape[1], n=n, d=d, window=min(w, tail_length(n)))
     if config is None:
         cfg = default_config(problem, k.dtype)
-    elif isinstance(config, Config):
-        cfg = config
     else:
-        cfg = SPEC.complete_config(config, problem, k.dtype)
+        cfg = SPEC.resolve_config(config, problem, k.dtype)
     return importance(q_window, k, float(sm_scale), cfg)
 
 

@@ -135,17 +135,18 @@ _memo = None
 
 def _config_for(kernel, problem, config, dtype) -> Config:
     """The path and launch config for one problem: the tuned table's answer (memoised per
-    problem), or the caller's config — a whole Config taken as given, a mapping laid over the
-    default — which must satisfy the spec's constraints (ConfigError: the caller's mistake)."""
+    problem), or the caller's config resolved by KernelSpec.resolve_config — a whole Config
+    checked as it is, a mapping laid over the default — which must satisfy the spec's
+    constraints (ConfigError: the caller's mistake)."""
     global _memo
     from omnitune.kernels import _dispatch
 
     if _memo is None:
         _memo = _dispatch.ConfigMemo("cross_attention_layer")
     if isinstance(config, Config):
-        cfg = kernel.SPEC.coerce_config(config.as_dict())
-        kernel.SPEC.require_valid(problem, cfg, dtype)
-        return cfg
+        # Checked even as a Config: the config picks the path, so a wrong one is the caller's
+        # mistake to report, not a launch to attempt and roll back.
+        return kernel.SPEC.resolve_config(config, problem, dtype, check_given=True)
     return _memo.get(problem, config, lambda: problem, dtype)
 
 
