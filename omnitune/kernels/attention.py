@@ -46,6 +46,7 @@ from torch.nn.attention.bias import causal_lower_right as _causal_lower_right
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
+from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
     Config,
@@ -59,7 +60,6 @@ from omnitune.spec import (
     require_runnable_device,
 )
 
-LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 
@@ -583,8 +583,7 @@ def make_inputs(problem: AttentionProblem, dtype: torch.dtype, device, seed: int
     gen = torch.Generator(device="cpu").manual_seed(seed)
     p = problem
 
-    def rand(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    rand = seeded_rand(gen, device, dtype)
 
     spans = None
     if p.spans:

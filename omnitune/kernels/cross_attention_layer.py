@@ -67,6 +67,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError, ShapeError
+from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.spec import (
     Config,
     Constraint,
@@ -79,7 +80,6 @@ from omnitune.spec import (
     require_runnable_device,
 )
 
-LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 128)
 FUSIONS = ("none", "q", "q_out")
 SMALLEST_BLOCK_M = 16  # counters are allocated per tile of this many rows, enough for any BLOCK_M
@@ -470,9 +470,7 @@ def make_inputs(problem: CrossAttentionLayerProblem, dtype: torch.dtype, device,
     gen = torch.Generator(device="cpu").manual_seed(seed)
     p = problem
 
-    def rand(*shape, scale=1.0):
-        t = torch.randn(shape, generator=gen, dtype=torch.float32) * scale
-        return t.to(device=device, dtype=dtype)
+    rand = seeded_rand(gen, device, dtype)
 
     # Weights scaled by hidden^-½ (as initialized models are) keep activations O(1) in fp16.
     w = 1.0 / math.sqrt(p.hidden)

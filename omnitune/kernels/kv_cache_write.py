@@ -38,6 +38,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
+from omnitune.kernels._host import seeded_rand
 from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
     Config,
@@ -320,8 +321,7 @@ def make_inputs(problem: KVCacheWriteProblem, dtype: torch.dtype, device, seed: 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     p = problem
 
-    def rand(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    rand = seeded_rand(gen, device, dtype)
 
     capacity = p.num_blocks * p.block_size
     slots = torch.randperm(capacity, generator=gen)[: p.t].to(torch.int64)

@@ -86,6 +86,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
+from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.spec import (
     Config,
     Constraint,
@@ -98,7 +99,6 @@ from omnitune.spec import (
     require_runnable_device,
 )
 
-LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
@@ -678,8 +678,7 @@ def make_inputs(problem: KVCompressProblem, dtype: torch.dtype, device, seed: in
     p = problem
     group = p.h // p.hkv
 
-    def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32)
+    randn = seeded_rand(gen)  # float32 on the CPU: shaped here, moved at the end
 
     modality = torch.empty(p.n, dtype=torch.int64)
     for m, s, e in p.spans():

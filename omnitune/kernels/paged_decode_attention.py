@@ -59,6 +59,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
+from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
     Config,
@@ -72,7 +73,6 @@ from omnitune.spec import (
     require_runnable_device,
 )
 
-LOG2E = 1.4426950408889634
 MAX_QUERY_TOKENS = 16
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
@@ -795,9 +795,7 @@ def make_inputs(problem: PagedDecodeProblem, dtype: torch.dtype, device, seed: i
     gen = torch.Generator(device="cpu").manual_seed(seed)
     p = problem
 
-    def rand(*shape):
-        # Drawn on the CPU (the same numbers on every device), moved one piece at a time.
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    rand = seeded_rand(gen, device, dtype)  # drawn on the CPU, moved one piece at a time
 
     pages = p.pages_per_sequence
     tables = torch.randperm(p.num_blocks, generator=gen)[: p.b * pages].view(p.b, pages).to(torch.int32)
