@@ -777,9 +777,9 @@ CONSTRAINTS = (
 
 
 def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
-    """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (3 beat 2 stages on all 7 shapes
-    measured on the H200, 2026-11-29); GQA packing when there are fewer query rows than a tile;
-    smaller tiles or fewer stages only where the problem or the device demands it."""
+    """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (why: docs/results.md, "Why the
+    defaults"); GQA packing when there are fewer query rows than a tile; smaller tiles or fewer
+    stages only where the problem or the device demands it."""
     pack = problem.group > 1 and problem.lq < 64
     for block_m in (64, 32, 16):
         for stages in (3, 2, 1):

@@ -25,15 +25,10 @@ says per problem whether fusion wins (and the runtime falls back where it does n
          adds bo, writes the output in the model dtype and resets the counter. So the workspace
          is always left zeroed: no memset and no second launch per call.
 
-Why the sums are read with atomics. The first version read them with loads that bypass L1 (.cg)
-after the acquire, then stored zeros. On the H200 that lost part of the sum of whole rows on most
-launches (36 of 48 launches of 12 configs, benchmarks/results/q_out_variants_h200.json) although
-the atomics themselves were right (summed by PyTorch after the launch: exact) and GPU-scope fences
-in every thread did not help; reading with atomics (exchange with zero, or add of zero) was exact
-on all 48 launches of each (benchmarks/results/q_out_atomic_read_h200.json, made by
-benchmarks/q_out_diagnosis.py). Atomics are performed where the other programs' atomics were;
-the plain loads evidently could be served a stale copy. The exchange also zeroes the workspace in
-the same instruction, so the separate stores of zeros are gone.
+The summed tile is read with atomics, not plain loads: atomics are performed where the other
+programs' atomics were, plain loads measurably could be served a stale copy, and the exchange
+zeroes the workspace in the same instruction (the measurements: docs/fusion.md, "Why the sums
+are read with atomics").
 
 The workspace (fp32 sums, int32 counters) is allocated zeroed once: by make_inputs for the spec,
 and cached per (device, stream, B, Lq, hidden) by omnitune.runtime.layers. The counters are sized
@@ -50,10 +45,9 @@ that its share of the layer is known.
 
 Cached K/V (kv_cached=True). In a decode loop the attended modality (an image, a video) does not
 change between steps, so production projects it once and reuses the result: the layer's inputs
-then hold kv [B, Lk, 2·hkv·d] itself (bias applied) and no path runs the K/V GEMM. That GEMM was
-20–85% of a decode-like layer call on the H200 (benchmarks/results/fused_layer_h200_round5.json),
-so a cached problem is a different problem for tuning: kv_cached is part of the problem key and
-matched exactly by the runtime. The reference still projects x_kv itself, in its own precision.
+then hold kv [B, Lk, 2·hkv·d] itself (bias applied) and no path runs the K/V GEMM. Without
+that GEMM the layer is a different mix of work (its share measured: docs/fusion.md), so
+kv_cached is part of the problem key and matched exactly by the runtime. The reference still projects x_kv itself, in its own precision.
 """
 
 from __future__ import annotations
@@ -651,10 +645,8 @@ CONSTRAINTS = (
 )
 
 def default_config(problem: CrossAttentionLayerProblem, dtype: torch.dtype) -> Config:
-    """The unfused path. On the H200 it beat the best fused config of a small sweep on 8 of the 9
-    shapes of benchmarks/fused_layer_bench.py (benchmarks/results/fused_layer_h200.json), and the
-    fused output projection mismatched there (see the module doc): so a problem nobody tuned runs
-    what is fastest most often, and fusion is used only where a search measured that it wins."""
+    """The unfused path: what measured fastest on most shapes (docs/fusion.md, "Results"), so a
+    problem nobody tuned runs that, and fusion is used only where a search measured that it wins."""
     return Config(UNFUSED)
 
 

@@ -42,14 +42,10 @@ Algorithm, per sequence b and kv head, after prefill:
      of σ = 0.3 per dimension, as neighbouring image patches in the benchmark's structured
      cache, have s ≈ 1/(1 + σ²) ≈ 0.92; but a salient pivot, whose key adds a topic component
      of half that squared norm, against its own plain neighbour has only s ≈ 0.75, and merging
-     those two halves the pivot's lead in the logits. 0.85 sits in that gap. On the CPU
-     (benchmarks/kv_compress_fidelity_cpu.py: the benchmark's cache at the Qwen2.5-Omni layout,
-     one sequence, default budgets, float64 reference, 3 seeds) the held-out attention error is
-     0.60–0.63 with every token merged, 0.51–0.53 at 0.5 and 0.7, 0.16 at 0.8, 0.046 at 0.85
-     and 0.9, against 0.0458 for "none": thresholded merging ties with dropping (≤ 1 % worse),
-     it does not beat it. A merged token is attended as one token, so merging cannot give the
-     queries back the attention mass of the tokens it absorbed; it can only move the pivot
-     towards them, which changes little for a near-duplicate and hurts for anything else.
+     those two halves the pivot's lead in the logits. 0.85 sits in that gap. Measured, thresholded
+     merging ties with dropping and does not beat it (docs/kv_cache.md, the fidelity check): a
+     merged token is attended as one token, so merging cannot give the queries back the attention
+     mass of the tokens it absorbed.
   4. Compaction: the kept tokens, in their original order, make the output [B, Hkv, L, D]; a
      sequence that keeps fewer than the longest one is padded with zeros (its length returned).
      The kept and evicted positions come from a cumulative count and a searchsorted, no sort.

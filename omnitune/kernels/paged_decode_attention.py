@@ -18,8 +18,8 @@ that draws NUM_SPLITS − 1 is the last: every other split's partials are visibl
 combines them for all its rows (loads through L2, .cg) and writes the output, then puts the
 ticket back to 0. The tickets live in a buffer kept per device and stream, zeroed once when it is
 made, so no memset is launched per call; two launches running at once on different streams get
-different buffers. What it saves: the second launch (its gap and its tail, a few µs, which
-matter next to a ~30 µs read). What it costs: one program per column does the whole combine
+different buffers. What it saves: the second launch (its gap and its tail, which matter next to
+a short read; docs/kv_cache.md). What it costs: one program per column does the whole combine
 (NUM_SPLITS × rows × D fp32 from L2) at the end, and — compiled for sm_90 — the split kernel
 needs more registers (see default_config). Left to the search.
 
