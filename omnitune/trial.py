@@ -56,6 +56,37 @@ class TrialResult:
         return d
 
 
+# Where a trial's extra holds what each observer saw: extra["observers"][<observer name>].
+OBSERVERS_KEY = "observers"
+# Rows stored before observers were namespaced hold NVML's facts at the top level of extra:
+# the keys NvmlSampler wrote then, so that those rows still read back as the "nvml" observer's.
+_TOP_LEVEL_BEFORE = {
+    "nvml": frozenset({
+        "telemetry", "samples", "sm_clock_mhz_median", "mem_clock_mhz_median", "power_w_median",
+        "power_w_max", "temperature_c_max", "utilization_pct_median", "throttle_reasons",
+        "throttled_thermal", "throttled_power", "energy_j", "energy_per_call_j",
+    }),
+}
+
+
+def observer_name(observer: object) -> str:
+    """The name an observer's facts are filed under: its `name`, else its class's name."""
+    return str(getattr(observer, "name", None) or type(observer).__name__.lower())
+
+
+def observer_facts(extra: object, name: str) -> dict:
+    """What observer `name` recorded in a trial's extra (a dict read from extra_json): the
+    namespaced entry, or for an older row the top-level keys that observer wrote then; {}
+    when it recorded nothing."""
+    if not isinstance(extra, dict):
+        return {}
+    spaced = extra.get(OBSERVERS_KEY)
+    if isinstance(spaced, dict) and isinstance(spaced.get(name), dict):
+        return dict(spaced[name])
+    legacy = _TOP_LEVEL_BEFORE.get(name, frozenset())
+    return {k: v for k, v in extra.items() if k in legacy}
+
+
 def classify_exception(exc: BaseException) -> tuple[TrialStatus, str]:
     """Map an exception raised by compiling or launching a candidate to a trial status, and
     the one line (at most 300 characters) that a trial's detail keeps of it."""

@@ -244,14 +244,16 @@ def search_problems(
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
     gpus: list[int] | None = None, heartbeat_interval_s: int | None = None, precompile_workers: int = 0,
+    observers: tuple | None = None,
 ) -> None:
     """Search each of `problems` in turn with a live view, then print its summary: the session that
-    `omnitune search` runs per kernel and `omnitune worker` runs on a shared storage."""
+    `omnitune search` runs per kernel and `omnitune worker` runs on a shared storage. `observers`:
+    picklable observer factories (None: SearchOptions' default, NVML; none under the interpreter,
+    where there is no GPU to watch)."""
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
 
     from omnitune.profile.device import current_device_facts
-    from omnitune.profile.telemetry import NvmlSampler
     from omnitune.measure.runner import Runner
     from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
     from omnitune.spec import DeviceLimits
@@ -268,11 +270,12 @@ def search_problems(
     device = current_device_facts(interpret)
     record_device(database, device)
     limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
-    observers = [] if interpret else [NvmlSampler()]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     # The same search for every problem: only the time left changes.
     options = SearchOptions(device=device, trials=trials, storage_url=storage_url, sampler=sampler, seed=seed,
                             limits=limits, finalists=finalists, heartbeat_interval_s=heartbeat_interval_s)
+    if interpret or observers is not None:  # no GPU to watch under the interpreter
+        options = dataclasses.replace(options, observers=() if interpret else tuple(observers))
 
     for problem in problems:
         remaining_s = None if deadline is None else deadline - time.monotonic()
@@ -287,13 +290,14 @@ def search_problems(
         def make_runner(problem=problem, gpu=None):
             if isolate_timeout_s is None:
                 with preflight.allocation_errors(spec, problem):
-                    runner = Runner(spec, problem, dtype, interpret=interpret, observers=observers, limits=limits)
+                    runner = Runner(spec, problem, dtype, interpret=interpret, observers=options.make_observers(),
+                                    limits=limits)
             else:
                 from omnitune.measure.worker import IsolatedRunner
 
                 # The worker loads the kernel by the name the user gave, so files and modules work too.
                 runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
-                                        observer_factories=[] if interpret else [NvmlSampler],
+                                        observer_factories=options.observers,
                                         timeout_s=isolate_timeout_s, gpu=gpu)
             with runners_lock:  # with --gpus, each slot's thread builds its runner
                 runners.append(runner)

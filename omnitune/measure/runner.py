@@ -21,12 +21,16 @@ import torch
 from omnitune.errors import OmnituneError
 from omnitune.profile.compiled import CompileWatch, compiled_facts
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda, time_interleaved
-from omnitune.trial import TrialResult, TrialStatus, classify_exception
+from omnitune.trial import OBSERVERS_KEY, TrialResult, TrialStatus, classify_exception, observer_name
 from omnitune.spec import Config, DeviceLimits, KernelSpec
 
 
 class Observer(Protocol):
-    """Something that watches the GPU while a candidate is timed (e.g. NVML telemetry)."""
+    """Something that watches the GPU while a candidate is timed (e.g. NVML telemetry). What
+    stop() returns lands in the trial's extra under extra["observers"][name], so that two
+    observers' keys cannot collide (omnitune.trial.observer_facts reads it back)."""
+
+    name: str
 
     def start(self) -> None: ...
 
@@ -160,7 +164,7 @@ class Runner:
             for obs in self.observers:
                 # warm-up calls run inside the observed window too
                 calls = (timing.repetitions + self.settings.warmup) if timing else 0
-                extra.update(obs.stop(calls))
+                extra.setdefault(OBSERVERS_KEY, {})[observer_name(obs)] = obs.stop(calls)
         extra["repetitions"] = timing.repetitions
         return TrialResult(
             config,

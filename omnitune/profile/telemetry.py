@@ -20,7 +20,7 @@ import statistics
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,7 @@ class NvmlSampler:
     at ~1 mJ but refreshes only every few tens of ms, so energy_per_call_j is meaningful for
     windows of 100 ms or more (the runner's default timing window is ~1 s)."""
 
+    name: ClassVar[str] = "nvml"  # its facts land in a trial's extra["observers"]["nvml"]
     device_index: int | None = None
     interval_s: float = DEFAULT_INTERVAL_S
     _device: _NvmlDevice | None = field(default=None, init=False, repr=False)

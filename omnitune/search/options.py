@@ -6,8 +6,9 @@ Validated when built, so that a search that cannot run fails before anything is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS
 from omnitune.search.outcome import SearchError
@@ -16,6 +17,14 @@ from omnitune.spec import Config, DeviceLimits
 
 if TYPE_CHECKING:
     from omnitune.trial import DeviceFacts
+
+
+def default_observers() -> tuple[Callable[[], Any], ...]:
+    """NVML telemetry: what every search on a GPU records beside its times (it degrades to
+    "not available" where NVML is absent)."""
+    from omnitune.profile.telemetry import NvmlSampler
+
+    return (NvmlSampler,)
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,11 @@ class SearchOptions:
 
     `strategies`: the chain of strategies (names of omnitune.search.strategies.STRATEGIES) in
     place of the one `sampler` stands for; `warm_start`: the warm-start configs in place of the
-    exported tables' nearest winners (the replay study supplies its own)."""
+    exported tables' nearest winners (the replay study supplies its own).
+
+    `observers`: factories (picklable: isolated workers build their own) of the observers that
+    watch the device while each candidate is timed; each runner builds its own instances, and
+    each observer's facts land in the trial's extra["observers"][its name]."""
 
     device: DeviceFacts
     trials: int
@@ -45,6 +58,7 @@ class SearchOptions:
     heartbeat_interval_s: int | None = None
     strategies: tuple[str, ...] | None = None
     warm_start: tuple[Config, ...] | None = None
+    observers: tuple[Callable[[], Any], ...] = field(default_factory=default_observers)
 
     def __post_init__(self) -> None:
         # Normalised in place (the dataclass is frozen): a sampler given as text, limits as None.
@@ -61,6 +75,11 @@ class SearchOptions:
             raise SearchError(f"re-timing needs at least 2 rounds, got {self.finalist_rounds}")
         if self.strategies is not None:
             self._check_strategies(tuple(self.strategies))
+        object.__setattr__(self, "observers", tuple(self.observers))
+
+    def make_observers(self) -> list[Any]:
+        """Fresh observer instances for one in-process runner."""
+        return [make() for make in self.observers]
 
     def _check_strategies(self, names: tuple[str, ...]) -> None:
         object.__setattr__(self, "strategies", names)
