@@ -251,7 +251,9 @@ class KernelSpec:
     default_config: Callable[[Any, torch.dtype], Config]
     make_inputs: Callable[[Any, torch.dtype, torch.device | str, int], Any]
     new_output: Callable[[Any], torch.Tensor]
-    launch: Callable[[Any, torch.Tensor, Config], None]
+    launch: Callable[[Any, torch.Tensor, Config], torch.Tensor | None]
+    """Runs one config: writes the result into the output buffer, or returns the tensor that holds
+    it (an implementation that makes its own output, such as attention's SDPA backends)."""
     reference: Callable[[Any], torch.Tensor]
     tolerance: Mapping[torch.dtype, float]
     flops: Callable[[Any], float]

@@ -90,7 +90,11 @@ class Runner:
         try:
             with CompileWatch(self._kernel_module) as watch:
                 try:
-                    self.spec.launch(self.inputs, out, config)
+                    # A launcher writes into `out`, or returns the tensor that holds its result
+                    # (an implementation that makes its own output, as SDPA does).
+                    result = self.spec.launch(self.inputs, out, config)
+                    if isinstance(result, torch.Tensor):
+                        out = result
                 finally:
                     self.last_compiled = self._compiled_extra(watch)
             if not self.interpret:
