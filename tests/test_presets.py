@@ -136,7 +136,8 @@ def test_plan_prints_problems_space_trials_time_and_files():
     from omnitune.cli import app
     from omnitune.cli.plan_cmd import SECONDS_PER_TRIAL, plan_kernel
 
-    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30"])
+    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30",
+                                      "--db", "/nonexistent/omnitune.db"])
     assert result.exit_code == 0, result.output
     preset = get_preset("qwen2.5-omni-7b")
     spec = get_spec("kv_cache_write")
@@ -146,7 +147,8 @@ def test_plan_prints_problems_space_trials_time_and_files():
         assert p.trials == min(p.valid_configs, 30)
         assert p.problem_key in result.output and f"{p.valid_configs} valid configs, {p.trials} trials" in result.output
     assert any(p.trials < 30 for p in planned)  # a small space is measured whole, not 30 times
-    assert f"{SECONDS_PER_TRIAL:g} s per trial (measured on the H200" in result.output
+    assert f"assumed {SECONDS_PER_TRIAL:g} s per trial (measured on the H200" in result.output
+    assert "no results database at /nonexistent/omnitune.db" in result.output
     assert "tuned_configs/kv_cache_write/" in result.output and "attention" not in result.output
 
 
@@ -158,3 +160,30 @@ def test_plan_unknown_model_is_one_line():
     result = CliRunner().invoke(app, ["plan", "--model", "gpt-9"])
     assert result.exit_code == 2
     assert result.stderr.strip().count("\n") == 0 and "choose one of qwen2.5-omni-7b" in result.stderr
+
+
+def test_plan_estimates_from_the_searches_a_database_measured(tmp_path):
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app
+    from omnitune.store import SearchRunRecord, open_db, record_search_run
+
+    db = open_db(tmp_path / "results.db")
+    # Two H200 searches: 60 trials in 40 s of trials, 10 s of fixed cost each; an interpreter run ignored.
+    for measured, wall_s in ((50, 45.0), (10, 15.0)):
+        record_search_run(db, SearchRunRecord("k|p|bf16|NVIDIA_H200", "NVIDIA_H200", "NVIDIA H200", "2026-12-01",
+                                              "budget", measured, wall_s, setup_s=6.0, retime_s=4.0))
+    record_search_run(db, SearchRunRecord("k|p|fp32|triton-interpreter", "triton-interpreter", "triton-interpreter", "2026-12-01",
+                                          "budget", 500, 5000.0, 1.0, 0.0))
+    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30",
+                                      "--db", str(tmp_path / "results.db")])
+    assert result.exit_code == 0, result.output
+    assert "0.67 s per trial, from 60 trials measured on NVIDIA H200 + ~10 s per problem" in result.output
+    assert "assumed" not in result.output
+
+    empty = tmp_path / "empty.db"
+    open_db(empty)
+    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write",
+                                      "--db", str(empty)])
+    assert result.exit_code == 0, result.output
+    assert "assumed 1.2 s per trial" in result.output and f"no searches on a GPU in {empty}" in result.output

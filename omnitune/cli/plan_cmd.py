@@ -11,14 +11,10 @@ import typer
 from rich.markup import escape
 
 from omnitune.cli._app import app
-from omnitune.cli.common import console
+from omnitune.cli.common import console, db_path
+from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
 
-# Seconds per measured trial, measured in this project's H200 searches (compile, reference check,
-# CUDA-event timing; the trials are in benchmarks/results/search_trials_h200.json).
-SECONDS_PER_TRIAL = 1.2
-# Seconds per problem besides its trials (an estimate): building inputs and the reference, opening
-# the study, and re-timing the finalists against each other.
-SETUP_S_PER_PROBLEM = 20.0
+__all__ = ["SECONDS_PER_TRIAL", "SETUP_S_PER_PROBLEM", "PlannedProblem", "plan", "plan_kernel"]
 
 
 @dataclass(frozen=True)
@@ -29,13 +25,14 @@ class PlannedProblem:
     role: str
     valid_configs: int
     trials: int
+    rates: Rates = ASSUMED
 
     @property
     def estimate_s(self) -> float:
-        return self.trials * SECONDS_PER_TRIAL + SETUP_S_PER_PROBLEM
+        return self.rates.estimate_s(self.trials)
 
 
-def plan_kernel(kernel: str, problems, dtype: torch.dtype, trials: int) -> list[PlannedProblem]:
+def plan_kernel(kernel: str, problems, dtype: torch.dtype, trials: int, rates: Rates = ASSUMED) -> list[PlannedProblem]:
     """The plan for one kernel's preset problems: valid configs after the constraints (checked
     against H100/H200 limits, as without a GPU) and min(valid, trials) trials each."""
     from omnitune.registry import get_spec
@@ -44,7 +41,7 @@ def plan_kernel(kernel: str, problems, dtype: torch.dtype, trials: int) -> list[
     planned = []
     for p in problems:
         valid = len(spec.valid_configs(p.problem, dtype))
-        planned.append(PlannedProblem(spec.problem_key(p.problem), p.role, valid, min(valid, trials)))
+        planned.append(PlannedProblem(spec.problem_key(p.problem), p.role, valid, min(valid, trials), rates))
     return planned
 
 
@@ -56,6 +53,10 @@ def plan(
     ),
     trials: int = typer.Option(50, "--trials", "-n", min=1, help="Trial budget per problem, as for search."),
     dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32 (constraints depend on it)."),
+    db: str = typer.Option(
+        None, "--db", help="Results database whose searches give the time per trial and per problem. "
+        "\\[default: $OMNITUNE_DB or ./omnitune.db]", show_default=False,
+    ),
 ) -> None:
     """Show what `omnitune search --model` would search, how long it should take, and which tables
     `omnitune export` would write. Touches no GPU."""
@@ -68,6 +69,8 @@ def plan(
     names = parse_kernels(kernels)
     torch_dtype = parse_dtype(dtype)
     key = device_key(torch.cuda.get_device_name()) if torch.cuda.is_available() else "<device_key>"
+    # This GPU's history; without one, the device the database has measured most.
+    rates = measured_rates(db_path(db), key if torch.cuda.is_available() else None)
     console.print(
         f"[bold]{escape(preset.description)}[/]: hidden {preset.hidden}, {preset.heads} heads / "
         f"{preset.kv_heads} kv heads × {preset.head_dim}, {preset.layers} layers; image tokens "
@@ -82,7 +85,7 @@ def plan(
         if not problems:
             console.print(f"\n[bold]{name}[/]: not used by this model", soft_wrap=True)
             continue
-        planned = plan_kernel(name, problems, torch_dtype, trials)
+        planned = plan_kernel(name, problems, torch_dtype, trials, rates)
         kernel_s = sum(p.estimate_s for p in planned)
         total_s += kernel_s
         files.append(str(table_path("tuned_configs", name, key)))
@@ -92,11 +95,7 @@ def plan(
             console.print(f"  {escape(p.problem_key)}  [dim]{escape(p.role)}[/]", soft_wrap=True)
             console.print(f"      {p.valid_configs} valid configs, {p.trials} trials, ~{_duration(p.estimate_s)}",
                           soft_wrap=True)
-    console.print(
-        f"\ntotal ~{_duration(total_s)}: {SECONDS_PER_TRIAL:g} s per trial (measured on the H200 in this "
-        f"project) + ~{SETUP_S_PER_PROBLEM:g} s per problem (inputs, reference, finalists; an estimate)",
-        soft_wrap=True,
-    )
+    console.print(f"\ntotal ~{_duration(total_s)}: {escape(rates.source)}", soft_wrap=True)
     if files:
         console.print("then `omnitune export` writes: " + ", ".join(files)
                       + ("" if torch.cuda.is_available() else "  (<device_key>: the GPU's name, e.g. NVIDIA_H200)"),

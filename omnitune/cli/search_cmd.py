@@ -40,7 +40,6 @@ RESUME_HINT = "rerun the same command to resume: finished trials are kept and no
 
 
 # Below this many known configs, starting the compile processes costs about what it saves.
-PRECOMPILE_MIN_CONFIGS = 8
 
 
 @app.command()
@@ -119,9 +118,9 @@ def search(
     ),
     precompile: int = typer.Option(
         None, "--precompile", min=0,
-        help="Compile the configs the search will certainly measure (the default, known-good and warm-start "
-        f"configs; with --sampler grid or a small space, every valid one) in this many processes before "
-        f"measuring them one by one; only when there are at least {PRECOMPILE_MIN_CONFIGS}. 0: off. "
+        help="Compile the search's next configs in this many processes while the GPU measures the current "
+        "one: the driver keeps as many proposals queued as there are processes (TPE with its constant liar). "
+        "0: off. "
         "\\[default: the CPU cores less two on a GPU; off with --interpret]",
         show_default=False,
     ),
@@ -257,7 +256,8 @@ def search_problems(
     from omnitune.measure.runner import Runner
     from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
     from omnitune.spec import DeviceLimits
-    from omnitune.store import default_storage_url, open_db, record_device
+    from omnitune.store import default_storage_url, open_db, record_device, record_search_run, utc_now
+    from omnitune.store import SearchRunRecord
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
     path = db_path(db)
@@ -305,12 +305,12 @@ def search_problems(
 
         factories = [make_runner] if not gpus else [partial(make_runner, gpu=gpu) for gpu in gpus]
 
-        def precompile_upcoming(configs, problem=problem):
-            if precompile_workers and len(configs) >= PRECOMPILE_MIN_CONFIGS:
-                from omnitune.measure.precompile import precompile
+        # --precompile: a pool for this problem, handed the next proposals while one is measured.
+        pool = nullcontext()
+        if precompile_workers:
+            from omnitune.measure.ahead import PrecompilePool
 
-                report = precompile(spec, problem, dtype, configs, workers=precompile_workers)
-                console.print(f"{escape(search_title(spec, problem, dtype))}: {report.summary()}", soft_wrap=True)
+            pool = PrecompilePool(spec, problem, dtype, workers=precompile_workers)
 
         # On a terminal a live view redrawn in place; elsewhere (a log, a pipe) the live view would
         # show nothing until the summary, so one line per measured trial instead.
@@ -320,10 +320,10 @@ def search_problems(
         else:
             showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
         try:
-            with showing:
+            with pool as ahead, showing:
                 outcome = run_search(
                     spec, problem, dtype, dataclasses.replace(options, timeout_s=remaining_s),
-                    runner_factories=factories, db=database, progress=report_progress, precompile=precompile_upcoming,
+                    runner_factories=factories, db=database, progress=report_progress, compile_ahead=ahead,
                 )
         except SearchInterrupted as stop:
             _close(runners)
@@ -331,6 +331,11 @@ def search_problems(
             err_console.print(f"interrupted; {RESUME_HINT}")
             raise typer.Exit(130) from None
         _close(runners)
+        record_search_run(database, SearchRunRecord(
+            outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
+            outcome.wall_s, outcome.setup_s, outcome.retime_s))
+        if precompile_workers:
+            console.print(f"{escape(search_title(spec, problem, dtype))}: {pool.report().summary()}", soft_wrap=True)
         console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
         for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
             console.print(line, soft_wrap=True)

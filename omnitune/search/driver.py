@@ -23,7 +23,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import sqlite_utils
@@ -49,7 +49,7 @@ from omnitune.search.strategies import (
     parse_sampler,
     warm_start_configs,
 )
-from omnitune.search.strategies.base import Told
+from omnitune.search.strategies.base import Proposal, Told
 from omnitune.search.strategies.fallback import SAMPLER_PATIENCE
 from omnitune.search.strategies.planned import WARM_START_CONFIGS
 from omnitune.search.study import PENALTY_BEFORE_ANY_OK_MS, PENALTY_FACTOR, Ledger, SharedStudy, open_study
@@ -66,6 +66,9 @@ from omnitune.store import (
     utc_now,
 )
 from omnitune.trial import INTERPRETER_DEVICE, TrialResult, TrialStatus
+
+if TYPE_CHECKING:
+    from omnitune.measure.ahead import CompilesAhead
 
 __all__ = [
     "ENUMERABLE_SPACE", "PENALTY_BEFORE_ANY_OK_MS", "PENALTY_FACTOR", "SAMPLER_PATIENCE", "WARM_START_CONFIGS",
@@ -94,6 +97,7 @@ def run_search(
     storage: optuna.storages.BaseStorage | None = None,
     progress: Callable[[SearchProgress], None] | None = None,
     precompile: Callable[[Sequence[Config]], None] | None = None,
+    compile_ahead: CompilesAhead | None = None,
     stop_when: Callable[[SearchProgress], bool] | None = None,
     **option_fields: Any,
 ) -> SearchOutcome:
@@ -115,6 +119,8 @@ def run_search(
     trial with the configs the strategies will certainly propose next (the planned ones; with
     an enumeration, the valid configs in order), at most the budget left, none measured yet:
     compiling them in parallel (omnitune.measure.precompile) leaves each trial its measurement.
+    `compile_ahead` (omnitune.measure.ahead), when given, is handed the next `workers` proposals
+    while the current config is measured (see _fill_queue), with TPE's constant liar on.
 
     Raises SearchInterrupted on Ctrl-C, after storing everything finished.
     """
@@ -135,7 +141,8 @@ def run_search(
     if storage is None and options.storage_url is None:
         raise SearchError("run_search needs a storage_url or a storage")
     search = _Search(spec, problem, dtype, options, runner_factories=list(runner_factories), sink=sink,
-                     storage=storage, progress=progress, precompile=precompile, stop_when=stop_when)
+                     storage=storage, progress=progress, precompile=precompile, stop_when=stop_when,
+                     compile_ahead=compile_ahead)
     return search.run()
 
 
@@ -145,10 +152,16 @@ class _Search:
         runner_factories: list[Callable[[], MeasuresConfigs]], sink: TrialSink | None,
         storage: optuna.storages.BaseStorage | None, progress: Callable[[SearchProgress], None] | None,
         precompile: Callable[[Sequence[Config]], None] | None, stop_when: Callable[[SearchProgress], bool] | None,
+        compile_ahead: CompilesAhead | None = None,
     ):
         self.spec, self.problem, self.dtype, self.options = spec, problem, dtype, options
         self.runner_factories, self.sink, self.storage = runner_factories, sink, storage
         self.progress, self.precompile, self.stop_when = progress, precompile, stop_when
+        self.ahead = compile_ahead
+        # Trials asked and claimed ahead of measuring them (their configs compiling meanwhile),
+        # measured first in, first out: (trial, config, chosen_by).
+        self.queue: list[tuple[optuna.Trial, Config, str]] = []
+        self.setup_s = 0.0  # building runners (inputs, reference): the fixed cost `omnitune plan` reads
         self.runners: dict[int, MeasuresConfigs] = {}  # by slot (one per GPU), built when first needed
         # Several slots share this search: everything but the measuring itself (choosing, asking,
         # telling, the ledger, the catalogue, progress) happens under this lock.
@@ -188,7 +201,7 @@ class _Search:
 
     def run(self) -> SearchOutcome:
         o = self.options
-        study = open_study(self.storage or o.storage_url, self.facts, make_sampler(o.sampler, o.seed),
+        study = open_study(self.storage or o.storage_url, self.facts, make_sampler(o.sampler, o.seed, constant_liar=self.ahead is not None),
                            o.heartbeat_interval_s)
         self.shared = SharedStudy(study, heartbeats=o.heartbeat_interval_s is not None,
                                   slots=len(self.runner_factories))
@@ -208,13 +221,26 @@ class _Search:
             if upcoming:
                 self.precompile(upcoming)
         try:
-            reason = self._loop(0) if len(self.runner_factories) == 1 else self._run_slots()
+            try:
+                reason = self._loop(0) if len(self.runner_factories) == 1 else self._run_slots()
+            finally:
+                self._drop_queue()
+            self.loop_s = time.monotonic() - self.started
             retiming = self._retime(reason)
         except KeyboardInterrupt:
             raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
         finally:
             self._flush_pending_records()
         return self._outcome(reason, retiming)
+
+    def _drop_queue(self) -> None:
+        """Fail the trials queued and never measured (the search stopped first): their configs
+        stay measurable, by a rerun or another process."""
+        with self.lock:
+            for trial, _, _ in self.queue:
+                self.shared.tell_failed(trial.number)
+            self.queue.clear()
+            self.ledger.queued.clear()
 
     def upcoming(self) -> list[Config]:
         """The configs the strategies will certainly propose next, valid here, at most the
@@ -226,7 +252,9 @@ class _Search:
 
     def _runner_of(self, slot: int) -> MeasuresConfigs:
         if slot not in self.runners:
+            began = time.monotonic()
             self.runners[slot] = self.runner_factories[slot]()
+            self.setup_s += time.monotonic() - began
         return self.runners[slot]
 
     def _run_slots(self) -> StopReason:
@@ -290,9 +318,15 @@ class _Search:
                 claimed = False
                 if step is not None:
                     trial, config, chosen_by = step
-                    claimed = self.shared.claim(trial, config, self.ledger, budget=self.options.trials, slot=slot)
+                    if self.ledger.queued.pop(trial.number, None) is not None:
+                        claimed = True  # claimed when it was queued
+                    else:
+                        claimed = self.shared.claim(trial, config, self.ledger, budget=self.options.trials,
+                                                    slot=slot)
                     if claimed:
                         self.ledger.in_flight[slot] = (trial.number, config)
+                        if self.ahead is not None:
+                            self._fill_queue(slot)
             if step is None:
                 time.sleep(WAIT_FOR_CLAIMS_S)
                 continue
@@ -315,11 +349,13 @@ class _Search:
             self.ledger.refresh(self.shared.study)
         # Configs being measured count against the budget, here and in other processes.
         committed = self.ledger.measured_total + self.ledger.in_flight_total
+        if self.queue and not self._timed_out():
+            return self.queue.pop(0)  # claimed already (counted in `committed`): measured before anything new
         if committed >= self.options.trials:
             return StopReason.BUDGET
         if self._all_valid_measured():
             return StopReason.EXHAUSTED
-        if self.options.timeout_s is not None and time.monotonic() - self.started >= self.options.timeout_s:
+        if self._timed_out():
             return StopReason.TIMEOUT
         if committed + len(self.ledger.unclaimed_since) >= self.options.trials:
             # Trials that other processes asked and have not claimed yet may take the last
@@ -328,6 +364,10 @@ class _Search:
         proposal = self.chain.propose(self.ledger)
         if proposal is None:
             return StopReason.EXHAUSTED  # what is left is being measured by another process or slot
+        return self._trial_for(proposal)
+
+    def _trial_for(self, proposal: Proposal) -> tuple[optuna.Trial, Config, str]:
+        """The asked trial of a proposal, its config and who chose it. Under the lock."""
         trial = proposal.trial
         if trial is None:
             trial = self.shared.ask(self.space.distributions, enqueue=self.space.encode(proposal.config))
@@ -335,6 +375,42 @@ class _Search:
         # An ask may pop a config another process enqueued (a retried trial): the sampler's then.
         chosen_by = proposal.chosen_by if config == proposal.config else self.options.sampler.value
         return trial, config, chosen_by
+
+    def _fill_queue(self, slot: int) -> None:
+        """Propose, ask and claim trials until `ahead.workers` wait behind the one this slot has
+        just claimed, and hand their configs to the precompile pool: the workers compile while
+        the GPU measures, so no measurement waits on a compile while work is queued. Claimed
+        (not merely asked) so that the budget and every process count them, and a killed process
+        leaves trials a rerun fails as abandoned; a proposal a constraint rejects is stored as
+        pruned at once (nothing to compile or time). Under the lock."""
+        fresh: list[Config] = []
+        # Repeats and rejected proposals make no progress: bounded, as the fallback bounds them.
+        attempts = self.ahead.workers * (SAMPLER_PATIENCE + 2)
+        while len(self.queue) < self.ahead.workers and attempts > 0:
+            attempts -= 1
+            committed = self.ledger.measured_total + self.ledger.in_flight_total
+            if committed + len(self.ledger.unclaimed_since) >= self.options.trials or self.target_met:
+                break
+            proposal = self.chain.propose(self.ledger)
+            if proposal is None:
+                break
+            trial, config, chosen_by = self._trial_for(proposal)
+            claimed = self.shared.claim(trial, config, self.ledger, budget=self.options.trials, slot=slot)
+            if not claimed:
+                self.chain.tell(Told(config, chosen_by, None))
+            elif self.spec.violations(self.problem, config, self.dtype, self.options.limits):
+                # A slot number no thread has: storing it leaves this slot's own trial in flight.
+                result = self._measure_and_store(trial, config, chosen_by, slot=-1 - trial.number)
+                self.chain.tell(Told(config, chosen_by, result))
+            else:
+                self.ledger.queued[trial.number] = config
+                self.queue.append((trial, config, chosen_by))
+                fresh.append(config)
+        if fresh:
+            self.ahead.submit(fresh)
+
+    def _timed_out(self) -> bool:
+        return self.options.timeout_s is not None and time.monotonic() - self.started >= self.options.timeout_s
 
     def _all_valid_measured(self) -> bool:
         return self.valid is not None and all(c in self.ledger.finished for c in self.valid)
@@ -382,6 +458,8 @@ class _Search:
             name, reason = violations[0]
             return TrialResult(config, TrialStatus.PRUNED, detail=f"{name}: {reason}",
                                representative=self.representative)
+        if self.ahead is not None:
+            self.ahead.ready(config)  # a worker compiling it now finishes sooner than a compile here
         return self._runner_of(slot).measure(config)
 
     def _attrs(self, result: TrialResult, chosen_by: str) -> dict[str, Any]:
@@ -446,11 +524,14 @@ class _Search:
         finalists = [t.config for t in retiming.timings]
         ranking = tuple(finalists + [c for c in searched if c not in finalists])
         best = retiming.results[finalists[0]] if finalists else self.ledger.best
+        wall_s = time.monotonic() - self.started
+        loop_s = getattr(self, "loop_s", wall_s)
         default = retiming.results.get(self.default_config) or self._default_result()
         return SearchOutcome(
             study_name=self.facts.name, best=best, default=default,
             measured_now=self.measured_now, measured_total=self.ledger.measured_total,
-            failures=self.ledger.failures, wall_s=time.monotonic() - self.started, stop_reason=reason,
+            failures=self.ledger.failures, wall_s=wall_s, stop_reason=reason,
+            setup_s=self.setup_s, retime_s=wall_s - loop_s,
             finalists=retiming.timings, retime_status=retiming.status, retime_detail=retiming.detail,
             ranking=ranking,
         )

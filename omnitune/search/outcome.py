@@ -72,6 +72,9 @@ class SearchOutcome:
     retime_status: RetimeStatus = RetimeStatus.DISABLED
     retime_detail: str = ""            # why re-timing failed
     ranking: tuple[Config, ...] = ()   # every ok config, best first: the finalists by re-timed median, then the rest
+    # The fixed costs beside the trials, in seconds of wall_s (recorded for `omnitune plan`):
+    setup_s: float = 0.0               # building the runners: inputs and the reference output
+    retime_s: float = 0.0              # re-timing the finalists
 
     @property
     def speedup_over_default(self) -> float | None:

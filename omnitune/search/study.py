@@ -70,6 +70,7 @@ class Ledger:
         self.finished: dict[Config, Finished] = {}
         self.claimed: set[Config] = set()
         self.in_flight: dict[int, tuple[int, Config]] = {}  # slot -> (trial number, config) measured here
+        self.queued: dict[int, Config] = {}  # trial number -> config, claimed here and waiting to be measured
         self.running: list[FrozenTrial] = []  # every RUNNING trial of the last refresh
         self.unclaimed_since: dict[int, float] = {}  # trial number -> when first seen naming no config (monotonic)
         self._read: set[int] = set()
@@ -109,7 +110,8 @@ class Ledger:
 
     @property
     def measuring_here(self) -> set[Config]:
-        return {c for _, c in self.in_flight.values()}
+        """Configs this process's slots are measuring, or have claimed and queued to measure next."""
+        return {c for _, c in self.in_flight.values()} | set(self.queued.values())
 
     @property
     def in_flight_total(self) -> int:

@@ -40,6 +40,9 @@ from omnitune.store._records import (
     record_profile,
     record_trial,
     record_trials,
+    record_search_run,
+    SEARCH_RUN_COLUMNS,
+    SearchRunRecord,
 )
 
 __all__ = [
@@ -71,6 +74,9 @@ __all__ = [
     "record_profile",
     "record_trial",
     "record_trials",
+    "record_search_run",
+    "SEARCH_RUN_COLUMNS",
+    "SearchRunRecord",
     "result_from_attrs",
     "schema_version",
     "study_name",

@@ -160,6 +160,18 @@ MIGRATIONS: tuple[Migration, ...] = (
                 WHERE r.position = 1""",
         ),
     ),
+    Migration(
+        3,
+        "search_runs: each search's wall time, its fixed costs and its trials, for omnitune plan",
+        (
+            # The trials' measured_at (to the second, no start time) cannot give the fixed cost
+            # before the first trial or the finalists' share: each run records them here.
+            """CREATE TABLE search_runs (
+                study TEXT NOT NULL, device_key TEXT NOT NULL, device_name TEXT, finished_at TEXT NOT NULL,
+                stop_reason TEXT, measured INTEGER NOT NULL, wall_s REAL NOT NULL, setup_s REAL NOT NULL,
+                retime_s REAL NOT NULL)""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -205,3 +205,28 @@ def _write_errors() -> Iterator[None]:
         yield
     except sqlite3.OperationalError as exc:
         raise StoreError(f"cannot write the results database: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SearchRunRecord:
+    """One row of `search_runs`: one run of one study's search, timed. `setup_s` (inputs and the
+    reference) and `retime_s` (the finalists) are the fixed cost of a problem; the rest of
+    `wall_s` spent on `measured` trials is the per-trial cost `omnitune plan` estimates with."""
+
+    study: str
+    device_key: str
+    device_name: str
+    finished_at: str
+    stop_reason: str
+    measured: int
+    wall_s: float
+    setup_s: float
+    retime_s: float
+
+
+SEARCH_RUN_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SearchRunRecord))
+
+
+def record_search_run(db: sqlite_utils.Database, record: SearchRunRecord) -> None:
+    row = dataclasses.asdict(record)
+    _write(db, f"INSERT INTO search_runs ({', '.join(row)}) VALUES ({', '.join(':' + c for c in row)})", row)

@@ -1,0 +1,60 @@
+"""How long `omnitune plan` says a trial and a problem take: measured on this device by earlier
+searches (the results database's `search_runs`) when it has them, else the project's constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Seconds per measured trial, measured in this project's H200 searches (compile, reference check,
+# CUDA-event timing; the trials are in benchmarks/results/search_trials_h200.json).
+SECONDS_PER_TRIAL = 1.2
+# Seconds per problem besides its trials (an estimate): building inputs and the reference, opening
+# the study, and re-timing the finalists against each other.
+SETUP_S_PER_PROBLEM = 20.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    per_trial_s: float
+    per_problem_s: float
+    source: str  # says where the figures come from, for the plan's last line
+
+    def estimate_s(self, trials: int) -> float:
+        return trials * self.per_trial_s + self.per_problem_s
+
+
+ASSUMED = Rates(SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM,
+                f"assumed {SECONDS_PER_TRIAL:g} s per trial (measured on the H200 in this project) + "
+                f"~{SETUP_S_PER_PROBLEM:g} s per problem (inputs, reference, finalists; an estimate)")
+
+
+def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
+    """The rates of `device_key`'s searches in the database (None: the device with the most
+    measured trials there), or ASSUMED with the reason when it has none."""
+    from omnitune.errors import StoreError
+    from omnitune.store import SEARCH_RUN_COLUMNS, read_table
+    from omnitune.trial import INTERPRETER_DEVICE
+
+    try:
+        runs = read_table(db_path, "search_runs", SEARCH_RUN_COLUMNS)
+    except StoreError as exc:
+        return _assumed(str(exc).split(";")[0])
+    # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost.
+    runs = runs[(runs.measured > 0) & (runs.device_name != INTERPRETER_DEVICE)]
+    if device_key is None and len(runs):
+        device_key = runs.groupby("device_key").measured.sum().idxmax()
+    runs = runs[runs.device_key == device_key]
+    if not len(runs):
+        return _assumed(f"no searches on {device_key or 'a GPU'} in {db_path}")
+    trials = int(runs.measured.sum())
+    trial_s = float((runs.wall_s - runs.setup_s - runs.retime_s).sum()) / trials
+    problem_s = float((runs.setup_s + runs.retime_s).mean())
+    name = runs.device_name.iloc[-1] or device_key
+    return Rates(trial_s, problem_s,
+                 f"{trial_s:.2g} s per trial, from {trials} trials measured on {name} + ~{problem_s:.0f} s per "
+                 f"problem (inputs, reference, finalists; measured over {len(runs)} searches in {db_path})")
+
+
+def _assumed(why: str) -> Rates:
+    return Rates(ASSUMED.per_trial_s, ASSUMED.per_problem_s, f"{ASSUMED.source} — {why}")
