@@ -58,6 +58,11 @@ def test_search_stores_the_trials_default_first_and_resumes(tmp_db):
     assert {r["device_key"] for r in measured} == {device_key}
     assert {r["representative"] for r in measured} == {int(ON_GPU)}
     assert all(r["status"] == "ok" for r in measured)  # the kernel is right for every config
+    # The run's timing, for `omnitune plan`: its trials and its fixed costs within its wall time.
+    conn = sqlite3.connect(tmp_db)
+    (run,) = conn.execute("SELECT measured, wall_s, setup_s, retime_s, device_key FROM search_runs").fetchall()
+    conn.close()
+    assert run[0] == 4 and run[4] == device_key and 0 < run[2] + run[3] < run[1]
     summary = [line for line in first.stdout.splitlines() if line.startswith("attention ")]
     assert len(summary) == 1
     assert "4 measured (4 new)" in summary[0]
