@@ -47,3 +47,21 @@ def test_nothing_to_compile():
     spec = get_spec("kv_cache_write")
     report = precompile(spec, spec.example_problem, torch.float16, [], device="cpu")
     assert report.compiled == 0 and report.workers == 0
+
+
+def test_the_pool_compiles_configs_as_they_are_submitted_and_ready_waits_for_them():
+    from omnitune.measure.ahead import PrecompilePool
+
+    spec = get_spec("kv_cache_write")
+    problem = spec.parse_shape("t=9,hkv=2,d=16,block_size=4")
+    configs = spec.valid_configs(problem, torch.float16)[:3]
+    with PrecompilePool(spec, problem, torch.float16, workers=2, device="cpu") as pool:
+        pool.submit(configs[:2])
+        pool.submit(configs[1:])  # a config submitted twice is compiled once
+        for config in configs:
+            pool.ready(config)
+        pool.ready(Config(BLOCK=1))  # never submitted: returns at once
+        report = pool.report()
+    # ready() may cancel a config no worker had started (the measuring process compiles it then).
+    assert report.compiled + len(report.failed) <= 3 and not report.failed
+    assert len(pool.futures) == 3
