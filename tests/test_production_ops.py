@@ -482,3 +482,16 @@ def test_an_sdpa_backend_that_refuses_a_call_falls_back_to_the_kernel_with_one_w
             out = attn.attention(q, k, v, causal=True, config={"BACKEND": "sdpa_cudnn"})
             assert relative_error(out.double().cpu(), want.cpu()) < 1e-4
     assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+
+
+def test_a_plan_with_the_in_launch_combine_owns_its_tickets(device):
+    gen = torch.Generator().manual_seed(14)
+    q, kc, vc, tables, lens = _paged_args(device, gen, b=3, h=4, hkv=1, lq=2, num_blocks=14)
+    plan = pda.PagedDecodePlan(batch=3, num_heads=4, num_kv_heads=1, head_dim=32, block_size=8, max_blocks=4,
+                               max_context_len=32, dtype=torch.float32, device=device, query_tokens=2,
+                               config={"NUM_SPLITS": 2, "BLOCK_N": 16, "FUSED_REDUCE": True})
+    assert plan._scratch.tickets is not None and plan._scratch.tickets.numel() == 3  # packed: one per kv head column
+    assert all(plan._scratch.tickets is not shared for shared in pda._tickets.values())
+    for _ in range(2):  # the tickets reset themselves: a second run is right too
+        out = plan.run(q, kc, vc, tables, lens)
+        assert relative_error(out.cpu().double(), _paged_reference(q, kc, vc, tables, lens, 1 / math.sqrt(32))) < 1e-4

@@ -510,7 +510,9 @@ class _Scratch:
 
     @classmethod
     def make(cls, b: int, h: int, lq: int, d: int, hkv: int, config: Config, device,
-             tickets: torch.Tensor | None = None) -> _Scratch | None:
+             own_tickets: bool = False) -> _Scratch | None:
+        """own_tickets: zeroed tickets of this scratch's own (a plan's), not the ones shared per
+        stream by the calls of the function."""
         splits = int(config["NUM_SPLITS"])
         if splits == 1:
             return None
@@ -519,9 +521,12 @@ class _Scratch:
         part_m = flat[:rows].view(b, h, lq, splits)
         part_l = flat[rows:2 * rows].view(b, h, lq, splits)
         part_acc = flat[2 * rows:].view(b, h, lq, splits, d)
-        if _fused_reduce(config, splits) and tickets is None:
+        tickets = None
+        if _fused_reduce(config, splits):
             pack = bool(config["PACK_GQA"]) and h // hkv > 1
-            tickets = _ticket_buffer(torch.device(device), b * (hkv if pack else h))
+            count = b * (hkv if pack else h)
+            tickets = (torch.zeros(count, dtype=torch.int32, device=device) if own_tickets
+                       else _ticket_buffer(torch.device(device), count))
         return cls(part_m, part_l, part_acc, tickets)
 
 
@@ -736,13 +741,8 @@ class PagedDecodePlan:
         self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
         self.config = _config_for(batch, num_heads, num_kv_heads, query_tokens, head_dim, block_size,
                                   max_context_len, config, dtype)
-        tickets = None
-        if _fused_reduce(self.config, int(self.config["NUM_SPLITS"])):
-            pack = bool(self.config["PACK_GQA"]) and num_heads // num_kv_heads > 1
-            tickets = torch.zeros(batch * (num_kv_heads if pack else num_heads), dtype=torch.int32,
-                                  device=self.device)
         self._scratch = _Scratch.make(batch, num_heads, query_tokens, head_dim, num_kv_heads, self.config,
-                                      self.device, tickets)
+                                      self.device, own_tickets=True)
         self.out = torch.empty(self.q_shape, dtype=dtype, device=self.device)
         self._config_json = _dispatch.config_to_json(self.config)  # what the op takes under torch.compile
 
