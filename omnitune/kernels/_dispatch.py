@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from omnitune import runtime
+from omnitune.runtime._buckets import bucket_bound
 from omnitune.errors import ConfigError
 from omnitune.spec import Config, KernelSpec
 
@@ -67,13 +68,10 @@ def checking(check: bool | None) -> bool:
 
 
 def bucket_up(n: int) -> int:
-    """n rounded up to a bucket of four per octave (…, 1024, 1280, 1536, 1792, 2048, …): lengths
-    that grow by one token per decode step share one config lookup for a long stretch, and a
-    bucket overshoots the real length by at most 25%."""
-    if n <= 16:
-        return max(int(n), 1)
-    step = 1 << (int(n).bit_length() - 3)
-    return -(-int(n) // step) * step
+    """n rounded up to a bucket of four per octave (…, 1024, 1280, 1536, 1792, 2048, …), the
+    runtime's own rule (omnitune.runtime._buckets): lengths that grow by one token per decode step
+    share one config lookup for a long stretch, and a bucket overshoots by at most 25%."""
+    return bucket_bound(max(int(n), 1))
 
 
 class ConfigMemo:

@@ -74,6 +74,12 @@ def _small(keep: int) -> int:
     return 1 << keep
 
 
+def bucket_bound(value: int, buckets_per_octave: int = 4) -> int:
+    """`value` rounded up to its bucket's bound (the public ops bucket the lengths they pass to
+    the runtime with this, so that their memo and the runtime's cache agree on one rule)."""
+    return _bound(value, _mantissa_bits(buckets_per_octave) + 1)
+
+
 def _bound(value: int, keep: int) -> int:
     """`value` rounded up to `keep` significant bits (at most MAX_DIMENSION)."""
     if value <= _small(keep):
