@@ -57,7 +57,6 @@ def _env_reader(name: str):
 
 
 _check_env = _env_reader(CHECK_ENV)
-_config_dir_env = _env_reader(runtime.CONFIG_DIR_ENV)
 
 
 def checking(check: bool | None) -> bool:
@@ -96,7 +95,9 @@ class ConfigMemo:
                 self._generation = generation
         if config is not None:
             key = (key, _config_identity(config))
-        memo_key = (key, dtype, _config_dir_env())
+        # No $OMNITUNE_CONFIG_DIR in the key: the runtime reads it at its first lookup and again
+        # only after clear_cache(), which moves the generation above and empties this memo.
+        memo_key = (key, dtype)
         found = self._configs.get(memo_key)
         if found is not None:
             return found
