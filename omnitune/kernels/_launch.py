@@ -104,10 +104,6 @@ class DirectLauncher:
                 self._compiled.clear()
             self._compiled[key] = entry
 
-    def clear(self) -> None:
-        with self._lock:
-            self._compiled.clear()
-
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device = torch.cuda.current_device
