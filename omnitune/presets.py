@@ -66,6 +66,10 @@ DIT_BATCH = 2
 DIT_SIDES_PX = (512, 1024)
 # Paged KV caches use pages of this many tokens (vLLM's default).
 KV_BLOCK_SIZE = 16
+# The caches an engine keeps: in the activations' dtype, or fp8 (vLLM's kv_cache_dtype="fp8"):
+# the KV write and paged decode are tuned for both.
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+_CACHE_ROLES = {"auto": "", "fp8_e4m3": ", fp8 cache"}
 
 # Fused cross-attention layer (b, lq, lk, role, kv_cached): decode-like, text → image prefill, long
 # video; and the decode steps again with the image's K/V projected once and reused (kv_cached), as
@@ -238,8 +242,10 @@ def _kv_cache_writes(p: ModelPreset) -> list[PresetProblem]:
     from omnitune.kernels.kv_cache_write import KVCacheWriteProblem
 
     return [
-        PresetProblem("kv_cache_write", KVCacheWriteProblem(t=t, hkv=p.kv_heads, d=p.head_dim, block_size=KV_BLOCK_SIZE),
-                      f"{'decode step' if t < 256 else 'prefill'}: {t} tokens")
+        PresetProblem("kv_cache_write", KVCacheWriteProblem(t=t, hkv=p.kv_heads, d=p.head_dim, block_size=KV_BLOCK_SIZE,
+                                                            cache_dtype=cache),
+                      f"{'decode step' if t < 256 else 'prefill'}: {t} tokens{_CACHE_ROLES[cache]}")
+        for cache in KV_CACHE_DTYPES
         for t in KV_WRITE_TOKENS
     ]
 
@@ -249,8 +255,9 @@ def _paged_decode(p: ModelPreset) -> list[PresetProblem]:
 
     return [
         PresetProblem("paged_decode_attention", PagedDecodeProblem(
-            b=b, h=p.heads, hkv=p.kv_heads, lq=1, ctx=ctx, d=p.head_dim, block_size=KV_BLOCK_SIZE,
-        ), f"decode: batch {b}, {ctx} context")
+            b=b, h=p.heads, hkv=p.kv_heads, lq=1, ctx=ctx, d=p.head_dim, block_size=KV_BLOCK_SIZE, cache_dtype=cache,
+        ), f"decode: batch {b}, {ctx} context{_CACHE_ROLES[cache]}")
+        for cache in KV_CACHE_DTYPES
         for b in DECODE_BATCHES
         for ctx in DECODE_CONTEXTS
     ]

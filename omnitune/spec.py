@@ -440,8 +440,13 @@ class KernelSpec:
         return self.problem_from_mapping(values)
 
     def problem_key(self, problem: Any) -> str:
-        """The canonical key of a problem; also a valid --shape spec."""
-        return ",".join(f"{f.name}={_fmt(getattr(problem, f.name))}" for f in dataclasses.fields(problem))
+        """The canonical key of a problem; also a valid --shape spec. A field declared with
+        `optional_field(default)` is left out while it holds its default, so that a field added
+        to a problem type later leaves the keys of the tables exported before it unchanged."""
+        return ",".join(
+            f"{f.name}={_fmt(getattr(problem, f.name))}" for f in dataclasses.fields(problem)
+            if not (f.metadata.get(OPTIONAL_IN_KEY) and getattr(problem, f.name) == f.default)
+        )
 
     def problem_dict(self, problem: Any) -> dict[str, Any]:
         return dataclasses.asdict(problem)
@@ -456,6 +461,16 @@ class KernelSpec:
         if mod is None:
             return "unknown"
         return kernel_source_hash(mod)
+
+
+OPTIONAL_IN_KEY = "omnitune.optional_in_key"
+
+
+def optional_field(default: Any) -> Any:
+    """A problem field that problem keys name only when it differs from `default` (see
+    KernelSpec.problem_key): for a dimension added after tables were exported, such as a KV
+    cache's storage dtype."""
+    return field(default=default, metadata={OPTIONAL_IN_KEY: True})
 
 
 def field_kind(f: dataclasses.Field) -> str:

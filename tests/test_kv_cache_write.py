@@ -226,7 +226,7 @@ def _bad_inputs(device):
         "kv heads differ from the cache": ((key[:, :1], value[:, :1], kc, vc, slots), "the cache has 2 × 32"),
         "head dim differs from the cache": ((key[..., :16], value[..., :16], kc, vc, slots), "the cache has 2 × 32"),
         "key and value shapes differ": ((key, value[:4], kc, vc, slots), "key and value shapes differ"),
-        "dtype differs": ((key.half(), value.half(), kc, vc, slots), "share one dtype"),
+        "dtype differs": ((key.half(), value.half(), kc, vc, slots), "in key/value.s dtype"),
         "float slots": ((key, value, kc, vc, slots.float()), "int64 or int32"),
         "one slot short": ((key, value, kc, vc, slots[:4]), "one slot per token"),
         "cache not 4-D": ((key, value, kc.flatten(0, 1), vc, slots), "key_cache must be 4-D"),

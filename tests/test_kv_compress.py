@@ -311,6 +311,8 @@ def _bad_inputs(device):
         "recent past the sequence": ((q, k, v, modality), {"recent": 17}, "recent=17"),
         "float modality": ((q, k, v, modality.float()), {}, "integer tensor"),
         "dtype differs": ((q.half(), k, v, modality), {}, "share one dtype"),
+        "fp8 cache": ((q, k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), modality), {},
+                      "does not read fp8 caches"),
     }
 
 
@@ -321,7 +323,14 @@ def test_bad_input_raises_input_error(case, device):
     before = [a.clone() for a in args]
     with pytest.raises(InputError, match=message):
         compress_kv(*args, config={}, **kwargs)
-    assert all(torch.equal(a, b) for a, b in zip(args, before))
+    assert all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(args, before))
+
+
+def test_importance_refuses_an_fp8_cache_clearly(device):
+    q, k, v, modality = _hand_built(torch.float32, device)
+    with pytest.raises(InputError, match="does not read fp8 caches"):
+        kvc.kv_importance(q, k.to(torch.float8_e4m3fn))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -265,7 +265,7 @@ def _bad_inputs(device):
         "heads not a multiple of kv heads": ((q[:, :3], kc, vc, tables, ctx), "multiple of the cache's kv heads"),
         "head dim differs from the cache": ((q[..., :16], kc, vc, tables, ctx), "head dims differ"),
         "more than 16 query tokens": ((q[:, :, :1].expand(-1, -1, 17, -1), kc, vc, tables, ctx), "decode takes 1..16"),
-        "dtype differs": ((q.half(), kc, vc, tables, ctx), "share one dtype"),
+        "dtype differs": ((q.half(), kc, vc, tables, ctx), "in q.s dtype"),
         "int64 block table": ((q, kc, vc, tables.long(), ctx), "block_tables must be int32"),
         "context_lens of another batch": ((q, kc, vc, tables, ctx[:1]), "context_lens must be int32"),
         "caches differ": ((q, kc, vc[:-1], tables, ctx), "shapes differ"),

@@ -37,7 +37,8 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.kernels import _dispatch
+from omnitune.kernels import _dispatch, _fp8
+from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (kv_cache_scale: public)
 from omnitune.kernels._host import seeded_rand
 from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
@@ -48,6 +49,7 @@ from omnitune.spec import (
     MatchPolicy,
     Param,
     element_bytes,
+    optional_field,
     relative_error,
     require_runnable_device,
 )
@@ -59,16 +61,18 @@ PAD_EVERY = 8
 
 @triton.jit
 def _kv_cache_write(
-    Key, Value, KeyCache, ValueCache, SlotMapping,
+    Key, Value, KeyCache, ValueCache, SlotMapping, KScale, VScale,
     stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd,
     stride_kcb, stride_kcs, stride_kch, stride_kcd,
     stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    stride_ks, stride_vs,
     T, HKV, BLOCK_SIZE, CAPACITY,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    QUANTIZE: tl.constexpr,
 ):
     # axis 0: block of BLOCK_T tokens; axis 1: block of BLOCK_H kv heads
     pid_t = tl.program_id(0)
@@ -94,6 +98,14 @@ def _kv_cache_write(
     d3 = dims[None, None, :]
     k = tl.load(Key + t64 * stride_kt + h3 * stride_kh + d3 * stride_kd, mask=mask)
     v = tl.load(Value + t64 * stride_vt + h3 * stride_vh + d3 * stride_vd, mask=mask)
+    if QUANTIZE:
+        # fp8 caches hold x / scale, correctly rounded (div_rn, not the approximate division)
+        # to the nearest e4m3 value, saturated: bit for bit what PyTorch's quantize gives.
+        head_valid = heads < HKV
+        k_scale = tl.load(KScale + heads * stride_ks, mask=head_valid, other=1.0)[None, :, None]
+        v_scale = tl.load(VScale + heads * stride_vs, mask=head_valid, other=1.0)[None, :, None]
+        k = round_to_e4m3(tl.math.div_rn(k.to(tl.float32), k_scale)).to(KeyCache.dtype.element_ty)
+        v = round_to_e4m3(tl.math.div_rn(v.to(tl.float32), v_scale)).to(ValueCache.dtype.element_ty)
 
     blk = cache_block[:, None, None]
     off = block_offset[:, None, None]
@@ -108,7 +120,8 @@ def _kv_cache_write(
 
 @dataclass(frozen=True)
 class KVCacheWriteProblem:
-    """One cache write: t new tokens of hkv heads × d into a cache of pages of block_size tokens.
+    """One cache write: t new tokens of hkv heads × d into a cache of pages of block_size tokens,
+    stored in the activations' dtype (cache_dtype "auto") or quantized to fp8 ("fp8_e4m3").
 
     The cache holds the pages the t tokens need plus a quarter more (at least one spare page), so
     the slots scatter through a cache that is not full."""
@@ -117,11 +130,13 @@ class KVCacheWriteProblem:
     hkv: int
     d: int
     block_size: int = 16
+    cache_dtype: str = optional_field("auto")
 
     def __post_init__(self):
         for name in ("t", "hkv", "d", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        object.__setattr__(self, "cache_dtype", _fp8.normalize_cache_dtype(self.cache_dtype))
 
     @property
     def num_blocks(self) -> int:
@@ -140,32 +155,41 @@ class KVCacheWriteInputs:
     value: torch.Tensor           # [T, Hkv, D]
     initial_caches: torch.Tensor  # [2, num_blocks, block_size, Hkv, D]: key cache, value cache
     slot_mapping: torch.Tensor    # [T], int64; −1 = padding
+    k_scale: torch.Tensor | None = None  # fp8 caches: float32 [1] or [Hkv]
+    v_scale: torch.Tensor | None = None
 
 
 _Tensor = torch.Tensor
 
 
-def _check_metadata(key, value, key_cache, value_cache, slot_mapping) -> None:
+def _check_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
     """Everything about the tensors that needs no device value (no sync): types, ranks, shapes,
-    dtypes, devices. The common case is one cheap predicate (this runs on every call); only a
-    call that fails it pays for finding the message."""
+    dtypes, devices, and an fp8 cache's scales. The common case is one cheap predicate (this runs
+    on every call); only a call that fails it pays for finding the message."""
     if (type(key) is _Tensor and type(value) is _Tensor and type(key_cache) is _Tensor
             and type(value_cache) is _Tensor and type(slot_mapping) is _Tensor):
         shape, cache_shape = key.shape, key_cache.shape
-        dtype, device = key.dtype, key.get_device()
+        dtype, cache_dtype, device = key.dtype, key_cache.dtype, key.get_device()
         if (len(shape) == 3 and len(cache_shape) == 4 and value.shape == shape and value_cache.shape == cache_shape
                 and cache_shape[2] == shape[1] and cache_shape[3] == shape[2]
                 and slot_mapping.dim() == 1 and slot_mapping.shape[0] == shape[0]
-                and value.dtype == dtype and key_cache.dtype == dtype and value_cache.dtype == dtype
+                and value.dtype == dtype and value_cache.dtype == cache_dtype
                 and slot_mapping.dtype in SLOT_DTYPES
                 and value.get_device() == device and key_cache.get_device() == device
                 and value_cache.get_device() == device and slot_mapping.get_device() == device
-                and device >= 0):
+                and device >= 0
+                and ((cache_dtype == dtype and k_scale is None and v_scale is None)
+                     or (cache_dtype == _fp8.FP8 and dtype in _QUANTIZABLE
+                         and _fp8.scales_fit(k_scale, shape[1], device)
+                         and _fp8.scales_fit(v_scale, shape[1], device)))):
             return
-    _explain_metadata(key, value, key_cache, value_cache, slot_mapping)
+    _explain_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
-def _explain_metadata(key, value, key_cache, value_cache, slot_mapping) -> None:
+_QUANTIZABLE = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _explain_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
     """The InputError naming what is wrong with the tensors (or nothing, e.g. for CPU tensors
     under the interpreter)."""
     named = (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
@@ -185,10 +209,18 @@ def _explain_metadata(key, value, key_cache, value_cache, slot_mapping) -> None:
     if len(devices) > 1:
         raise InputError("key, value, key_cache, value_cache and slot_mapping must be on one device; got "
                          + ", ".join(f"{n} on {t.device}" for n, t in named))
-    if not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype):
+    if key.dtype != value.dtype or key_cache.dtype != value_cache.dtype:
         raise InputError(
-            f"key, value and the caches must share one dtype; got {key.dtype}, {value.dtype}, "
+            f"key and value must share one dtype, and the two caches one; got {key.dtype}, {value.dtype}, "
             f"{key_cache.dtype}, {value_cache.dtype}"
+        )
+    unsupported = _fp8.unsupported_cache_dtype(key_cache.dtype)
+    if unsupported:
+        raise InputError(unsupported)
+    if key_cache.dtype != key.dtype and not (key_cache.dtype == _fp8.FP8 and key.dtype in _QUANTIZABLE):
+        raise InputError(
+            f"the caches must be in key/value's dtype ({key.dtype}) or fp8 (float8_e4m3fn, quantized on write); "
+            f"got {key_cache.dtype}"
         )
     if slot_mapping.dtype not in SLOT_DTYPES:
         raise InputError(f"slot_mapping must be int64 or int32, got {slot_mapping.dtype}")
@@ -208,6 +240,7 @@ def _explain_metadata(key, value, key_cache, value_cache, slot_mapping) -> None:
         raise InputError(
             f"slot_mapping must be 1-D with one slot per token ({t}), got shape {list(slot_mapping.shape)}"
         )
+    _fp8.explain_scales(key_cache.dtype, k_scale, v_scale, hkv, key.device)
     require_runnable_device(key)
 
 
@@ -228,38 +261,44 @@ def _check_values(key, key_cache, slot_mapping) -> None:
 _WRITE = DirectLauncher(_kv_cache_write)
 
 
-# (config, T, Hkv, D) → grid and constexprs: what a repeated call would otherwise recompute.
+# (config, T, Hkv, D, quantize) → grid and constexprs: what a repeated call would otherwise recompute.
 _launch_plans: dict[tuple, tuple] = {}
 
 
-def _launch_plan(config: Config, t: int, hkv: int, d: int) -> tuple:
+def _launch_plan(config: Config, t: int, hkv: int, d: int, quantize: bool) -> tuple:
     block_t, block_h = int(config["BLOCK_T"]), int(config["BLOCK_H"])
     grid = (triton.cdiv(t, block_t), triton.cdiv(hkv, block_h))
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=block_t, BLOCK_H=block_h,
-                      num_warps=int(config["num_warps"]))
+                      QUANTIZE=quantize, num_warps=int(config["num_warps"]))
     if len(_launch_plans) >= 4096:
         _launch_plans.clear()
-    plan = _launch_plans[(config, t, hkv, d)] = (grid, constexprs)
+    plan = _launch_plans[(config, t, hkv, d, quantize)] = (grid, constexprs)
     return plan
 
 
-def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config) -> None:
+def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config, k_scale=None, v_scale=None) -> None:
     t, hkv, d = key.shape
     if t == 0:
         return
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
-    grid, constexprs = _launch_plans.get((config, t, hkv, d)) or _launch_plan(config, t, hkv, d)
+    quantize = k_scale is not None
+    grid, constexprs = (_launch_plans.get((config, t, hkv, d, quantize))
+                        or _launch_plan(config, t, hkv, d, quantize))
+    if quantize:
+        scales = (k_scale, v_scale, _fp8.scale_stride(k_scale), _fp8.scale_stride(v_scale))
+    else:
+        scales = (key, key, 0, 0)  # placeholders, never read
     _WRITE(grid, (
-        key, value, key_cache, value_cache, slot_mapping,
-        *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
+        key, value, key_cache, value_cache, slot_mapping, scales[0], scales[1],
+        *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(), scales[2], scales[3],
         t, hkv, block_size, num_blocks * block_size,
-    ), constexprs, 5)
+    ), constexprs, 7)
 
 
 def launch(inputs: KVCacheWriteInputs, out: torch.Tensor, config: Config) -> None:
     """Write the inputs' tokens into `out` [2, num_blocks, block_size, Hkv, D] (key cache, value
     cache), in place. No validation: the spec's inputs are well-formed by construction."""
-    _launch(inputs.key, inputs.value, out[0], out[1], inputs.slot_mapping, config)
+    _launch(inputs.key, inputs.value, out[0], out[1], inputs.slot_mapping, config, inputs.k_scale, inputs.v_scale)
 
 
 def write_kv_cache(
@@ -269,12 +308,19 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     config: Config | dict | None = None,
     check: bool | None = None,
 ) -> None:
     """Scatter key and value [T, Hkv, D] into key_cache and value_cache [num_blocks, block_size,
     Hkv, D] in place, token t at slot slot_mapping[t] = block · block_size + offset (int64 or
     int32; negative = padding, skipped). Slots must be distinct. Any strides.
+
+    fp8 caches (torch.float8_e4m3fn, vLLM's kv_cache_dtype="fp8"): the tokens are quantized on
+    write, x / scale rounded to nearest even and saturated at ±448; k_scale and v_scale are
+    float32 device tensors, one per cache ([] or [1]) or one per kv head ([Hkv]) — see
+    kv_cache_scale. Other caches are in key/value's dtype and take no scales.
 
     No host sync and nothing a CUDA graph cannot capture: shapes, dtypes and devices are checked
     on the host (InputError); a slot past the cache is skipped inside the kernel, so nothing
@@ -284,30 +330,32 @@ def write_kv_cache(
     to the default. Under torch.compile this calls torch.ops.omnitune.write_kv_cache."""
     if _dispatch.compiling():
         torch.ops.omnitune.write_kv_cache(key, value, key_cache, value_cache, slot_mapping,
-                                          _dispatch.config_to_json(config))
+                                          _dispatch.config_to_json(config), k_scale, v_scale)
         return
-    _write(key, value, key_cache, value_cache, slot_mapping, config, check)
+    _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_scale, v_scale)
 
 
 _memo = _dispatch.ConfigMemo("kv_cache_write")
 
 
-def _write(key, value, key_cache, value_cache, slot_mapping, config, check) -> None:
-    _check_metadata(key, value, key_cache, value_cache, slot_mapping)
+def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_scale=None, v_scale=None) -> None:
+    _check_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     if _dispatch.checking(check):
         _check_values(key, key_cache, slot_mapping)
     t, hkv, d = key.shape
     if t == 0:
         return
     block_size = key_cache.shape[1]
+    cache_dtype = "auto" if k_scale is None else "fp8_e4m3"
     # Token counts are bucketed for the tables (a decode step's count moves with the batch); a
     # caller's own config is validated against the real count.
     tokens = t if config is not None else _dispatch.bucket_up(t)
     cfg = _memo.get(
-        (tokens, hkv, d, block_size), config,
-        lambda: KVCacheWriteProblem(t=tokens, hkv=hkv, d=d, block_size=block_size), key.dtype,
+        (tokens, hkv, d, block_size, cache_dtype), config,
+        lambda: KVCacheWriteProblem(t=tokens, hkv=hkv, d=d, block_size=block_size, cache_dtype=cache_dtype),
+        key.dtype,
     )
-    _launch(key, value, key_cache, value_cache, slot_mapping, cfg)
+    _launch(key, value, key_cache, value_cache, slot_mapping, cfg, k_scale, v_scale)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -317,7 +365,9 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check) -> N
 
 def make_inputs(problem: KVCacheWriteProblem, dtype: torch.dtype, device, seed: int) -> KVCacheWriteInputs:
     """Random keys, values and cache contents; distinct random slots through the whole cache, with
-    every PAD_EVERY-th token (at random positions) turned into padding (−1)."""
+    every PAD_EVERY-th token (at random positions) turned into padding (−1). An fp8 cache gets
+    per-tensor scales from the new tokens (amax / 448, different for keys and values: values
+    are drawn at half the keys' scale) and starts out holding quantized random values."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     p = problem
 
@@ -327,32 +377,49 @@ def make_inputs(problem: KVCacheWriteProblem, dtype: torch.dtype, device, seed: 
     slots = torch.randperm(capacity, generator=gen)[: p.t].to(torch.int64)
     padded = torch.randperm(p.t, generator=gen)[: p.padded_tokens]
     slots[padded] = -1
-    return KVCacheWriteInputs(
-        key=rand(p.t, p.hkv, p.d),
-        value=rand(p.t, p.hkv, p.d),
-        initial_caches=rand(2, p.num_blocks, p.block_size, p.hkv, p.d),
-        slot_mapping=slots.to(device),
-    )
+    key, value = rand(p.t, p.hkv, p.d), rand(p.t, p.hkv, p.d, scale=0.5)
+    caches = rand(2, p.num_blocks, p.block_size, p.hkv, p.d)
+    k_scale = v_scale = None
+    if p.cache_dtype == "fp8_e4m3":
+        k_scale, v_scale = kv_cache_scale(key), kv_cache_scale(value)
+        caches = torch.stack([_fp8.quantize(caches[0], k_scale), _fp8.quantize(caches[1] * 0.5, v_scale)])
+    return KVCacheWriteInputs(key=key, value=value, initial_caches=caches, slot_mapping=slots.to(device),
+                              k_scale=k_scale, v_scale=v_scale)
+
+
+def _slots_view(caches: torch.Tensor) -> torch.Tensor:
+    """[2, num_blocks · block_size, Hkv, D] over the caches, as bytes for fp8 ones (indexed
+    assignment is not implemented for fp8 tensors everywhere; bytes move the same bits)."""
+    flat = caches.view(2, -1, *caches.shape[-2:])
+    return flat.view(torch.uint8) if caches.dtype == _fp8.FP8 else flat
+
+
+def _as_cache(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """New tokens as the cache stores them (quantized for an fp8 cache), in _slots_view's dtype."""
+    if scale is None:
+        return x
+    return _fp8.quantize(x, scale).view(torch.uint8)
 
 
 def new_output(inputs: KVCacheWriteInputs) -> torch.Tensor:
     """A fresh copy of the initial caches with every slot the kernel must write set to NaN: a
     slot it skips stays NaN, a write anywhere else changes data the reference keeps."""
     out = inputs.initial_caches.clone()
-    flat = out.view(2, -1, *out.shape[-2:])
     valid = inputs.slot_mapping[inputs.slot_mapping >= 0]
-    flat[:, valid] = float("nan")
+    flat = _slots_view(out)
+    flat[:, valid] = 0x7F if out.dtype == _fp8.FP8 else float("nan")  # 0x7F: e4m3's NaN
     return out
 
 
 def reference(inputs: KVCacheWriteInputs) -> torch.Tensor:
-    """The caches after the write, [2, num_blocks, block_size, Hkv, D], by PyTorch indexing."""
+    """The caches after the write, [2, num_blocks, block_size, Hkv, D], by PyTorch indexing (and
+    PyTorch's quantization for an fp8 cache)."""
     expected = inputs.initial_caches.clone()
-    flat = expected.view(2, -1, *expected.shape[-2:])
+    flat = _slots_view(expected)
     keep = inputs.slot_mapping >= 0
     slots = inputs.slot_mapping[keep]
-    flat[0, slots] = inputs.key[keep]
-    flat[1, slots] = inputs.value[keep]
+    flat[0, slots] = _as_cache(inputs.key[keep], inputs.k_scale)
+    flat[1, slots] = _as_cache(inputs.value[keep], inputs.v_scale)
     return expected
 
 
@@ -372,11 +439,12 @@ def flops(problem: KVCacheWriteProblem) -> float:
 
 
 def bytes_moved(problem: KVCacheWriteProblem, dtype: torch.dtype) -> float:
+    """Keys and values read in dtype and written in the cache's dtype, plus the slots."""
     p = problem
-    elt = element_bytes(dtype)
+    read, written_bytes = element_bytes(dtype), element_bytes(_fp8.cache_dtype_of(p.cache_dtype, dtype))
     written = p.t - p.padded_tokens
     slot_bytes = 8 * p.t  # the factory's int64 slot_mapping
-    return float(4 * written * p.hkv * p.d * elt + slot_bytes)
+    return float(2 * written * p.hkv * p.d * (read + written_bytes) + slot_bytes)
 
 
 def _tile_elements(problem: KVCacheWriteProblem, config: Config) -> int:
@@ -398,9 +466,10 @@ def _check_block_h(problem, config, dtype, limits):
 
 
 def _check_registers(problem, config, dtype, limits):
-    # Key and value tiles are both held in registers between load and store; past 128 32-bit
-    # registers per thread for them the compiler spills to local memory.
-    elt = element_bytes(dtype)
+    # Key and value tiles are both held in registers between load and store (in fp32 while an
+    # fp8 cache's values are rounded); past 128 32-bit registers per thread for them the
+    # compiler spills to local memory.
+    elt = 4 if problem.cache_dtype == "fp8_e4m3" else element_bytes(dtype)
     threads = int(config["num_warps"]) * 32
     per_thread = 2 * _tile_elements(problem, config) * elt // (4 * threads)
     if per_thread > 128:
@@ -463,8 +532,9 @@ def default_config(problem: KVCacheWriteProblem, dtype: torch.dtype) -> Config:
 
 
 def _index_copy_baselines(problem: KVCacheWriteProblem):
-    """PyTorch index_copy_ into the flattened caches (vLLM's fallback path), for `omnitune bench`.
-    The padding is filtered out and the output buffer made once per inputs, outside the timing."""
+    """PyTorch index_copy_ into the flattened caches (vLLM's fallback path; an fp8 cache's tokens
+    quantized by PyTorch first, inside the timing), for `omnitune bench`. The padding is filtered
+    out and the output buffer made once per inputs, outside the timing."""
     prepared: dict[int, tuple] = {}
 
     def run(inputs: KVCacheWriteInputs) -> torch.Tensor:
@@ -475,9 +545,9 @@ def _index_copy_baselines(problem: KVCacheWriteProblem):
                 inputs.initial_caches.clone(), inputs.slot_mapping[keep], inputs.key[keep], inputs.value[keep]
             )
         caches, slots, key, value = prepared[id(inputs)]
-        flat = caches.view(2, -1, *caches.shape[-2:])
-        flat[0].index_copy_(0, slots, key)
-        flat[1].index_copy_(0, slots, value)
+        flat = _slots_view(caches)
+        flat[0].index_copy_(0, slots, _as_cache(key, inputs.k_scale))
+        flat[1].index_copy_(0, slots, _as_cache(value, inputs.v_scale))
         return caches
 
     return {"torch_index_copy": run}
@@ -504,6 +574,7 @@ SPEC = KernelSpec(
         KVCacheWriteProblem(t=1, hkv=1, d=64),                  # one token, one head
         KVCacheWriteProblem(t=24, hkv=3, d=32, block_size=5),   # odd heads and block size
         KVCacheWriteProblem(t=10, hkv=2, d=80, block_size=4),   # head dim padded to 128 in the tile
+        KVCacheWriteProblem(t=19, hkv=3, d=64, block_size=8, cache_dtype="fp8_e4m3"),  # quantized on write
     ),
     baselines=_index_copy_baselines,
     compare=bitwise_mismatch,
@@ -518,11 +589,13 @@ SPEC = KernelSpec(
 
 @torch.library.custom_op("omnitune::write_kv_cache", mutates_args=("key_cache", "value_cache"))
 def _write_kv_cache_op(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                       value_cache: torch.Tensor, slot_mapping: torch.Tensor, config: str) -> None:
+                       value_cache: torch.Tensor, slot_mapping: torch.Tensor, config: str,
+                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     """write_kv_cache() as an op, the caches written in place; config '' means look it up."""
-    _write(key, value, key_cache, value_cache, slot_mapping, _dispatch.config_from_json(config), None)
+    _write(key, value, key_cache, value_cache, slot_mapping, _dispatch.config_from_json(config), None,
+           k_scale, v_scale)
 
 
 @_write_kv_cache_op.register_fake
-def _write_kv_cache_fake(key, value, key_cache, value_cache, slot_mapping, config):
+def _write_kv_cache_fake(key, value, key_cache, value_cache, slot_mapping, config, k_scale=None, v_scale=None):
     return None

@@ -471,6 +471,20 @@ def _quotas(modality: torch.Tensor, keep_ratio: Mapping, recent: int) -> torch.T
     return torch.floor(candidates.double() * share + 0.5).to(torch.int64)  # TEXT: 0
 
 
+_FP8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                      "float8_e5m2fnuz") if hasattr(torch, name))
+
+
+def _refuse_fp8(*tensors: torch.Tensor) -> None:
+    # Compression scores keys by attention and gathers the survivors into a new cache; over fp8
+    # it would need the scales in the scoring and would rewrite quantized bytes (no scales are
+    # taken here, so a result would silently drop them). Said plainly instead.
+    for t in tensors:
+        if t.dtype in _FP8_DTYPES:
+            raise InputError(f"kv_compress does not read fp8 caches ({t.dtype}): compress the cache in bf16/fp16 "
+                             "before quantizing it, or dequantize first (omnitune.kernels._fp8.dequantize)")
+
+
 def _check_inputs(q_window, k, v, modality, recent) -> None:
     named = (("q_window", q_window), ("k", k), ("v", v), ("modality", modality))
     for name, t in named:
@@ -482,6 +496,7 @@ def _check_inputs(q_window, k, v, modality, recent) -> None:
     if len({t.device for _, t in named}) > 1:
         raise InputError("q_window, k, v and modality must be on one device; got "
                          + ", ".join(f"{n} on {t.device}" for n, t in named))
+    _refuse_fp8(k, v)
     if not (q_window.dtype == k.dtype == v.dtype):
         raise InputError(f"q_window, k and v must share one dtype; got {q_window.dtype}, {k.dtype}, {v.dtype}")
     if q_window.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -976,6 +991,7 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     b, h, w, d = q_window.shape
     if k.shape[0] != b or k.shape[3] != d or k.shape[1] == 0 or h % k.shape[1]:
         raise InputError(f"k {list(k.shape)} does not fit q_window {list(q_window.shape)}")
+    _refuse_fp8(k)
     if q_window.dtype != k.dtype or q_window.device != k.device:
         raise InputError("q_window and k must share one dtype and device")
     require_runnable_device(k)

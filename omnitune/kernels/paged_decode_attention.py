@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.kernels import _dispatch
+from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.kernels._launch import DirectLauncher
 from omnitune.spec import (
@@ -69,6 +69,7 @@ from omnitune.spec import (
     MatchPolicy,
     Param,
     element_bytes,
+    optional_field,
     poisoned,
     require_runnable_device,
 )
@@ -80,12 +81,13 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 @triton.jit
 def _paged_decode_split(
     Q, KeyCache, ValueCache, BlockTables, ContextLens,
-    Out, PartM, PartL, PartAcc, Tickets,
+    Out, PartM, PartL, PartAcc, Tickets, KScale, VScale,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kcb, stride_kcs, stride_kch, stride_kcd,
     stride_vcb, stride_vcs, stride_vch, stride_vcd,
     stride_btb, stride_btp,
     stride_ob, stride_oh, stride_om, stride_od,
+    stride_ks, stride_vs,
     H, LQ, NUM_BLOCKS, MAX_PAGES,
     qk_scale,
     PAGE_SIZE: tl.constexpr,
@@ -100,6 +102,7 @@ def _paged_decode_split(
     BLOCK_S: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     PAGE_GUARD: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # axis 0: sequence; axis 1: query head (or kv head when PACK_GQA); axis 2: split of the context
     b = tl.program_id(0)
@@ -138,6 +141,12 @@ def _paged_decode_split(
         + qi[:, None] * stride_qm + offs_d[None, :] * stride_qd
     )
     q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    if KV_FP8:
+        # An fp8 cache holds K / k_scale and V / v_scale (one scale per cache or per kv head):
+        # k_scale folds into the score scale, v_scale into the accumulator after the loop, and
+        # the tiles are widened to q's dtype (exact) for the dots.
+        qk_scale = qk_scale * tl.load(KScale + hk * stride_ks)
+        v_scale = tl.load(VScale + hk * stride_vs)
 
     table = BlockTables + b.to(tl.int64) * stride_btb
     k_head = KeyCache + hk.to(tl.int64) * stride_kch
@@ -176,6 +185,9 @@ def _paged_decode_split(
                     + offs_d[None, :] * stride_kcd, mask=kv_mask, other=0.0)
         v = tl.load(v_head + page[:, None] * stride_vcb + in_page[:, None] * stride_vcs
                     + offs_d[None, :] * stride_vcd, mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(Q.dtype.element_ty)
+            v = v.to(Q.dtype.element_ty)
         if IEEE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -194,6 +206,8 @@ def _paged_decode_split(
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
+    if KV_FP8:
+        acc = acc * v_scale
 
     if NUM_SPLITS == 1:
         # A row that saw no key (an empty or clamped context, a masked page) writes zeros.
@@ -313,8 +327,9 @@ def _paged_decode_combine(
 class PagedDecodeProblem:
     """One decode step: b sequences, each with ctx tokens of context (the same for all, so the
     FLOP and byte counts are exact) of which the last lq are the queries; q [b, h, lq, d];
-    pages of block_size tokens. The factory's cache holds the pages the batch needs plus a quarter
-    more (at least one), scattered at random."""
+    pages of block_size tokens, stored in q's dtype (cache_dtype "auto") or in fp8 with scales
+    ("fp8_e4m3"). The factory's cache holds the pages the batch needs plus a quarter more (at
+    least one), scattered at random."""
 
     b: int
     h: int
@@ -323,11 +338,13 @@ class PagedDecodeProblem:
     ctx: int
     d: int
     block_size: int = 16
+    cache_dtype: str = optional_field("auto")
 
     def __post_init__(self):
         for name in ("b", "h", "hkv", "lq", "ctx", "d", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        object.__setattr__(self, "cache_dtype", _fp8.normalize_cache_dtype(self.cache_dtype))
         if self.h % self.hkv:
             raise ValueError(f"h={self.h} is not a multiple of hkv={self.hkv}")
         if self.lq > MAX_QUERY_TOKENS:
@@ -359,36 +376,41 @@ class PagedDecodeInputs:
     block_tables: torch.Tensor  # [B, max_blocks] int32
     context_lens: torch.Tensor  # [B] int32
     sm_scale: float
+    k_scale: torch.Tensor | None = None  # fp8 caches: float32 [1] or [Hkv]
+    v_scale: torch.Tensor | None = None
 
 
 _Tensor = torch.Tensor
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _check_metadata(q, key_cache, value_cache, block_tables, context_lens) -> None:
+def _check_metadata(q, key_cache, value_cache, block_tables, context_lens, k_scale=None, v_scale=None) -> None:
     """Everything about the tensors that needs no device value (no sync): types, ranks, shapes,
-    dtypes, devices. The common case is one cheap predicate (this runs on every decode step);
-    only a call that fails it pays for finding the message."""
+    dtypes, devices, and an fp8 cache's scales. The common case is one cheap predicate (this runs
+    on every decode step); only a call that fails it pays for finding the message."""
     if (type(q) is _Tensor and type(key_cache) is _Tensor and type(value_cache) is _Tensor
             and type(block_tables) is _Tensor and type(context_lens) is _Tensor):
         shape, cache_shape, table_shape = q.shape, key_cache.shape, block_tables.shape
-        dtype, device = q.dtype, q.get_device()
+        dtype, cache_dtype, device = q.dtype, key_cache.dtype, q.get_device()
         if (len(shape) == 4 and len(cache_shape) == 4 and len(table_shape) == 2
                 and value_cache.shape == cache_shape and cache_shape[3] == shape[3]
                 and MIN_HEAD_DIM <= shape[3] <= MAX_HEAD_DIM and 1 <= shape[2] <= MAX_QUERY_TOKENS
                 and shape[0] > 0 and cache_shape[0] > 0 and cache_shape[1] > 0 and cache_shape[2] > 0
                 and shape[1] % cache_shape[2] == 0 and table_shape[0] == shape[0] and table_shape[1] > 0
                 and context_lens.dim() == 1 and context_lens.shape[0] == shape[0]
-                and dtype in _FLOATS and key_cache.dtype == dtype and value_cache.dtype == dtype
+                and dtype in _FLOATS and value_cache.dtype == cache_dtype
                 and block_tables.dtype == torch.int32 and context_lens.dtype == torch.int32
                 and key_cache.get_device() == device and value_cache.get_device() == device
                 and block_tables.get_device() == device and context_lens.get_device() == device
-                and device >= 0):
+                and device >= 0
+                and ((cache_dtype == dtype and k_scale is None and v_scale is None)
+                     or (cache_dtype == _fp8.FP8 and _fp8.scales_fit(k_scale, cache_shape[2], device)
+                         and _fp8.scales_fit(v_scale, cache_shape[2], device)))):
             return
-    _explain_metadata(q, key_cache, value_cache, block_tables, context_lens)
+    _explain_metadata(q, key_cache, value_cache, block_tables, context_lens, k_scale, v_scale)
 
 
-def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens) -> None:
+def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens, k_scale=None, v_scale=None) -> None:
     """The InputError naming what is wrong with the tensors (or nothing, e.g. for CPU tensors
     under the interpreter)."""
     named = (("q", q), ("key_cache", key_cache), ("value_cache", value_cache),
@@ -407,12 +429,18 @@ def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens) -> 
     if not (key_cache.device == value_cache.device == block_tables.device == context_lens.device == device):
         raise InputError("q, the caches, block_tables and context_lens must be on one device; got "
                          + ", ".join(f"{n} on {t.device}" for n, t in named))
-    if not (q.dtype == key_cache.dtype == value_cache.dtype):
-        raise InputError(
-            f"q and the caches must share one dtype; got {q.dtype}, {key_cache.dtype}, {value_cache.dtype}"
-        )
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if q.dtype not in _FLOATS:
         raise InputError(f"unsupported dtype {q.dtype}; use float16, bfloat16 or float32")
+    if key_cache.dtype != value_cache.dtype:
+        raise InputError(f"key_cache and value_cache must share one dtype; got {key_cache.dtype}, {value_cache.dtype}")
+    unsupported = _fp8.unsupported_cache_dtype(key_cache.dtype)
+    if unsupported:
+        raise InputError(unsupported)
+    if key_cache.dtype not in (q.dtype, _fp8.FP8):
+        raise InputError(
+            f"the caches must be in q's dtype ({q.dtype}) or fp8 (float8_e4m3fn, with k_scale and v_scale); "
+            f"got {key_cache.dtype}"
+        )
     if key_cache.shape != value_cache.shape:
         raise InputError(
             f"key_cache and value_cache shapes differ: {list(key_cache.shape)} vs {list(value_cache.shape)}"
@@ -439,6 +467,7 @@ def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens) -> 
         raise InputError("block_tables has no pages (max_blocks = 0)")
     if context_lens.dtype != torch.int32 or context_lens.dim() != 1 or context_lens.shape[0] != b:
         raise InputError(f"context_lens must be int32 [B={b}], got {context_lens.dtype} {list(context_lens.shape)}")
+    _fp8.explain_scales(key_cache.dtype, k_scale, v_scale, hkv, device)
     require_runnable_device(q)
 
 
@@ -559,7 +588,7 @@ _launch_plans: dict[tuple, _LaunchPlan] = {}
 
 
 def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, block_size: int,
-                 dtype: torch.dtype) -> _LaunchPlan:
+                 dtype: torch.dtype, cache_dtype: torch.dtype) -> _LaunchPlan:
     group = h // hkv
     pack = bool(config["PACK_GQA"]) and group > 1
     splits = int(config["NUM_SPLITS"])
@@ -571,6 +600,7 @@ def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, bloc
         PAGE_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=_block_m(rows),
         BLOCK_N=int(config["BLOCK_N"]), NUM_SPLITS=splits, PACK_GQA=pack, FUSED_REDUCE=fused,
         BLOCK_S=block_s, IEEE_DOT=dtype == torch.float32, PAGE_GUARD=PAGE_GUARD[0],
+        KV_FP8=cache_dtype == _fp8.FP8,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )
     combine_grid = combine_constexprs = None
@@ -583,17 +613,18 @@ def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, bloc
                        combine_constexprs)
     if len(_launch_plans) >= 4096:
         _launch_plans.clear()
-    _launch_plans[(config, b, h, lq, d, hkv, block_size, dtype, PAGE_GUARD[0])] = plan
+    _launch_plans[(config, b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0])] = plan
     return plan
 
 
 def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
-            out: torch.Tensor, config: Config, scratch: _Scratch | None = None) -> None:
+            out: torch.Tensor, config: Config, scratch: _Scratch | None = None,
+            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     b, h, lq, d = q.shape
     num_blocks, block_size, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
-    dtype = q.dtype
-    plan = (_launch_plans.get((config, b, h, lq, d, hkv, block_size, dtype, PAGE_GUARD[0]))
-            or _launch_plan(config, b, h, lq, d, hkv, block_size, dtype))
+    dtype, cache_dtype = q.dtype, key_cache.dtype
+    plan = (_launch_plans.get((config, b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0]))
+            or _launch_plan(config, b, h, lq, d, hkv, block_size, dtype, cache_dtype))
     if plan.splits > 1:
         if scratch is None:
             scratch = _Scratch.make(b, h, lq, d, hkv, config, q.device)
@@ -601,13 +632,18 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
     else:
         part_m = part_l = part_acc = out  # placeholders, never touched
     tickets = scratch.tickets if plan.fused else context_lens  # a placeholder pointer if unused
+    if k_scale is not None:
+        scales = (k_scale, v_scale, _fp8.scale_stride(k_scale), _fp8.scale_stride(v_scale))
+    else:
+        scales = (context_lens, context_lens, 0, 0)  # placeholders, never read
     _SPLIT(plan.split_grid, (
         q, key_cache, value_cache, block_tables, context_lens,
-        out, part_m, part_l, part_acc, tickets,
+        out, part_m, part_l, part_acc, tickets, scales[0], scales[1],
         *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
+        scales[2], scales[3],
         h, lq, num_blocks, block_tables.shape[1],
         sm_scale * LOG2E,
-    ), plan.split_constexprs, 10)
+    ), plan.split_constexprs, 12)
     if plan.combine_grid is not None:
         _COMBINE(plan.combine_grid, (part_m, part_l, part_acc, out, *out.stride(), h, lq),
                  plan.combine_constexprs, 4)
@@ -616,21 +652,23 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
 def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None:
     """Run both kernels with a launch config, writing into `out` [B, H, Lq, D]. No validation."""
     _launch(inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens,
-            inputs.sm_scale, out, config)
+            inputs.sm_scale, out, config, None, inputs.k_scale, inputs.v_scale)
 
 
 _memo = _dispatch.ConfigMemo("paged_decode_attention")
 
 
-def _config_for(b, h, hkv, lq, d, block_size, ctx: int, config, dtype) -> Config:
+def _config_for(b, h, hkv, lq, d, block_size, ctx: int, config, dtype, cache_dtype: torch.dtype) -> Config:
     """The config for a batch whose longest context is at most ctx (bucketed, so that the steps
     of a decode loop share one lookup; a caller's own config is validated against ctx itself)."""
     ctx = max(ctx, lq)
     if config is None:
         ctx = _dispatch.bucket_up(ctx)
+    stored = _fp8.cache_dtype_name(cache_dtype, dtype)
     return _memo.get(
-        (b, h, hkv, lq, d, block_size, ctx), config,
-        lambda: PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=ctx, d=d, block_size=block_size), dtype,
+        (b, h, hkv, lq, d, block_size, ctx, stored), config,
+        lambda: PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=ctx, d=d, block_size=block_size,
+                                   cache_dtype=stored), dtype,
     )
 
 
@@ -643,10 +681,17 @@ def paged_decode_attention(
     *,
     sm_scale: float | None = None,
     max_context_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     config: Config | dict | None = None,
     check: bool | None = None,
 ) -> torch.Tensor:
     """Decode attention of q [B, H, Lq ≤ 16, D] over paged caches [num_blocks, block_size, Hkv, D].
+
+    The caches are in q's dtype, or fp8 (torch.float8_e4m3fn, vLLM's kv_cache_dtype="fp8") with
+    k_scale and v_scale: float32 device tensors, one per cache ([] or [1]) or per kv head
+    ([Hkv]); the cache holds K / k_scale and V / v_scale (see write_kv_cache), read as bytes and
+    widened in the kernel, which accumulates in fp32.
 
     block_tables [B, max_blocks] int32: sequence b's logical page j is block block_tables[b, j]
     (entries past its context are not read and may hold anything). context_lens [B] int32: tokens
@@ -670,15 +715,15 @@ def paged_decode_attention(
             -1.0 if sm_scale is None else float(sm_scale),
             # Bucketed here so that a compiled graph is specialised on a few values, not on
             # every length a decode loop passes through.
-            _dispatch.bucket_up(int(ctx)), _dispatch.config_to_json(config),
+            _dispatch.bucket_up(int(ctx)), _dispatch.config_to_json(config), k_scale, v_scale,
         )
     return _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config,
-                   check)
+                   check, k_scale, v_scale)
 
 
 def _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config,
-            check) -> torch.Tensor:
-    _check_metadata(q, key_cache, value_cache, block_tables, context_lens)
+            check, k_scale=None, v_scale=None) -> torch.Tensor:
+    _check_metadata(q, key_cache, value_cache, block_tables, context_lens, k_scale, v_scale)
     b, h, lq, d = q.shape
     block_size, hkv = key_cache.shape[1], key_cache.shape[2]
     capacity = block_tables.shape[1] * block_size
@@ -689,9 +734,10 @@ def _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max
     if sm_scale is None or sm_scale < 0:
         sm_scale = 1.0 / math.sqrt(d)
     ctx = capacity if max_context_len is None else int(max_context_len)
-    cfg = _config_for(b, h, hkv, lq, d, block_size, ctx, config, q.dtype)
+    cfg = _config_for(b, h, hkv, lq, d, block_size, ctx, config, q.dtype, key_cache.dtype)
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
-    _launch(q, key_cache, value_cache, block_tables, context_lens, float(sm_scale), out, cfg)
+    _launch(q, key_cache, value_cache, block_tables, context_lens, float(sm_scale), out, cfg, None,
+            k_scale, v_scale)
     return out
 
 
@@ -709,11 +755,14 @@ class PagedDecodePlan:
     context lengths (and block tables) change, as long as they stay within max_context_len and
     the table's capacity (lengths past the capacity are clamped in the kernel). run checks only
     that the tensors have the planned shapes; check=True validates their values too (a sync).
-    Each plan owns its buffers: run one plan on one stream at a time."""
+    cache_dtype: the caches' dtype, dtype itself (None) or torch.float8_e4m3fn, whose scales
+    run then takes as k_scale and v_scale. Each plan owns its buffers: run one plan on one stream
+    at a time."""
 
     def __init__(self, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                  max_blocks: int, max_context_len: int, dtype: torch.dtype, device,
-                 query_tokens: int = 1, sm_scale: float | None = None, config: Config | dict | None = None):
+                 query_tokens: int = 1, sm_scale: float | None = None, config: Config | dict | None = None,
+                 cache_dtype: torch.dtype | None = None):
         for name, value in (("batch", batch), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("block_size", block_size), ("max_blocks", max_blocks),
                             ("max_context_len", max_context_len), ("query_tokens", query_tokens)):
@@ -730,6 +779,11 @@ class PagedDecodePlan:
                              f"{max_blocks * block_size} ({max_blocks} pages × {block_size})")
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise InputError(f"unsupported dtype {dtype}; use float16, bfloat16 or float32")
+        cache_dtype = dtype if cache_dtype is None else cache_dtype
+        unsupported = _fp8.unsupported_cache_dtype(cache_dtype)
+        if unsupported or cache_dtype not in (dtype, _fp8.FP8):
+            raise InputError(unsupported or f"cache_dtype must be {dtype} or torch.float8_e4m3fn, got {cache_dtype}")
+        self.cache_dtype = cache_dtype
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             # "cuda" means the current device; tensors report it with its index (cuda:0).
@@ -740,7 +794,7 @@ class PagedDecodePlan:
         self.max_context_len = max_context_len
         self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
         self.config = _config_for(batch, num_heads, num_kv_heads, query_tokens, head_dim, block_size,
-                                  max_context_len, config, dtype)
+                                  max_context_len, config, dtype, cache_dtype)
         self._scratch = _Scratch.make(batch, num_heads, query_tokens, head_dim, num_kv_heads, self.config,
                                       self.device, own_tickets=True)
         self.out = torch.empty(self.q_shape, dtype=dtype, device=self.device)
@@ -748,13 +802,14 @@ class PagedDecodePlan:
 
     def run(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
             block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor | None = None,
-            *, check: bool | None = None) -> torch.Tensor:
+            *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+            check: bool | None = None) -> torch.Tensor:
         """The attention of q over the paged caches into `out` (the plan's own buffer if None),
-        which is returned. Capturable; no host sync."""
+        which is returned. Capturable; no host sync. k_scale, v_scale: an fp8 cache's scales."""
         if _dispatch.compiling():
             result = torch.ops.omnitune.paged_decode_attention(
                 q, key_cache, value_cache, block_tables, context_lens, self.sm_scale,
-                _dispatch.bucket_up(self.max_context_len), self._config_json)
+                _dispatch.bucket_up(self.max_context_len), self._config_json, k_scale, v_scale)
             if out is not None:
                 out.copy_(result)
                 return out
@@ -763,13 +818,14 @@ class PagedDecodePlan:
             raise InputError(f"q must be {self.dtype} {list(self.q_shape)} on {self.device} as planned, "
                              f"got {q.dtype} {list(q.shape)} on {q.device}")
         if (key_cache.shape[1], key_cache.shape[2]) != (self.block_size, self.num_kv_heads) \
-                or tuple(block_tables.shape) != (self.q_shape[0], self.max_blocks):
+                or tuple(block_tables.shape) != (self.q_shape[0], self.max_blocks) \
+                or key_cache.dtype != self.cache_dtype:
             raise InputError(
-                f"planned for pages of {self.block_size} tokens × {self.num_kv_heads} kv heads and block "
-                f"tables [{self.q_shape[0]}, {self.max_blocks}]; got a cache {list(key_cache.shape)} and "
-                f"block tables {list(block_tables.shape)}"
+                f"planned for {self.cache_dtype} pages of {self.block_size} tokens × {self.num_kv_heads} kv heads "
+                f"and block tables [{self.q_shape[0]}, {self.max_blocks}]; got a {key_cache.dtype} cache "
+                f"{list(key_cache.shape)} and block tables {list(block_tables.shape)}"
             )
-        _check_metadata(q, key_cache, value_cache, block_tables, context_lens)
+        _check_metadata(q, key_cache, value_cache, block_tables, context_lens, k_scale, v_scale)
         if _dispatch.checking(check):
             _check_values(q, key_cache, block_tables, context_lens, self.max_context_len)
         if out is None:
@@ -777,7 +833,7 @@ class PagedDecodePlan:
         elif tuple(out.shape) != self.q_shape or out.dtype != self.dtype or out.device != self.device:
             raise InputError(f"out must be {self.dtype} {list(self.q_shape)} on {self.device}")
         _launch(q, key_cache, value_cache, block_tables, context_lens, self.sm_scale, out, self.config,
-                self._scratch)
+                self._scratch, k_scale, v_scale)
         return out
 
 
@@ -786,12 +842,18 @@ class PagedDecodePlan:
 # ------------------------------------------------------------------------------------------------
 
 
+# An fp8 factory cache's scales: keys drawn standard normal, values at half that, and 5σ of each
+# mapped to 448 (a draw past it saturates, as with an engine's calibrated scale).
+_FP8_K_SCALE, _FP8_V_SCALE = 5.0 / _fp8.FP8_MAX, 2.5 / _fp8.FP8_MAX
+
+
 def make_inputs(problem: PagedDecodeProblem, dtype: torch.dtype, device, seed: int) -> PagedDecodeInputs:
     """Random q and cache contents; every sequence's pages drawn at random, without repeats, from
     a cache with spare blocks. Every cache slot that no sequence's context covers (spare blocks,
     the tail of each last page) holds +inf in both caches, so that a kernel reading one fails the
     check even where it masks the score (0 · inf = NaN in P·V). Not NaN: inputs stay comparable
-    with torch.equal."""
+    with torch.equal. An fp8 cache (no inf in e4m3) holds NaN there instead, and quantized
+    values with per-tensor scales (vLLM's default); values are drawn at half the keys' scale."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     p = problem
 
@@ -800,14 +862,30 @@ def make_inputs(problem: PagedDecodeProblem, dtype: torch.dtype, device, seed: i
     pages = p.pages_per_sequence
     tables = torch.randperm(p.num_blocks, generator=gen)[: p.b * pages].view(p.b, pages).to(torch.int32)
     tables = tables.to(device)
-    key_cache = torch.full((p.num_blocks, p.block_size, p.hkv, p.d), float("inf"), dtype=dtype, device=device)
-    value_cache = torch.full_like(key_cache, float("inf"))
+    shape = (p.num_blocks, p.block_size, p.hkv, p.d)
+    fp8 = p.cache_dtype == "fp8_e4m3"
+    k_scale = v_scale = None
+    if fp8:
+        k_scale = torch.full((1,), _FP8_K_SCALE, dtype=torch.float32, device=device)
+        v_scale = torch.full((1,), _FP8_V_SCALE, dtype=torch.float32, device=device)
+        # Written as bytes: indexed assignment is not implemented for fp8 tensors everywhere.
+        key_cache = torch.full(shape, 0x7F, dtype=torch.uint8, device=device)  # 0x7F: e4m3's NaN
+        value_cache = key_cache.clone()
+    else:
+        key_cache = torch.full(shape, float("inf"), dtype=dtype, device=device)
+        value_cache = torch.full_like(key_cache, float("inf"))
     positions = torch.arange(p.ctx, device=device)
     offsets = positions % p.block_size
     for seq in range(p.b):
         blocks = tables[seq].to(torch.int64)[positions // p.block_size]
-        key_cache[blocks, offsets] = rand(p.ctx, p.hkv, p.d)
-        value_cache[blocks, offsets] = rand(p.ctx, p.hkv, p.d)
+        keys, values = rand(p.ctx, p.hkv, p.d), rand(p.ctx, p.hkv, p.d, scale=0.5)
+        if fp8:
+            keys = _fp8.quantize(keys, k_scale).view(torch.uint8)
+            values = _fp8.quantize(values, v_scale).view(torch.uint8)
+        key_cache[blocks, offsets] = keys
+        value_cache[blocks, offsets] = values
+    if fp8:
+        key_cache, value_cache = key_cache.view(_fp8.FP8), value_cache.view(_fp8.FP8)
     return PagedDecodeInputs(
         q=rand(p.b, p.h, p.lq, p.d),
         key_cache=key_cache,
@@ -815,6 +893,8 @@ def make_inputs(problem: PagedDecodeProblem, dtype: torch.dtype, device, seed: i
         block_tables=tables,
         context_lens=torch.full((p.b,), p.ctx, dtype=torch.int32, device=device),
         sm_scale=1.0 / math.sqrt(p.d),
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 
@@ -823,17 +903,23 @@ def new_output(inputs: PagedDecodeInputs) -> torch.Tensor:
     return poisoned((b, h, lq, d), inputs.q.dtype, inputs.q.device)
 
 
-def gather_context(cache: torch.Tensor, table_row: torch.Tensor, ctx: int) -> torch.Tensor:
-    """One sequence's first ctx tokens from a paged cache: [ctx, Hkv, D]."""
+def gather_context(cache: torch.Tensor, table_row: torch.Tensor, ctx: int, scale: torch.Tensor | None = None,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One sequence's first ctx tokens from a paged cache: [ctx, Hkv, D]. An fp8 cache's tokens
+    are gathered as bytes and, with its scale, dequantized to `dtype`."""
     block_size = cache.shape[1]
     positions = torch.arange(ctx, device=cache.device)
     blocks = table_row.to(torch.int64)[positions // block_size]
-    return cache[blocks, positions % block_size]
+    if cache.dtype != _fp8.FP8:
+        return cache[blocks, positions % block_size]
+    tokens = cache.view(torch.uint8)[blocks, positions % block_size].view(_fp8.FP8)
+    return tokens if scale is None else _fp8.dequantize(tokens, scale, dtype or torch.float32)
 
 
 def reference(inputs: PagedDecodeInputs) -> torch.Tensor:
-    """Gather each sequence's keys and values from the pages, then masked softmax attention in
-    float64 on the CPU, float32 (no TF32) on a GPU."""
+    """Gather each sequence's keys and values from the pages (an fp8 cache's dequantized: the
+    values it stands for), then masked softmax attention in float64 on the CPU, float32 (no
+    TF32) on a GPU."""
     q = inputs.q
     b, h, lq, d = q.shape
     hkv = inputs.key_cache.shape[2]
@@ -845,10 +931,10 @@ def reference(inputs: PagedDecodeInputs) -> torch.Tensor:
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         for bi, ctx in enumerate(lens):
-            keys = gather_context(inputs.key_cache, inputs.block_tables[bi], ctx).to(acc_dtype)
-            values = gather_context(inputs.value_cache, inputs.block_tables[bi], ctx).to(acc_dtype)
-            keys = keys.permute(1, 0, 2).repeat_interleave(group, dim=0)      # [H, ctx, D]
-            values = values.permute(1, 0, 2).repeat_interleave(group, dim=0)
+            keys = gather_context(inputs.key_cache, inputs.block_tables[bi], ctx, inputs.k_scale, acc_dtype)
+            values = gather_context(inputs.value_cache, inputs.block_tables[bi], ctx, inputs.v_scale, acc_dtype)
+            keys = keys.to(acc_dtype).permute(1, 0, 2).repeat_interleave(group, dim=0)      # [H, ctx, D]
+            values = values.to(acc_dtype).permute(1, 0, 2).repeat_interleave(group, dim=0)
             qpos = torch.arange(lq, device=q.device) + (ctx - lq)
             visible = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # [lq, ctx]
             scores = torch.matmul(q[bi].to(acc_dtype), keys.transpose(1, 2)) * inputs.sm_scale
@@ -873,7 +959,7 @@ def flops(problem: PagedDecodeProblem) -> float:
 def bytes_moved(problem: PagedDecodeProblem, dtype: torch.dtype) -> float:
     p = problem
     elt = element_bytes(dtype)
-    kv = 2 * p.b * p.hkv * p.ctx * p.d * elt
+    kv = 2 * p.b * p.hkv * p.ctx * p.d * element_bytes(_fp8.cache_dtype_of(p.cache_dtype, dtype))
     q_and_out = 2 * p.b * p.h * p.lq * p.d * elt
     return float(kv + q_and_out + 4 * p.b * p.pages_per_sequence)
 
@@ -883,12 +969,12 @@ def _rows(problem: PagedDecodeProblem, config: Config) -> int:
 
 
 def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
-    # Q tile plus K and V tiles for each pipeline buffer: num_stages − 1 of each (at least one),
-    # as Triton's pipeliner allocates them for this loop on sm_90.
-    elt = element_bytes(dtype)
+    # Q tile plus K and V tiles (in the cache's dtype) for each pipeline buffer: num_stages − 1
+    # of each (at least one), as Triton's pipeliner allocates them for this loop on sm_90.
+    elt, kv_elt = element_bytes(dtype), element_bytes(_fp8.cache_dtype_of(problem.cache_dtype, dtype))
     bd = triton.next_power_of_2(problem.d)
     buffers = max(1, int(config["num_stages"]) - 1)
-    need = elt * bd * (_block_m(_rows(problem, config)) + buffers * 2 * int(config["BLOCK_N"]))
+    need = bd * (elt * _block_m(_rows(problem, config)) + kv_elt * buffers * 2 * int(config["BLOCK_N"]))
     have = limits.shared_memory_per_block_bytes
     if need > have:
         return f"needs ~{need // 1024} KiB of shared memory, the device has {have // 1024} KiB"
@@ -995,8 +1081,10 @@ def _torch_baselines(problem: PagedDecodeProblem):
         b, h, lq, d = q.shape
         hkv = inputs.key_cache.shape[2]
         ctx = problem.ctx  # the factory gives every sequence the same context
-        keys = torch.stack([gather_context(inputs.key_cache, inputs.block_tables[i], ctx) for i in range(b)])
-        values = torch.stack([gather_context(inputs.value_cache, inputs.block_tables[i], ctx) for i in range(b)])
+        keys = torch.stack([gather_context(inputs.key_cache, inputs.block_tables[i], ctx, inputs.k_scale, q.dtype)
+                            for i in range(b)])
+        values = torch.stack([gather_context(inputs.value_cache, inputs.block_tables[i], ctx, inputs.v_scale,
+                                             q.dtype) for i in range(b)])
         mask = torch.arange(ctx, device=q.device)[None, :] <= (torch.arange(lq, device=q.device) + ctx - lq)[:, None]
         return F.scaled_dot_product_attention(
             q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
@@ -1006,16 +1094,18 @@ def _torch_baselines(problem: PagedDecodeProblem):
     prepared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def run_contiguous(inputs: PagedDecodeInputs) -> torch.Tensor:
-        """SDPA over a contiguous cache: the pages are gathered once, outside the timed calls —
-        what an engine without paging would read."""
+        """SDPA over a contiguous cache: the pages are gathered (an fp8 cache's dequantized) once,
+        outside the timed calls — what an engine without paging would read."""
         q = inputs.q
         b, h, lq, d = q.shape
         hkv = inputs.key_cache.shape[2]
         ctx = problem.ctx
         if id(inputs) not in prepared:
             prepared.clear()
-            keys = torch.stack([gather_context(inputs.key_cache, inputs.block_tables[i], ctx) for i in range(b)])
-            values = torch.stack([gather_context(inputs.value_cache, inputs.block_tables[i], ctx) for i in range(b)])
+            keys = torch.stack([gather_context(inputs.key_cache, inputs.block_tables[i], ctx, inputs.k_scale,
+                                               q.dtype) for i in range(b)])
+            values = torch.stack([gather_context(inputs.value_cache, inputs.block_tables[i], ctx, inputs.v_scale,
+                                                 q.dtype) for i in range(b)])
             prepared[id(inputs)] = (keys.transpose(1, 2).contiguous(), values.transpose(1, 2).contiguous())
         keys, values = prepared[id(inputs)]
         if lq == 1:
@@ -1049,6 +1139,8 @@ SPEC = KernelSpec(
         PagedDecodeProblem(b=1, h=7, hkv=1, lq=4, ctx=75, d=32, block_size=8),    # GQA 7, 10 pages
         PagedDecodeProblem(b=1, h=8, hkv=1, lq=16, ctx=20, d=128, block_size=16),  # 128 packed rows
         PagedDecodeProblem(b=1, h=4, hkv=1, lq=1, ctx=600, d=64, block_size=16),  # default splits 2
+        PagedDecodeProblem(b=2, h=4, hkv=2, lq=2, ctx=70, d=64, block_size=16,     # fp8 cache, scales
+                           cache_dtype="fp8_e4m3"),
     ),
     baselines=_torch_baselines,
     module=__name__,
@@ -1064,13 +1156,15 @@ SPEC = KernelSpec(
 @torch.library.custom_op("omnitune::paged_decode_attention", mutates_args=())
 def _paged_decode_op(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, sm_scale: float,
-                     max_context_len: int, config: str) -> torch.Tensor:
+                     max_context_len: int, config: str, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """paged_decode_attention() as an op: sm_scale < 0 means 1/√D, config '' means look it up."""
     capacity = block_tables.shape[1] * key_cache.shape[1]
     return _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale,
-                   min(max_context_len, capacity), _dispatch.config_from_json(config), None)
+                   min(max_context_len, capacity), _dispatch.config_from_json(config), None, k_scale, v_scale)
 
 
 @_paged_decode_op.register_fake
-def _paged_decode_fake(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config):
+def _paged_decode_fake(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config,
+                       k_scale=None, v_scale=None):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -102,8 +102,9 @@ def _paged_decode(inputs, problem) -> Callable[[], torch.Tensor]:
     plan = PagedDecodePlan(batch=problem.b, num_heads=problem.h, num_kv_heads=problem.hkv, head_dim=problem.d,
                            block_size=problem.block_size, max_blocks=i.block_tables.shape[1],
                            max_context_len=problem.ctx, dtype=i.q.dtype, device=i.q.device,
-                           query_tokens=problem.lq, sm_scale=i.sm_scale)
-    return lambda: plan.run(i.q, i.key_cache, i.value_cache, i.block_tables, i.context_lens, check=False)
+                           query_tokens=problem.lq, sm_scale=i.sm_scale, cache_dtype=i.key_cache.dtype)
+    return lambda: plan.run(i.q, i.key_cache, i.value_cache, i.block_tables, i.context_lens,
+                            k_scale=i.k_scale, v_scale=i.v_scale, check=False)
 
 
 def _kv_cache_write(inputs, problem) -> Callable[[], torch.Tensor]:
@@ -114,7 +115,8 @@ def _kv_cache_write(inputs, problem) -> Callable[[], torch.Tensor]:
     caches = inputs.initial_caches.clone()
 
     def call() -> torch.Tensor:
-        write_kv_cache(inputs.key, inputs.value, caches[0], caches[1], inputs.slot_mapping, check=False)
+        write_kv_cache(inputs.key, inputs.value, caches[0], caches[1], inputs.slot_mapping,
+                       k_scale=inputs.k_scale, v_scale=inputs.v_scale, check=False)
         return caches
 
     return call
