@@ -6,9 +6,10 @@
 # entries are first revalidated on this GPU (verify --fix, on a copy in $OUT/tc); then the fp8
 # problems of the Qwen presets are searched and exported into that copy, and the fp8 caches are
 # measured as users call them with those tables (benchmarks/fp8_kv_bench.py).
-# Part B: every GPU-marked test, the fp8 tests in full on the GPU (the quantizer's rounding bit for
-# bit on the hardware), and the ops as called (benchmarks/ops_bench.py).
-# Part C: omnitune verify over the whole Qwen2.5-Omni-7B preset with a 5-minute soak.
+# Part B: the fp8 tests in full on the GPU (the quantizer's rounding bit for bit on the hardware),
+# then every GPU-marked test.
+# Part C: the ops as called (benchmarks/ops_bench.py), then omnitune verify over the whole
+# Qwen2.5-Omni-7B preset (the shipped tables, a copy in $OUT) with a 5-minute soak.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -50,11 +51,11 @@ case $part in
     OMNITUNE_CONFIG_DIR="$OUT/tc" step $(left 585) python benchmarks/fp8_kv_bench.py --out "$OUT/fp8_kv_h200.json"
     ;;
   B)
-    step 100 python -m pytest -q -p no:cacheprovider tests/test_fp8_kv_cache.py
-    step 360 python -m pytest -q -m gpu -p no:cacheprovider tests/
-    step $(left 590) python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
+    step 120 python -m pytest -q -p no:cacheprovider tests/test_fp8_kv_cache.py
+    step $(left 590) python -m pytest -q -m gpu -p no:cacheprovider tests/
     ;;
   C)
+    step 60 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
     cp -r tuned_configs "$OUT/tuned_configs"
     step $(left 560) python -m omnitune verify --model qwen2.5-omni-7b --tables "$OUT/tuned_configs" --soak 5 --fix \
       --json "$OUT/verify_soak5_h200.json"
