@@ -22,13 +22,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
 import sqlite_utils
 import torch
 
+from omnitune.search.ahead_queue import AheadQueue, Claimed
 from omnitune.search.finalists import RetimeStatus, Retiming, StudyFinalists
 from omnitune.search.options import SearchOptions
 from omnitune.search.outcome import (
@@ -39,6 +40,7 @@ from omnitune.search.outcome import (
     SearchProgress,
     StopReason,
 )
+from omnitune.search.slots import HomeSink, run_slots
 from omnitune.search.space import ConfigSpace
 from omnitune.search.strategies import (
     SamplerName,
@@ -57,7 +59,6 @@ from omnitune.spec import Config, KernelSpec, dtype_name
 from omnitune.store import (
     Provenance,
     StudyFacts,
-    TrialRecord,
     TrialSink,
     catalogue_record,
     catalogue_sink,
@@ -115,12 +116,10 @@ def run_search(
     database), from the calling thread. `storage`: an Optuna storage object in place of
     options.storage_url (e.g. an in-memory one). `progress` is called after every trial that
     measured or pruned a config; `stop_when`, given the same report, ends the search when it
-    says so (StopReason.TARGET). `precompile`, when given, is called once before the first
-    trial with the configs the strategies will certainly propose next (the planned ones; with
-    an enumeration, the valid configs in order), at most the budget left, none measured yet:
-    compiling them in parallel (omnitune.measure.precompile) leaves each trial its measurement.
-    `compile_ahead` (omnitune.measure.ahead), when given, is handed the next `workers` proposals
-    while the current config is measured (see _fill_queue), with TPE's constant liar on.
+    says so (StopReason.TARGET). `precompile` (omnitune.measure.precompile), when given, is
+    called once before the first trial with the configs certain to come next (_Search.upcoming);
+    `compile_ahead` (omnitune.measure.ahead) is handed the next proposals while one is measured
+    (omnitune.search.ahead_queue; TPE's constant liar on).
 
     Raises SearchInterrupted on Ctrl-C, after storing everything finished.
     """
@@ -155,12 +154,10 @@ class _Search:
         compile_ahead: CompilesAhead | None = None,
     ):
         self.spec, self.problem, self.dtype, self.options = spec, problem, dtype, options
-        self.runner_factories, self.sink, self.storage = runner_factories, sink, storage
+        self.runner_factories, self.storage = runner_factories, storage
         self.progress, self.precompile, self.stop_when = progress, precompile, stop_when
-        self.ahead = compile_ahead
-        # Trials asked and claimed ahead of measuring them (their configs compiling meanwhile),
-        # measured first in, first out: (trial, config, chosen_by).
-        self.queue: list[tuple[optuna.Trial, Config, str]] = []
+        # The sink belongs to the thread that called run_search (omnitune.search.slots).
+        self.sink = HomeSink(sink) if sink is not None else None
         self.setup_s = 0.0  # building runners (inputs, reference): the fixed cost `omnitune plan` reads
         self.runners: dict[int, MeasuresConfigs] = {}  # by slot (one per GPU), built when first needed
         # Several slots share this search: everything but the measuring itself (choosing, asking,
@@ -169,10 +166,6 @@ class _Search:
         self.stopping = threading.Event()  # Ctrl-C or a slot's error: the other slots stop asking
         self.target_met = False  # stop_when said so: every slot stops asking
         self.failed_in_flight: set[int] = set()  # trials failed by the main thread on Ctrl-C
-        # The sink belongs to the thread that called run_search (a SQLite connection is bound to
-        # its thread): rows stored by the slots' threads wait here for it.
-        self.pending_records: list[TrialRecord] = []
-        self.home_thread = threading.current_thread()
         device = options.device
         self.facts = StudyFacts(
             kernel=spec.name, problem_key=spec.problem_key(problem),
@@ -183,6 +176,7 @@ class _Search:
         self.representative = device.name != INTERPRETER_DEVICE
         self.space = ConfigSpace(spec)
         self.ledger = Ledger()
+        self.queue = AheadQueue(compile_ahead, self.ledger) if compile_ahead is not None else None
         self.default_config = spec.default_config(problem, dtype)
         limits = options.limits
         valid = spec.valid_configs(problem, dtype, limits) if spec.space_size() <= ENUMERABLE_SPACE else None
@@ -201,7 +195,7 @@ class _Search:
 
     def run(self) -> SearchOutcome:
         o = self.options
-        study = open_study(self.storage or o.storage_url, self.facts, make_sampler(o.sampler, o.seed, constant_liar=self.ahead is not None),
+        study = open_study(self.storage or o.storage_url, self.facts, make_sampler(o.sampler, o.seed, constant_liar=self.queue is not None),
                            o.heartbeat_interval_s)
         self.shared = SharedStudy(study, heartbeats=o.heartbeat_interval_s is not None,
                                   slots=len(self.runner_factories))
@@ -224,7 +218,9 @@ class _Search:
             try:
                 reason = self._loop(0) if len(self.runner_factories) == 1 else self._run_slots()
             finally:
-                self._drop_queue()
+                if self.queue is not None:
+                    with self.lock:
+                        self.queue.drop(self.shared.tell_failed)
             self.loop_s = time.monotonic() - self.started
             retiming = self._retime(reason)
         except KeyboardInterrupt:
@@ -233,18 +229,11 @@ class _Search:
             self._flush_pending_records()
         return self._outcome(reason, retiming)
 
-    def _drop_queue(self) -> None:
-        """Fail the trials queued and never measured (the search stopped first): their configs
-        stay measurable, by a rerun or another process."""
-        with self.lock:
-            for trial, _, _ in self.queue:
-                self.shared.tell_failed(trial.number)
-            self.queue.clear()
-            self.ledger.queued.clear()
-
     def upcoming(self) -> list[Config]:
-        """The configs the strategies will certainly propose next, valid here, at most the
-        budget left."""
+        """The configs the strategies will certainly propose next (the planned ones; with an
+        enumeration, the valid configs in order), valid here, at most the budget left, none
+        measured yet: compiled in parallel before the first trial, they leave each trial its
+        measurement."""
         left = self.options.trials - self.ledger.measured_total
         upcoming = [c for c in self.chain.lookahead(self.ledger)
                     if not self.spec.violations(self.problem, c, self.dtype, self.options.limits)]
@@ -258,38 +247,10 @@ class _Search:
         return self.runners[slot]
 
     def _run_slots(self) -> StopReason:
-        """One thread per runner, each running the loop; the main thread waits (so that Ctrl-C
-        reaches it), and on Ctrl-C fails the trials in flight before the interrupt goes on."""
-        reasons: dict[int, StopReason] = {}
-        errors: list[BaseException] = []
-
-        def work(slot: int) -> None:
-            try:
-                reasons[slot] = self._loop(slot)
-            except BaseException as exc:  # noqa: BLE001 — raised again by the main thread
-                errors.append(exc)
-                self.stopping.set()
-
-        threads = [threading.Thread(target=work, args=(slot,), name=f"omnitune-slot-{slot}", daemon=True)
-                   for slot in range(len(self.runner_factories))]
-        for thread in threads:
-            thread.start()
-        try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.2)
-                    self._flush_pending_records()
-        except KeyboardInterrupt:
-            self.stopping.set()
-            with self.lock:
-                # Their results, when they come, are dropped (see _measure_and_store).
-                for number, _ in self.ledger.in_flight.values():
-                    self.shared.tell_failed(number)
-                    self.failed_in_flight.add(number)
-                self.ledger.in_flight.clear()
-            raise
-        if errors:
-            raise errors[0]
+        """One thread per runner, each running the loop (omnitune.search.slots); the main thread
+        waits, and on Ctrl-C fails the trials in flight before the interrupt goes on."""
+        reasons = run_slots(self._loop, len(self.runner_factories), stopping=self.stopping,
+                            waiting=self._flush_pending_records, interrupted=self._fail_in_flight)
         with self.lock:
             self.ledger.refresh(self.shared.study)
             if self.ledger.measured_total >= self.options.trials:
@@ -301,11 +262,18 @@ class _Search:
                     return reason
             return StopReason.BUDGET
 
-    def _flush_pending_records(self) -> None:
+    def _fail_in_flight(self) -> None:
+        """Ctrl-C: fail the trials the slots are measuring; their results, when they come, are
+        dropped (see _measure_and_store)."""
         with self.lock:
-            records, self.pending_records = self.pending_records, []
-        if records and self.sink is not None:
-            self.sink(records)
+            for number, _ in self.ledger.in_flight.values():
+                self.shared.tell_failed(number)
+                self.failed_in_flight.add(number)
+            self.ledger.in_flight.clear()
+
+    def _flush_pending_records(self) -> None:
+        if self.sink is not None:
+            self.sink.flush()
 
     def _loop(self, slot: int) -> StopReason:
         while True:
@@ -318,15 +286,15 @@ class _Search:
                 claimed = False
                 if step is not None:
                     trial, config, chosen_by = step
-                    if self.ledger.queued.pop(trial.number, None) is not None:
+                    if self.queue is not None and self.queue.take(trial):
                         claimed = True  # claimed when it was queued
                     else:
                         claimed = self.shared.claim(trial, config, self.ledger, budget=self.options.trials,
                                                     slot=slot)
                     if claimed:
                         self.ledger.in_flight[slot] = (trial.number, config)
-                        if self.ahead is not None:
-                            self._fill_queue(slot)
+                        if self.queue is not None:
+                            self.queue.fill(self._claims_ahead(slot))
             if step is None:
                 time.sleep(WAIT_FOR_CLAIMS_S)
                 continue
@@ -336,7 +304,7 @@ class _Search:
             if getattr(self.runners.get(slot), "context_lost", False):
                 return StopReason.CONTEXT_LOST
 
-    def _next_trial(self) -> StopReason | tuple[optuna.Trial, Config, str] | None:
+    def _next_trial(self) -> StopReason | Claimed | None:
         """Why to stop, or the next asked trial, its config and who chose it; None to wait for
         another process's claim. Under the lock."""
         if self.target_met:
@@ -350,7 +318,7 @@ class _Search:
         # Configs being measured count against the budget, here and in other processes.
         committed = self.ledger.measured_total + self.ledger.in_flight_total
         if self.queue and not self._timed_out():
-            return self.queue.pop(0)  # claimed already (counted in `committed`): measured before anything new
+            return self.queue.pop()  # claimed already (counted in `committed`): measured before anything new
         if committed >= self.options.trials:
             return StopReason.BUDGET
         if self._all_valid_measured():
@@ -366,7 +334,7 @@ class _Search:
             return StopReason.EXHAUSTED  # what is left is being measured by another process or slot
         return self._trial_for(proposal)
 
-    def _trial_for(self, proposal: Proposal) -> tuple[optuna.Trial, Config, str]:
+    def _trial_for(self, proposal: Proposal) -> Claimed:
         """The asked trial of a proposal, its config and who chose it. Under the lock."""
         trial = proposal.trial
         if trial is None:
@@ -376,38 +344,26 @@ class _Search:
         chosen_by = proposal.chosen_by if config == proposal.config else self.options.sampler.value
         return trial, config, chosen_by
 
-    def _fill_queue(self, slot: int) -> None:
-        """Propose, ask and claim trials until `ahead.workers` wait behind the one this slot has
-        just claimed, and hand their configs to the precompile pool: the workers compile while
-        the GPU measures, so no measurement waits on a compile while work is queued. Claimed
-        (not merely asked) so that the budget and every process count them, and a killed process
-        leaves trials a rerun fails as abandoned; a proposal a constraint rejects is stored as
-        pruned at once (nothing to compile or time). Under the lock."""
-        fresh: list[Config] = []
-        # Repeats and rejected proposals make no progress: bounded, as the fallback bounds them.
-        attempts = self.ahead.workers * (SAMPLER_PATIENCE + 2)
-        while len(self.queue) < self.ahead.workers and attempts > 0:
-            attempts -= 1
+    def _claims_ahead(self, slot: int) -> Iterator[Claimed | None]:
+        """Trials proposed, asked and claimed for the compile-ahead queue while the budget has a
+        place left (omnitune.search.ahead_queue); None for a proposal not claimed, or one a
+        constraint rejects, stored as pruned at once (nothing to compile or time). Under the lock."""
+        while True:
             committed = self.ledger.measured_total + self.ledger.in_flight_total
             if committed + len(self.ledger.unclaimed_since) >= self.options.trials or self.target_met:
-                break
+                return
             proposal = self.chain.propose(self.ledger)
             if proposal is None:
-                break
+                return
             trial, config, chosen_by = self._trial_for(proposal)
             claimed = self.shared.claim(trial, config, self.ledger, budget=self.options.trials, slot=slot)
-            if not claimed:
-                self.chain.tell(Told(config, chosen_by, None))
-            elif self.spec.violations(self.problem, config, self.dtype, self.options.limits):
-                # A slot number no thread has: storing it leaves this slot's own trial in flight.
-                result = self._measure_and_store(trial, config, chosen_by, slot=-1 - trial.number)
-                self.chain.tell(Told(config, chosen_by, result))
-            else:
-                self.ledger.queued[trial.number] = config
-                self.queue.append((trial, config, chosen_by))
-                fresh.append(config)
-        if fresh:
-            self.ahead.submit(fresh)
+            if claimed and not self.spec.violations(self.problem, config, self.dtype, self.options.limits):
+                yield trial, config, chosen_by
+                continue
+            # Pruned at once under a slot number no thread has, leaving this slot's own trial in flight.
+            result = self._measure_and_store(trial, config, chosen_by, slot=-1 - trial.number) if claimed else None
+            self.chain.tell(Told(config, chosen_by, result))
+            yield None
 
     def _timed_out(self) -> bool:
         return self.options.timeout_s is not None and time.monotonic() - self.started >= self.options.timeout_s
@@ -458,8 +414,8 @@ class _Search:
             name, reason = violations[0]
             return TrialResult(config, TrialStatus.PRUNED, detail=f"{name}: {reason}",
                                representative=self.representative)
-        if self.ahead is not None:
-            self.ahead.ready(config)  # a worker compiling it now finishes sooner than a compile here
+        if self.queue is not None:
+            self.queue.ready(config)
         return self._runner_of(slot).measure(config)
 
     def _attrs(self, result: TrialResult, chosen_by: str) -> dict[str, Any]:
@@ -472,12 +428,8 @@ class _Search:
         """The trial's catalogue row to the sink, now or (from a slot's thread) when the thread
         that owns the sink next flushes."""
         record = catalogue_record(self.facts, number, attrs) if self.sink is not None else None
-        if record is None:
-            return
-        if threading.current_thread() is self.home_thread:
+        if record is not None:
             self.sink([record])
-        else:
-            self.pending_records.append(record)
 
     def _report(self, number: int, result: TrialResult, chosen_by: str) -> None:
         if self.progress is None and self.stop_when is None:
