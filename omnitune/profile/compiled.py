@@ -115,9 +115,13 @@ def jit_functions(module: types.ModuleType) -> list[Any]:
 
 def kernel_names(module: types.ModuleType) -> list[str]:
     """Names the GPU knows the module's kernels by (Triton names a kernel after its function):
-    what Nsight Compute's -k filter matches. Read from the source, so it works under the
-    interpreter too."""
-    return sorted({v.fn.__name__ for v in vars(module).values() if _defined_here(v, module)})
+    what Nsight Compute's -k filter matches. A jit function another one of the module calls is a
+    helper, inlined into its caller, never a kernel of its own. Read from the Python functions,
+    so it works under the interpreter too."""
+    functions = {v.fn.__name__: v.fn for v in vars(module).values() if _defined_here(v, module)}
+    # The globals each function's body names: a helper's call is one of them.
+    called = {name for fn in functions.values() for name in getattr(getattr(fn, "__code__", None), "co_names", ())}
+    return sorted(name for name in functions if name not in called)
 
 
 def cached_kernels(jit_fn: Any) -> list[Any]:
