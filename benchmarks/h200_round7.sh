@@ -8,7 +8,7 @@
 # measured as users call them with those tables (benchmarks/fp8_kv_bench.py).
 # Part B: the fp8 tests in full on the GPU (the quantizer's rounding bit for bit on the hardware),
 # then every GPU-marked test.
-# Part C: the ops as called (benchmarks/ops_bench.py), then omnitune verify over the whole
+# Part C: the attention GPU tests, the ops as called (benchmarks/ops_bench.py), then omnitune verify over the whole
 # Qwen2.5-Omni-7B preset (the shipped tables, a copy in $OUT) with a 5-minute soak.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
@@ -55,6 +55,10 @@ case $part in
     step $(left 590) python -m pytest -q -m gpu -p no:cacheprovider tests/
     ;;
   C)
+    # The attention kernel's two key loops now share one tile step (same PTX for sm_90, compiled
+    # off the GPU): its GPU tests again, before verify --fix revalidates its table.
+    step 100 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py \
+      tests/test_production_ops_gpu.py::test_attention_with_span_tensor_and_layer_capture_and_replay
     step 60 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
     cp -r tuned_configs "$OUT/tuned_configs"
     step $(left 560) python -m omnitune verify --model qwen2.5-omni-7b --tables "$OUT/tuned_configs" --soak 5 --fix \
