@@ -135,6 +135,8 @@ def write_case(device, t=65536, hkv=8, d=128, block_size=16) -> Case:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true",
+                        help="only the cases the fp8 goals name: decode at batch 64 (4k, 16k) and the large writes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("fp8_kv_bench needs a CUDA GPU", file=sys.stderr)
@@ -150,6 +152,8 @@ def main(argv=None) -> int:
               lambda: decode_case(device, b=4, ctx=16384),
               lambda: write_case(device, t=256, hkv=4), lambda: write_case(device, t=8192, hkv=4),
               lambda: write_case(device, t=65536, hkv=8)]
+    if args.quick:
+        makers = [makers[0], makers[1], makers[4], makers[5]]
     for make in makers:
         try:
             case = make()

@@ -1,19 +1,19 @@
 """fp8 KV caches: the storage format, its scales, and the rounding the kernels share.
 
 Format — vLLM's `kv_cache_dtype="fp8"` (`"fp8_e4m3"`): a cache tensor of `torch.float8_e4m3fn`
-holds x / scale, rounded to nearest (ties to even) and saturated at ±448, the largest finite
-e4m3 value; the value it stands for is stored · scale. A scale is a float32 tensor on the cache's
+holds x / scale — computed as x · (1 / scale) in float32, the reciprocal correctly rounded —
+saturated at ±448, the largest finite e4m3 value, and rounded to nearest (ties to even); the
+value it stands for is stored · scale. A scale is a float32 tensor on the cache's
 device, one per cache (shape [] or [1], as vLLM's `layer._k_scale`) or one per kv head ([Hkv]).
 A device tensor rather than a Python float, so that an engine can compute or update it on the
 GPU without a sync and a CUDA graph captures its address, not its value. `kv_cache_scale` makes
 one from data: amax / 448.
 
-Why the kernels round in fp32 arithmetic before casting (`round_to_e4m3`): the result is then
-exactly representable in e4m3, so the cast that follows is exact on every backend. The GPU's
-conversion rounds correctly by itself, but Triton's interpreter (the CPU tests) does not — it
-drops the carry when the mantissa rounds up (31.7 → 16 instead of 32) — and a quantizer whose
-bits differ between the machine that tests it and the one that serves is not tested at all.
-The rounding costs a few integer operations per element of a copy bound by memory.
+Rounding: on the GPU the conversion instruction rounds to nearest even (cvt.rn.satfinite),
+checked bit for bit against PyTorch by the gpu-marked tests. Triton's interpreter, which the CPU
+tests run, casts to fp8 wrongly — it drops the carry when the mantissa rounds up (31.7 → 16
+instead of 32) — so there the kernels first round in fp32 arithmetic (`round_to_e4m3`, tested
+on every code and tie against PyTorch), which makes the cast that follows exact.
 
 e5m2 (vLLM's `fp8_e5m2`) and the fnuz flavours are refused with a clear error: e4m3 is what
 vLLM, FlashInfer and FlashAttention-3 read for KV caches on Hopper, and one flavour keeps one
@@ -21,6 +21,8 @@ tolerance and one set of tables.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -30,6 +32,8 @@ from omnitune.errors import InputError
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+# Whether kernels run under Triton's interpreter (decided before any kernel module is imported).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # The problem field's values: "auto" stores the cache in the activations' dtype.
 CACHE_DTYPES = {"auto": None, "fp8_e4m3": FP8}
 _CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3", "fp8_e4m3fn": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3"}
@@ -93,8 +97,8 @@ def _per_head(scale: torch.Tensor) -> torch.Tensor:
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [..., Hkv, D] in the cache format (the PyTorch reference of the kernels' quantizer):
-    x / scale in float32, correctly rounded, saturated at ±448, then cast to e4m3."""
-    y = x.float() / _per_head(scale).float()
+    x · (1 / scale) in float32, saturated at ±448, then cast to e4m3 (nearest, ties to even)."""
+    y = x.float() * (1.0 / _per_head(scale).float())
     return y.clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 

@@ -73,6 +73,7 @@ def _kv_cache_write(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     QUANTIZE: tl.constexpr,
+    EXACT_ROUNDING: tl.constexpr,
 ):
     # axis 0: block of BLOCK_T tokens; axis 1: block of BLOCK_H kv heads
     pid_t = tl.program_id(0)
@@ -99,13 +100,22 @@ def _kv_cache_write(
     k = tl.load(Key + t64 * stride_kt + h3 * stride_kh + d3 * stride_kd, mask=mask)
     v = tl.load(Value + t64 * stride_vt + h3 * stride_vh + d3 * stride_vd, mask=mask)
     if QUANTIZE:
-        # fp8 caches hold x / scale, correctly rounded (div_rn, not the approximate division)
-        # to the nearest e4m3 value, saturated: bit for bit what PyTorch's quantize gives.
+        # fp8 caches hold x · (1 / scale), saturated at ±448 and rounded to the nearest e4m3
+        # value: bit for bit what PyTorch's quantize gives. One correctly rounded reciprocal per
+        # head (div_rn: Triton's `/` is approximate), then a multiply per element — a division
+        # per element made this copy compute-bound (39% of copy bandwidth on the H200).
         head_valid = heads < HKV
-        k_scale = tl.load(KScale + heads * stride_ks, mask=head_valid, other=1.0)[None, :, None]
-        v_scale = tl.load(VScale + heads * stride_vs, mask=head_valid, other=1.0)[None, :, None]
-        k = round_to_e4m3(tl.math.div_rn(k.to(tl.float32), k_scale)).to(KeyCache.dtype.element_ty)
-        v = round_to_e4m3(tl.math.div_rn(v.to(tl.float32), v_scale)).to(ValueCache.dtype.element_ty)
+        k_inv = tl.math.div_rn(1.0, tl.load(KScale + heads * stride_ks, mask=head_valid, other=1.0))
+        v_inv = tl.math.div_rn(1.0, tl.load(VScale + heads * stride_vs, mask=head_valid, other=1.0))
+        k = tl.minimum(tl.maximum(k.to(tl.float32) * k_inv[None, :, None], -448.0), 448.0)
+        v = tl.minimum(tl.maximum(v.to(tl.float32) * v_inv[None, :, None], -448.0), 448.0)
+        if EXACT_ROUNDING:
+            # Triton's interpreter casts to fp8 wrongly (omnitune/kernels/_fp8.py); the GPU's
+            # conversion instruction rounds to nearest even itself.
+            k = round_to_e4m3(k)
+            v = round_to_e4m3(v)
+        k = k.to(KeyCache.dtype.element_ty)
+        v = v.to(ValueCache.dtype.element_ty)
 
     blk = cache_block[:, None, None]
     off = block_offset[:, None, None]
@@ -269,7 +279,8 @@ def _launch_plan(config: Config, t: int, hkv: int, d: int, quantize: bool) -> tu
     block_t, block_h = int(config["BLOCK_T"]), int(config["BLOCK_H"])
     grid = (triton.cdiv(t, block_t), triton.cdiv(hkv, block_h))
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=block_t, BLOCK_H=block_h,
-                      QUANTIZE=quantize, num_warps=int(config["num_warps"]))
+                      QUANTIZE=quantize, EXACT_ROUNDING=quantize and _fp8.INTERPRETED,
+                      num_warps=int(config["num_warps"]))
     if len(_launch_plans) >= 4096:
         _launch_plans.clear()
     plan = _launch_plans[(config, t, hkv, d, quantize)] = (grid, constexprs)
@@ -318,7 +329,7 @@ def write_kv_cache(
     int32; negative = padding, skipped). Slots must be distinct. Any strides.
 
     fp8 caches (torch.float8_e4m3fn, vLLM's kv_cache_dtype="fp8"): the tokens are quantized on
-    write, x / scale rounded to nearest even and saturated at ±448; k_scale and v_scale are
+    write, x · (1 / scale) saturated at ±448 and rounded to nearest even; k_scale and v_scale are
     float32 device tensors, one per cache ([] or [1]) or one per kv head ([Hkv]) — see
     kv_cache_scale. Other caches are in key/value's dtype and take no scales.
 
