@@ -1,0 +1,93 @@
+"""Why paged decode over an fp8 cache is not faster than over a bf16 one (round 7 measured
+0.87x at batch 64, 4k context, where half the bytes should give up to 2x): a sweep of the split
+kernel's configs over both caches, timed as CUDA-graph replays, with each compiled kernel's
+registers, spills and shared memory, and the Triton IR and PTX of the tuned configs kept for
+reading. A diagnostic, not a figure to quote.
+
+    PYTHONPATH=$PWD python benchmarks/fp8_decode_probe.py --out $OUT/fp8_decode_probe_h200.json --asm $OUT/asm
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ops_bench import capture, graph_call_us  # noqa: E402
+
+
+class _Recorder:
+    """Stands in for the split kernel's launcher for one call and keeps the compiled kernel."""
+
+    def __init__(self, jit):
+        self.jit, self.kernel = jit, None
+
+    def __call__(self, grid, args, constexprs, objects):
+        self.kernel = self.jit[grid](*args, **constexprs)
+
+
+def main(argv=None) -> int:
+    from omnitune.kernels import _fp8
+    from omnitune.kernels import paged_decode_attention as pda
+    from omnitune.spec import Config
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--asm", type=Path, required=True)
+    parser.add_argument("--ctx", type=int, default=4096)
+    args = parser.parse_args(argv)
+    problem = pda.PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=args.ctx, d=128)
+    inputs = pda.SPEC.make_inputs(problem, torch.bfloat16, "cuda", 0)
+    kc = inputs.key_cache.masked_fill(inputs.key_cache.isinf(), 0)
+    vc = inputs.value_cache.masked_fill(inputs.value_cache.isinf(), 0)
+    ks, vs = _fp8.kv_cache_scale(kc), _fp8.kv_cache_scale(vc)
+    caches = {"bf16": (kc, vc, None, None), "fp8": (_fp8.quantize(kc, ks), _fp8.quantize(vc, vs), ks, vs)}
+    out = torch.empty_like(inputs.q)
+    rows = []
+    keep = {("bf16", (2, 64, 4, 2)), ("fp8", (2, 64, 4, 2)), ("fp8", (8, 32, 4, 2)), ("fp8", (2, 128, 8, 3))}
+    args.asm.mkdir(parents=True, exist_ok=True)
+    for name, (k, v, k_scale, v_scale) in caches.items():
+        for splits, block_n, warps, stages in itertools.product((2, 8), (32, 64, 128), (4, 8), (2, 3, 4)):
+            cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
+                         FUSED_REDUCE=False)
+            row = {"cache": name, "config": cfg.as_dict()}
+            try:
+                recorder, launcher = _Recorder(pda._paged_decode_split), pda._SPLIT
+                pda._SPLIT = recorder
+                try:
+                    pda._launch(inputs.q, k, v, inputs.block_tables, inputs.context_lens, inputs.sm_scale, out, cfg,
+                                None, k_scale, v_scale)
+                finally:
+                    pda._SPLIT = launcher
+                kernel = recorder.kernel
+                row.update(registers=kernel.n_regs, spills=kernel.n_spills, shared_bytes=kernel.metadata.shared)
+                scratch = pda._Scratch.make(64, 28, 1, 128, 4, cfg, "cuda")
+                graph = capture(lambda: pda._launch(inputs.q, k, v, inputs.block_tables, inputs.context_lens,
+                                                    inputs.sm_scale, out, cfg, scratch, k_scale, v_scale))
+                row["graph_us"] = min(graph_call_us(graph) for _ in range(3))
+                if (name, (splits, block_n, warps, stages)) in keep:
+                    stem = f"{name}_s{splits}_n{block_n}_w{warps}_st{stages}"
+                    for kind in ("ttgir", "ptx"):
+                        (args.asm / f"{stem}.{kind}").write_text(kernel.asm[kind])
+            except Exception as exc:  # noqa: BLE001 — a config that fails is a row, not the end
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            rows.append(row)
+            print(row, flush=True)
+    moved = {"bf16": pda.SPEC.bytes_moved(problem, torch.bfloat16),
+             "fp8": pda.SPEC.bytes_moved(pda.PagedDecodeProblem(64, 28, 4, 1, args.ctx, 128, cache_dtype="fp8"),
+                                         torch.bfloat16)}
+    best = {n: min((r["graph_us"] for r in rows if r["cache"] == n and "graph_us" in r), default=None) for n in caches}
+    report = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(), "problem": problem.__dict__,
+              "bytes_moved": moved, "best_graph_us": best, "rows": rows}
+    args.out.write_text(json.dumps(report, indent=1))
+    print("best", best)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
