@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--asm", type=Path, required=True)
     parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--ncu-pair", action="store_true",
+                        help="launch the split kernel once per cache with one config (for ncu -k _paged_decode_split)")
     args = parser.parse_args(argv)
     problem = pda.PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=args.ctx, d=128)
     inputs = pda.SPEC.make_inputs(problem, torch.bfloat16, "cuda", 0)
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
     keep = {("bf16", (2, 64, 4, 2)), ("fp8", (2, 64, 4, 2)), ("fp8", (8, 32, 4, 2)), ("fp8", (2, 128, 8, 3))}
     args.asm.mkdir(parents=True, exist_ok=True)
     for name, (k, v, k_scale, v_scale) in caches.items():
-        for splits, block_n, warps, stages in itertools.product((2, 8), (32, 64, 128), (4, 8), (2, 3, 4)):
+        grid = list(itertools.product((2, 8), (64, 128), (4,), (2, 3, 4))) + [(8, 32, 4, 2), (2, 128, 8, 3), (2, 64, 8, 2)]
+        for splits, block_n, warps, stages in (grid[:1] if args.ncu_pair else grid):
             cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
                          FUSED_REDUCE=False)
             row = {"cache": name, "config": cfg.as_dict()}
@@ -66,6 +69,10 @@ def main(argv=None) -> int:
                     pda._SPLIT = launcher
                 kernel = recorder.kernel
                 row.update(registers=kernel.n_regs, spills=kernel.n_spills, shared_bytes=kernel.metadata.shared)
+                if args.ncu_pair:
+                    torch.cuda.synchronize()
+                    rows.append(row)
+                    continue
                 scratch = pda._Scratch.make(64, 28, 1, 128, 4, cfg, "cuda")
                 graph = capture(lambda: pda._launch(inputs.q, k, v, inputs.block_tables, inputs.context_lens,
                                                     inputs.sm_scale, out, cfg, scratch, k_scale, v_scale))
