@@ -21,14 +21,13 @@ device copy moving the same number of bytes, timed in the same rounds.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ops_bench import Case, _print_case, _rel, measure  # noqa: E402
+from ops_bench import Case, _rel, run_cases  # noqa: E402
 
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
@@ -141,34 +140,14 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("fp8_kv_bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    from omnitune.profile.calibrate import measure_copy_tbps
-
     device = torch.device("cuda")
-    copy_tbps, copy_detail = measure_copy_tbps(device)
-    report = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "triton": __import__("triton").__version__, "command": " ".join(sys.argv),
-              "copy_tbps": copy_tbps, "copy_detail": copy_detail, "cases": {}}
     makers = [lambda: decode_case(device, ctx=4096), lambda: decode_case(device, ctx=16384),
               lambda: decode_case(device, b=4, ctx=16384),
               lambda: write_case(device, t=256, hkv=4), lambda: write_case(device, t=8192, hkv=4),
               lambda: write_case(device, t=65536, hkv=8)]
     if args.quick:
         makers = [makers[0], makers[1], makers[4], makers[5]]
-    for make in makers:
-        try:
-            case = make()
-            result = measure(case, copy_tbps)
-            _speedups(result)
-            report["cases"][case.name] = result
-            _print_case(case.name, result)
-        except Exception as exc:  # noqa: BLE001 — one broken case must not lose the others
-            report["cases"][f"case {len(report['cases'])}"] = {"error": f"{type(exc).__name__}: {exc}"}
-            print("ERROR", exc)
-        torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"copy bandwidth {copy_tbps:.2f} TB/s; wrote {args.out}")
-    return 0
+    return run_cases(makers, args.out, after=_speedups, device=device)
 
 
 def _speedups(result: dict) -> None:

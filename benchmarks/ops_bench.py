@@ -313,9 +313,17 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("ops_bench needs a CUDA GPU", file=sys.stderr)
         return 2
+    return run_cases(cases(torch.device("cuda")), args.out, wanted=[w for w in args.only.split(",") if w])
+
+
+def run_cases(makers: list[Callable[[], Case]], out: Path, *, wanted=(), after: Callable[[dict], None] | None = None,
+              device=None) -> int:
+    """Measure each case (a case that fails is recorded, not raised), beside this device's copy
+    bandwidth measured in the same run, and write the report to `out`. wanted: substrings of the
+    case names to keep; after: called on each case's result before it is printed."""
     from omnitune.profile.calibrate import measure_copy_tbps
 
-    device = torch.device("cuda")
+    device = device or torch.device("cuda")
     copy_tbps, copy_detail = measure_copy_tbps(device)
     report = {
         "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
@@ -324,21 +332,26 @@ def main(argv=None) -> int:
                    "graph_replays_per_round": GRAPH_REPLAYS},
         "copy_tbps": copy_tbps, "copy_detail": copy_detail, "cases": {},
     }
-    wanted = [w for w in args.only.split(",") if w]
-    for make in cases(device):
-        case = make()
+    for make in makers:
+        try:
+            case = make()
+        except Exception as exc:  # noqa: BLE001 — one broken case must not lose the others
+            report["cases"][f"case {len(report['cases'])}"] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
         if wanted and not any(w in case.name for w in wanted):
             continue
         try:
             report["cases"][case.name] = measure(case, copy_tbps)
+            if after is not None:
+                after(report["cases"][case.name])
         except Exception as exc:  # noqa: BLE001 — one broken case must not lose the others
             report["cases"][case.name] = {"error": f"{type(exc).__name__}: {exc}"}
         _print_case(case.name, report["cases"][case.name])
         del case
         torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"copy bandwidth {copy_tbps:.2f} TB/s; wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"copy bandwidth {copy_tbps:.2f} TB/s; wrote {out}")
     return 0
 
 

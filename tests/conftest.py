@@ -103,3 +103,17 @@ def tables_dir(tmp_path, monkeypatch):
     runtime.clear_cache()
     yield directory
     runtime.clear_cache()
+
+
+def capture_graph(fn):
+    """fn captured in a CUDA graph (warmed up once on a side stream first, as capture requires):
+    (graph, what the captured call returned)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from conftest import DEVICE
+from conftest import DEVICE, capture_graph
 from omnitune.errors import InputError, ShapeError
 from omnitune.kernels import _fp8
 from omnitune.kernels import kv_cache_write as kvw
@@ -327,18 +327,6 @@ def test_a_function_writing_and_reading_an_fp8_cache_compiles_fullgraph():
 # ------------------------------------------------------------------------------------------------
 
 
-def _graph(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
-
-
 def _engine_step_inputs(b=16, h=28, hkv=4, ctx=4096, d=128, block_size=16, seed=0):
     """A decode batch over bf16 caches and the same tokens written into fp8 caches by
     write_kv_cache (per-tensor scales from the tokens), as an engine fills them."""
@@ -396,7 +384,7 @@ def test_fp8_write_and_decode_capture_replay_with_new_values_and_never_sync(monk
             step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    graph, out = _graph(step)
+    graph, out = capture_graph(step)
     for _ in range(3):
         before_k, before_v = kc8.clone(), vc8.clone()
         key.copy_(torch.randn(key.shape, generator=gen).to(key))

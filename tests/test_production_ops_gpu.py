@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from conftest import capture_graph
 from omnitune.kernels import attention as attn
 from omnitune.kernels import kv_cache_write as kvw
 from omnitune.kernels import kv_compress as kvc
@@ -19,18 +20,6 @@ from omnitune.spec import relative_error
 
 pytestmark = pytest.mark.gpu
 BF16_TOL = 2e-2
-
-
-def _graph(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
 
 
 def _decode_inputs(b=8, h=28, hkv=4, lq=1, ctx=2048, d=128, block_size=16, seed=0):
@@ -46,7 +35,7 @@ def test_plan_run_replays_correctly_as_context_lengths_change(lq, monkeypatch):
                                block_size=problem.block_size, max_blocks=inputs.block_tables.shape[1],
                                max_context_len=problem.ctx, dtype=torch.bfloat16, device="cuda", query_tokens=lq)
     lens = inputs.context_lens.clone()
-    graph, out = _graph(lambda: plan.run(inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, lens))
+    graph, out = capture_graph(lambda: plan.run(inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, lens))
     gen = torch.Generator().manual_seed(1)
     for _ in range(4):
         lens.copy_(torch.randint(lq, problem.ctx + 1, (problem.b,), generator=gen).to(torch.int32))
@@ -62,7 +51,7 @@ def test_decode_function_and_cache_write_capture_and_replay_with_new_values(monk
     monkeypatch.setenv("OMNITUNE_CHECK", "0")
     problem, inputs = _decode_inputs()
     lens = inputs.context_lens.clone()
-    graph, out = _graph(lambda: pda.paged_decode_attention(inputs.q, inputs.key_cache, inputs.value_cache,
+    graph, out = capture_graph(lambda: pda.paged_decode_attention(inputs.q, inputs.key_cache, inputs.value_cache,
                                                            inputs.block_tables, lens, max_context_len=problem.ctx))
     lens.copy_(torch.full_like(lens, problem.ctx // 3))
     graph.replay()
@@ -74,7 +63,7 @@ def test_decode_function_and_cache_write_capture_and_replay_with_new_values(monk
     w = kvw.SPEC.make_inputs(wp, torch.bfloat16, "cuda", 0)
     caches = w.initial_caches.clone()
     key, value, slots = w.key.clone(), w.value.clone(), w.slot_mapping.clone()
-    graph, _ = _graph(lambda: kvw.write_kv_cache(key, value, caches[0], caches[1], slots))
+    graph, _ = capture_graph(lambda: kvw.write_kv_cache(key, value, caches[0], caches[1], slots))
     fresh = kvw.SPEC.make_inputs(wp, torch.bfloat16, "cuda", 5)
     key.copy_(fresh.key)
     value.copy_(fresh.value)
@@ -89,7 +78,7 @@ def test_attention_with_span_tensor_and_layer_capture_and_replay(monkeypatch):
     p = attn.AttentionProblem(b=2, h=28, hkv=4, lq=1024, lk=1024, d=128, causal=True, spans=2, span_len=256)
     inputs = attn.SPEC.make_inputs(p, torch.bfloat16, "cuda", 0)
     spans = inputs.spans.clone()
-    graph, out = _graph(lambda: attn.attention(inputs.q, inputs.k, inputs.v, causal=True, mm_spans=spans))
+    graph, out = capture_graph(lambda: attn.attention(inputs.q, inputs.k, inputs.v, causal=True, mm_spans=spans))
     spans.copy_(torch.tensor([[[100, 300], [700, 900]], [[0, 512], [600, 1000]]], dtype=torch.int32))
     graph.replay()
     ref = attn.reference(attn.AttentionInputs(inputs.q, inputs.k, inputs.v, True, inputs.sm_scale, spans))
@@ -102,7 +91,7 @@ def test_attention_with_span_tensor_and_layer_capture_and_replay(monkeypatch):
 
     x_q, x_kv = rand(8, 1, 3584), rand(8, 1024, 3584)
     wq, wkv, wo = rand(3584, 3584, scale=0.017), rand(1024, 3584, scale=0.017), rand(3584, 3584, scale=0.017)
-    graph, out = _graph(lambda: layers.cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=28, kv_heads=4))
+    graph, out = capture_graph(lambda: layers.cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=28, kv_heads=4))
     x_q.copy_(rand(8, 1, 3584))
     graph.replay()
     want = layers.cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=28, kv_heads=4, config={"FUSION": "none"})
