@@ -1,0 +1,75 @@
+"""Registers and shared memory of the paged-decode split kernel for sm_90, compiled on a machine
+without a GPU (Triton's compiler and its bundled ptxas; cuobjdump reads the cubin).
+
+The fp8 decode's speed is bound by how many programs fit an SM (round 7 part E: 168 registers per
+thread over fp8 against 126 over bf16 at the same config), and that is decided at compile time,
+so a change to the kernel can be judged here before it costs device time. The signature mimics
+the real call's specialisation (unit innermost strides and LQ = 1 as constants, pointers, strides
+and page counts divisible by 16), and reproduces what the H200 reported
+(benchmarks/results/fp8_decode_probe_h200.json): 126 / 164 / 126 registers over bf16 and
+168 / 199 / 128 over fp8 at (BLOCK_N, warps, stages) = (64, 4, 2), (128, 4, 3), (128, 8, 3).
+
+    PYTHONPATH=$PWD python benchmarks/decode_registers_offline.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from omnitune.kernels import paged_decode_attention as pda
+
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+_UNIT = ("stride_qd", "stride_kcd", "stride_vcd", "stride_od", "stride_btp", "LQ")
+
+
+def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int = 2, splits: int = 2):
+    """The split kernel for b×28 query heads over 4 kv heads (GQA 7, packed), d=128, pages of 16."""
+    fn = pda._paged_decode_split
+    kv = "fp8e4nv" if kv_fp8 else "bf16"
+    pointers = {"Q": "*bf16", "KeyCache": f"*{kv}", "ValueCache": f"*{kv}", "BlockTables": "*i32",
+                "ContextLens": "*i32", "Out": "*bf16", "PartM": "*fp32", "PartL": "*fp32", "PartAcc": "*fp32",
+                "Tickets": "*i32", "KScale": "*fp32", "VScale": "*fp32"}
+    constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP=7, BLOCK_M=16, BLOCK_N=block_n,
+                      NUM_SPLITS=splits, PACK_GQA=True, FUSED_REDUCE=False, BLOCK_S=triton.next_power_of_2(splits),
+                      IEEE_DOT=False, PAGE_GUARD=2, KV_FP8=kv_fp8, **{name: 1 for name in _UNIT})
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "qk_scale" else "i32")
+                 for n in names}
+    values = {(names.index(n),): v for n, v in constexprs.items()}
+    aligned = [n for n in names if signature[n] != "constexpr"
+               and (n in pointers or n.startswith("stride_") or n in ("NUM_BLOCKS", "MAX_PAGES"))]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    source = ASTSource(fn=fn, signature=signature, constexprs=values, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
+def resources(kernel) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        text = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-res-usage", f.name],
+                              capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2)), "shared_bytes": kernel.metadata.shared}
+
+
+def main() -> int:
+    for kv_fp8 in (False, True):
+        for block_n, warps, stages in ((64, 4, 2), (128, 4, 3), (128, 8, 3)):
+            row = resources(compile_split(kv_fp8, block_n, warps, stages))
+            per_sm = 65536 // (row["registers"] * warps * 32)
+            print(f"{'fp8 ' if kv_fp8 else 'bf16'} BLOCK_N={block_n:3d} warps={warps} stages={stages}: "
+                  f"{row['registers']} registers, {row['shared_bytes'] // 1024} KiB shared, "
+                  f"{per_sm} programs per SM by registers")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
