@@ -301,6 +301,24 @@ def test_the_custom_ops_take_fp8_caches_and_scales():
     assert relative_error(out, pda.reference(quantized)) < pda.SPEC.tolerance[DTYPES[0]]
 
 
+# opcheck's schema test compares tensors with arithmetic PyTorch does not implement for float8
+# ("mul_cpu_reduced_float" not implemented for Float8_e4m3fn); the schema itself (the caches as
+# mutated arguments) is the one tests/test_production_ops.py checks with every opcheck test.
+FP8_OPCHECK_TESTS = ("test_faketensor", "test_aot_dispatch_dynamic", "test_autograd_registration")
+
+
+def test_opcheck_passes_on_the_fp8_ops_where_it_can_run():
+    key, value, initial, slots, k_scale, v_scale = _write_case(DTYPES[0], True)
+    caches = initial.clone()
+    torch.library.opcheck(torch.ops.omnitune.write_kv_cache.default,
+                          (key, value, caches[0], caches[1], slots, "", k_scale, v_scale), test_utils=FP8_OPCHECK_TESTS)
+    problem, full, quantized = _decode_pair(DTYPES[0])
+    torch.library.opcheck(torch.ops.omnitune.paged_decode_attention.default,
+                          (quantized.q, quantized.key_cache, quantized.value_cache, quantized.block_tables,
+                           quantized.context_lens, -1.0, problem.ctx, "", quantized.k_scale, quantized.v_scale),
+                          test_utils=FP8_OPCHECK_TESTS)
+
+
 def test_a_function_writing_and_reading_an_fp8_cache_compiles_fullgraph():
     key, value, initial, slots, k_scale, v_scale = _write_case(DTYPES[0], False, hkv=2)
     problem, full, quantized = _decode_pair(DTYPES[0], b=2, h=4, hkv=2)
