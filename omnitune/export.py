@@ -14,6 +14,10 @@ one (problem, dtype). Files are written so that they review well and survive cra
   one warning (logger "omnitune.export") per file, instead of being carried on forever;
 - a file whose entries would not change is left untouched (its exported_at included).
 
+Each file also carries a predictor block (omnitune.predict: every config each tuned problem's
+search measured, as its time ÷ that problem's best), from which the runtime predicts a config for
+a problem no entry is close enough to; it merges point by point as entries do.
+
 For a kernel whose spec names a rollback_config (the fallback path of a kernel that chooses
 between paths), each entry also says how the fallback did in the same search: its config, its
 best ok time, and the winner's speedup over it (None where the fallback was not measured).
@@ -34,15 +38,15 @@ import pandas as pd
 from omnitune import store, table_files
 from omnitune.coerce import describe
 from omnitune.errors import OmnituneError, StoreError
+from omnitune.predict import fit_block, merge_blocks
 from omnitune.provenance import provenance_hash
 from omnitune.report import KEY_COLUMNS, best_per_key, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
 from omnitune.runtime._reading import HugeNumber, UnreadableTable, parse_table_json, read_table_text
-from omnitune.runtime._tables import parse_entry
+from omnitune.runtime._tables import name_few, parse_entry
 from omnitune.spec import KernelSpec
 
 logger = logging.getLogger("omnitune.export")
-_ENTRIES_NAMED = 3  # how many dropped entries the warning names
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,9 @@ class ExportedFile:
     """False when the file already held exactly these entries and was left untouched."""
     representative: bool
     dropped: int = 0
-    """Entries of the existing file dropped as invalid (warned about) instead of kept."""
+    """Entries (and predictor points) of the existing file dropped as invalid (warned about) instead of kept."""
+    predictor_points: int = 0
+    """Tuned problems in the file's predictor block now."""
 
 
 def export_tables(
@@ -89,6 +95,7 @@ def export_tables(
             existing = read_table_file(path, document.kernel)
             dropped = drop_invalid_entries(existing, document.content["entries"], path) if existing else []
             merged = merge_document(document.content, existing)
+            dropped += _merge_predictor(merged, document.content, existing, path)
             changed = existing is None or bool(dropped) or _without_timestamp(merged) != _without_timestamp(existing)
             if changed:
                 write_json_atomic(path, merged)
@@ -103,6 +110,7 @@ def export_tables(
             changed=changed,
             representative=bool(merged["representative"]),
             dropped=len(dropped),
+            predictor_points=len(merged.get("predictor", {}).get("points", {})),
         ))
     return results
 
@@ -122,6 +130,8 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
             if fallbacks is not None:
                 entry.update(_fallback_fields(r, fallbacks))
             entries[entry_key(r["dtype"], r["problem_key"])] = entry
+        spec = _spec_or_none(kernel)
+        block = fit_block(spec, trials[(trials["kernel"] == kernel) & (trials["device_key"] == device_key)]) if spec else None
         content = {
             "schema_version": SCHEMA_VERSION,
             "kernel": kernel,
@@ -137,6 +147,8 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
             "representative": bool(rows["representative"].all()),
             "entries": entries,
         }
+        if block is not None:
+            content["predictor"] = block
         documents.append(TableDocument(kernel, device_key, content))
     return documents
 
@@ -151,6 +163,21 @@ def merge_document(new: dict[str, Any], existing: dict[str, Any] | None) -> dict
     if kept:
         merged["representative"] = bool(new["representative"]) and bool(existing.get("representative", True))
     return merged
+
+
+def _merge_predictor(merged: dict[str, Any], new: dict[str, Any], existing: dict[str, Any] | None,
+                     path: Path) -> list[tuple[str, str]]:
+    """Set merged's predictor block: new's, with the existing file's points for problems this
+    database lacks (omnitune.predict.merge_blocks); the points dropped as invalid are warned
+    about once and returned as (key, why)."""
+    block, dropped = merge_blocks(new.get("predictor"), (existing or {}).get("predictor"), _spec_or_none(new["kernel"]))
+    merged.pop("predictor", None)
+    if block is not None:
+        merged["predictor"] = block
+    if dropped:
+        logger.warning("dropping %d invalid points of the predictor block of %s instead of keeping them: %s",
+                       len(dropped), path, name_few(dropped))
+    return [(f"predictor point {key}", why) for key, why in dropped]
 
 
 def read_table_file(path: Path, kernel: str) -> dict[str, Any] | None:
@@ -187,10 +214,8 @@ def drop_invalid_entries(existing: dict[str, Any], replacing: dict[str, Any], pa
     for key, _ in dropped:
         del existing["entries"][key]
     if dropped:
-        named = "; ".join(f"{describe(key, 200)} ({reason})" for key, reason in dropped[:_ENTRIES_NAMED])
-        more = f"; and {len(dropped) - _ENTRIES_NAMED} more" if len(dropped) > _ENTRIES_NAMED else ""
-        logger.warning("dropping %d invalid entries of %s instead of keeping them: %s%s",
-                       len(dropped), path, named, more)
+        logger.warning("dropping %d invalid entries of %s instead of keeping them: %s",
+                       len(dropped), path, name_few(dropped))
     return dropped
 
 

@@ -5,8 +5,10 @@
 
 The chain: the exact (problem, dtype) tuned on this GPU → the nearest tuned problem that the
 kernel's MatchPolicy allows (each dimension within a bounded ratio, so a decode call never snaps
-to a prefill config) and whose config is valid for the requested problem → the kernel's default
-config. Tables are `<dir>/<kernel>/<device_key>.json`, read from $OMNITUNE_CONFIG_DIR first
+to a prefill config) and whose config is valid for the requested problem → a config predicted
+from the trials of the tuned problems nearest to it (a table's predictor block, _predictor.py),
+valid for the problem and expected to beat the default → the kernel's default config.
+explain() says in words why a lookup was answered as it was. Tables are `<dir>/<kernel>/<device_key>.json`, read from $OMNITUNE_CONFIG_DIR first
 (several directories may be joined with os.pathsep), then the repository's tuned_configs/, then
 the tuned_configs/ shipped inside the installed package.
 
@@ -48,6 +50,8 @@ from omnitune.errors import InputError, ShapeError, UnknownKernelError
 from omnitune.runtime import _tables
 from omnitune.runtime._buckets import Bucketing
 from omnitune.runtime._chain import Bucket, Impossible, Lookup, Rung, ranked_entries, resolve_bucket, resolve_problem
+from omnitune.runtime._explain import Explanation
+from omnitune.runtime._explain import explain as _explain
 from omnitune.runtime._format import CONFIG_DIR_ENV, SCHEMA_VERSION, search_command, table_path
 from omnitune.spec import DTYPE_NAMES, Config, DeviceLimits, KernelSpec, dtype_name
 
@@ -55,11 +59,13 @@ __all__ = [
     "CACHE_ENTRIES",
     "CONFIG_DIR_ENV",
     "SCHEMA_VERSION",
+    "Explanation",
     "Lookup",
     "Rung",
     "cache_generation",
     "clear_cache",
     "config_dirs",
+    "explain",
     "get_config",
     "lookup",
     "nearest_configs",
@@ -129,6 +135,23 @@ def lookup(
     if found.__class__ is Impossible:
         raise InputError(found.message)
     return found
+
+
+def explain(
+    kernel: str,
+    problem: Any,
+    dtype: torch.dtype | None = None,
+    device_name: str | None = None,
+) -> Explanation:
+    """lookup()'s answer with why this rung answered and what the tables' predictor expects of
+    its config (arguments as for lookup). Not for the hot path: it reads the chain again."""
+    answer = lookup(kernel, problem, dtype, device_name)
+    if device_name is None:
+        device_name = _current_device_name()
+    spec = _spec_of(kernel)
+    problem = _as_problem(spec, problem)
+    tables = _tables_for(spec, problem, dtype, device_name)
+    return _explain(spec, problem, dtype, device_name, tables, answer, _device_limits())
 
 
 def config_dirs() -> list[Path]:

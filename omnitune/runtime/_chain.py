@@ -1,11 +1,13 @@
-"""The lookup chain: exact key → nearest tuned problem → the kernel's default config, resolved
+"""The lookup chain: exact key → nearest tuned problem → a config predicted from the tuned problems
+nearest to it (a table's predictor block, _predictor.py) → the kernel's default config, resolved
 once per bucket of problems (see _buckets.py) and, where one answer cannot serve a whole bucket,
 once per problem. Nothing here returns a config that breaks a constraint of the problem asked."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,16 +16,18 @@ import torch
 
 from omnitune.runtime._buckets import Bucketing
 from omnitune.runtime._format import entry_key, search_command
-from omnitune.runtime._tables import Table, TableEntry, warn_entry_once, warn_once
+from omnitune.runtime._predictor import Predictor, Ranking
+from omnitune.runtime._tables import Table, TableEntry, predictor_of, warn_entry_once, warn_once
 from omnitune.spec import Config, DeviceLimits, KernelSpec, dtype_name
 
 
 class Rung(str, enum.Enum):
     """Which step of the chain answered."""
 
-    EXACT = "exact"      # this very (problem, dtype) was tuned on this device
-    NEAREST = "nearest"  # a tuned problem close enough under the kernel's MatchPolicy
-    DEFAULT = "default"  # nothing applicable: the kernel's untuned default
+    EXACT = "exact"          # this very (problem, dtype) was tuned on this device
+    NEAREST = "nearest"      # a tuned problem close enough under the kernel's MatchPolicy
+    PREDICTOR = "predictor"  # none close enough: predicted from the nearest tuned problems' trials
+    DEFAULT = "default"      # nothing applicable: the kernel's untuned default
 
     def __str__(self) -> str:
         # 'exact', not 'Rung.EXACT', in f-strings and messages.
@@ -39,11 +43,17 @@ class Lookup:
     source: Path | None = None
     """The table file the config was read from; None for the default."""
     matched_key: str | None = None
-    """The entry key ('<dtype>|<problem_key>') that answered; None for the default."""
+    """The entry key ('<dtype>|<problem_key>') that answered (for a predicted config, the nearest
+    tuned problem it was predicted from); None for the default."""
     distance: float | None = None
     """MatchPolicy distance to the matched problem: 0.0 when exact; for a nearest match, from the
     problem's bucket bound (its bucketed fields rounded up), which answers for the whole bucket;
-    None for the default."""
+    for a predicted config, the predictor's distance (its features' summed |log2 difference|) to
+    the nearest tuned problem; None for the default."""
+    neighbours: tuple[str, ...] = ()
+    """For a predicted config: the keys of the tuned problems it was predicted from, nearest first."""
+    expected_ratio: float | None = None
+    """For a predicted config: its expected time ÷ best on those problems (1.0: fastest on each)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,9 @@ def resolve_problem(
         for distance, table, entry in ranked_entries(spec, problem, dtype, tables, include_exact=False):
             if _fits(spec, table, entry, problem, dtype, limits):
                 return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+        predicted = predict(spec, problem, dtype, tables, (problem,), limits).lookup
+        if predicted is not None:
+            return predicted
     return safe_default(spec, problem, check_dtype, limits)
 
 
@@ -174,6 +187,9 @@ def _shared_answer(
             # another corner only means that this config cannot serve the whole bucket.
             if _fits(spec, table, entry, problem, dtype, limits) and _valid_at(spec, entry.config, corners, dtype, limits):
                 return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+        predicted = predict(spec, bound, dtype, tables, corners, limits).lookup
+        if predicted is not None:
+            return predicted
     try:
         default = spec.default_config(bound, check_dtype)
     except Exception:  # noqa: BLE001 — left to safe_default, problem by problem
@@ -181,6 +197,67 @@ def _shared_answer(
     if _outside_space(spec, default) or not _valid_at(spec, default, corners, check_dtype, limits):
         return None
     return Lookup(default, Rung.DEFAULT)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """What the predictor rung made of one problem: its answer, or why it gave none."""
+
+    lookup: Lookup | None
+    why_not: str = ""
+    ranking: Ranking | None = None
+    default_ratio: float = math.inf
+    """The default config's expected time ÷ best on the neighbours (inf: not valid throughout)."""
+
+
+def predict(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, tables: Sequence[Table], corners: Sequence[Any],
+    limits: DeviceLimits,
+) -> Predicted:
+    """The predictor rung for `problem` (a bucket's bound, or a problem of its own), from the
+    tables' predictor blocks in precedence order (see predict_with)."""
+    return predict_with(spec, problem, dtype, ((t.path, predictor_of(t, spec)) for t in tables), corners, limits)
+
+
+def predict_with(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, predictors: Iterable[tuple[Path | None, Predictor | None]],
+    corners: Sequence[Any], limits: DeviceLimits,
+) -> Predicted:
+    """The first predictor (with the path of its table) that has neighbours for `problem` decides:
+    its candidate with the lowest expected time ratio that is valid at every one of `corners`
+    answers, if that ratio is lower than the default config's (the default answers otherwise)."""
+    seen = None
+    for path, predictor in predictors:
+        seen = seen or predictor
+        ranking = predictor.rank(spec, problem, dtype) if predictor is not None else None
+        if ranking is None:
+            continue
+        bar = _default_ratio(spec, ranking, problem, dtype, corners, limits)
+        for ratio, config in ranking.candidates():
+            if ratio >= bar:
+                return Predicted(None, f"no config measured on them is expected to beat the default config "
+                                       f"(expected {bar:.2f}× the best there)", ranking, bar)
+            if _valid_at(spec, config, corners, dtype, limits):
+                distance, nearest = ranking.neighbours[0]
+                return Predicted(Lookup(config, Rung.PREDICTOR, path, nearest.key, distance, ranking.keys, ratio),
+                                 "", ranking, bar)
+        return Predicted(None, "no config measured on them is valid here", ranking, bar)
+    if seen is None:
+        return Predicted(None, "the tables hold no predictor block")
+    same = f" and the same {', '.join(seen.match)}" if seen.match else ""
+    return Predicted(None, f"the predictor holds no tuned problem of this dtype{same}")
+
+
+def _default_ratio(
+    spec: KernelSpec, ranking: Ranking, problem: Any, dtype: torch.dtype, corners: Sequence[Any], limits: DeviceLimits,
+) -> float:
+    try:
+        default = spec.default_config(problem, dtype)
+    except Exception:  # noqa: BLE001 — no default to beat: safe_default picks a valid config then
+        return math.inf
+    if _outside_space(spec, default) or not _valid_at(spec, default, corners, dtype, limits):
+        return math.inf
+    return ranking.estimate(default)
 
 
 def _outside_space(spec: KernelSpec, config: Config) -> list[tuple[str, str]]:

@@ -8,7 +8,10 @@ is logged once (logger "omnitune.runtime", WARNING) with the command that would 
   empty, not JSON, another schema, kernel or device): one warning per file version;
 - entries that cannot be used (a value outside the kernel's space, a non-finite or huge number,
   a wrong type, a key that does not match its problem): skipped, the rest of the file is used,
-  and ONE warning per file version names how many and the first few.
+  and ONE warning per file version names how many and the first few;
+- a predictor block (_predictor.py) is parsed only when the chain first needs it: one that cannot
+  be used whole is ignored, its bad points skipped, each with one warning per file version (a
+  block of a kind this omnitune does not read: one INFO line).
 Parsed files are cached by (path, mtime, size), so a rewritten file is read again and warned
 about again, an unchanged one never. Files are read and parsed outside the lock, so a slow
 filesystem delays only the lookup that reads it, not other threads' lookups.
@@ -27,15 +30,18 @@ from typing import Any
 import torch
 
 from omnitune.coerce import describe
-from omnitune.runtime._format import SCHEMA_VERSION, entry_key, search_command, split_entry_key
+from omnitune.runtime._format import SCHEMA_VERSION, search_command, split_entry_key
+from omnitune.runtime._keyed import keyed_problem
+from omnitune.runtime._predictor import BlockError, Predictor, UnknownKind, parse_predictor
 from omnitune.runtime._reading import UnreadableTable, parse_table_json, read_table_text
-from omnitune.spec import DTYPES, Config, KernelSpec
+from omnitune.spec import Config, KernelSpec
 
 logger = logging.getLogger("omnitune.runtime")
 
 FileStamp = tuple[int, int]  # (mtime_ns, size)
 
 _ENTRIES_NAMED = 3  # how many bad entries a summary warning names
+_UNPARSED = object()
 
 
 @dataclass(frozen=True)
@@ -55,18 +61,51 @@ class Table:
     path: Path
     stamp: FileStamp
     entries: Mapping[str, TableEntry]
+    predictor_block: Any = None
+    """The file's "predictor" value as parsed JSON (None without one): validated on first use
+    by predictor_of, so that a lookup answered by an entry never pays for it."""
 
 
 _parsed: dict[str, tuple[FileStamp, Table | None]] = {}
+_predictors: dict[tuple[str, FileStamp], Predictor | None] = {}
 _warned: set[tuple] = set()
-_lock = threading.Lock()  # guards _parsed and _warned; never held while reading a file
+_lock = threading.Lock()  # guards _parsed, _predictors and _warned; never held while reading a file
 
 
 def clear() -> None:
-    """Forget every parsed file and every warning already given."""
+    """Forget every parsed file and predictor block, and every warning already given."""
     with _lock:
         _parsed.clear()
+        _predictors.clear()
         _warned.clear()
+
+
+def predictor_of(table: Table, spec: KernelSpec) -> Predictor | None:
+    """The table's predictor block, validated (once per file version), or None if it has none or
+    it cannot be used; a bad block, or bad points in one, warned about once."""
+    if table.predictor_block is None:
+        return None
+    identity = (str(table.path), table.stamp)
+    found = _predictors.get(identity, _UNPARSED)
+    if found is not _UNPARSED:
+        return found
+    predictor = None
+    advice = ("problems without a tuned entry within the MatchPolicy get the default config. To refresh it: "
+              "omnitune export from the results database of this GPU")
+    try:
+        predictor, bad, total = parse_predictor(table.predictor_block, spec)
+    except UnknownKind as exc:
+        logger.info("not using the predictor block of %s: it %s", table.path, exc)
+    except Exception as exc:  # noqa: BLE001 — BlockError says what; anything else still must not break a lookup
+        why = str(exc) if isinstance(exc, BlockError) else f"cannot be read ({type(exc).__name__}: {exc})"
+        warn_once((*identity, "predictor"), f"ignoring the predictor block of {table.path}: it {why}; {advice}")
+    else:
+        if bad:
+            warn_once((*identity, "predictor"), f"ignoring {len(bad)} of the {total} points of the predictor "
+                      f"block of {table.path}: {name_few(bad)}; predicting from the others")
+    with _lock:
+        _predictors[identity] = predictor
+    return predictor
 
 
 def load_table(path: Path, spec: KernelSpec, gap_command: str) -> Table | None:
@@ -154,21 +193,25 @@ def _parse(path: Path, stamp: FileStamp, spec: KernelSpec, gap_command: str) -> 
             bad.append((key, str(exc) or type(exc).__name__))
     if bad:
         _warn_bad_entries(path, stamp, spec, bad, len(doc["entries"]))
-    return Table(path, stamp, entries)
+    return Table(path, stamp, entries, doc.get("predictor"))
 
 
 def _warn_bad_entries(path: Path, stamp: FileStamp, spec: KernelSpec, bad: list[tuple[str, str]], total: int) -> None:
     # One warning per file version, however many entries are bad: a corrupt table must not
     # flood an inference server's log. The first bad entry's key names the search that replaces it.
-    named = "; ".join(f"{describe(key, 200)} ({reason})" for key, reason in bad[:_ENTRIES_NAMED])
-    more = f"; and {len(bad) - _ENTRIES_NAMED} more" if len(bad) > _ENTRIES_NAMED else ""
     dtype_name, problem_key = split_entry_key(bad[0][0])
     command = search_command(spec.name, problem_key or "...", dtype_name or "...")
     warn_once(
         (str(path), stamp, "entries"),
-        f"ignoring {len(bad)} of the {total} entries of {path}: {named}{more}; for their problems "
+        f"ignoring {len(bad)} of the {total} entries of {path}: {name_few(bad)}; for their problems "
         + fallback_advice(command),
     )
+
+
+def name_few(bad: list[tuple[str, str]]) -> str:
+    """The first few bad keys with their reasons, and how many more."""
+    named = "; ".join(f"{describe(key, 200)} ({reason})" for key, reason in bad[:_ENTRIES_NAMED])
+    return named + (f"; and {len(bad) - _ENTRIES_NAMED} more" if len(bad) > _ENTRIES_NAMED else "")
 
 
 def _schema_problem(doc: Any, spec: KernelSpec, path: Path) -> str | None:
@@ -195,19 +238,8 @@ def parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
     # Only the fields that make the lookup are read; every other one (times, `verify_fix`, the
     # `revalidated` record of omnitune verify --fix, fields a later omnitune adds) is ignored, so
     # that provenance can never make the runtime skip an entry.
-    if not isinstance(raw, dict):
-        raise TypeError(f"it is a JSON {type(raw).__name__}, not an object")
-    dtype_name = raw["dtype"]
-    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
-    if dtype is None or dtype not in spec.dtypes:
-        raise ValueError(f"dtype {describe(dtype_name)} is not one of {spec.name}'s dtypes")
-    if not isinstance(raw["problem"], Mapping):
-        raise TypeError("its 'problem' is not an object")
-    problem = spec.problem_from_mapping(raw["problem"])
+    dtype, problem = keyed_problem(key, raw, spec)
     config = spec.coerce_config(raw["config"], strict=True)  # true/false for a flag, not 1 or 1.0
-    expected = entry_key(dtype_name, spec.problem_key(problem))
-    if key != expected:
-        raise ValueError(f"its problem and dtype give the key {expected!r}")
     return TableEntry(key=key, dtype=dtype, problem=problem, config=config)
 
 

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from omnitune.errors import OmnituneError
-from omnitune.runtime._format import SCHEMA_VERSION, entry_key
-from omnitune.spec import DTYPES, Config, KernelSpec
+from omnitune.runtime._format import SCHEMA_VERSION
+from omnitune.runtime._keyed import keyed_problem
+from omnitune.spec import Config, KernelSpec
 
 
 @dataclass(frozen=True)
@@ -104,19 +105,8 @@ def read_table(path: Path, kernel: str, specs: dict[str, KernelSpec]) -> TableFi
 
 def parse_entry(key: str, raw: Any, spec: KernelSpec) -> Entry:
     """The entry as the runtime would use it; TypeError/ValueError/OmnituneError say why not."""
-    if not isinstance(raw, dict):
-        raise TypeError(f"it is a JSON {type(raw).__name__}, not an object")
-    dtype_name = raw["dtype"]
-    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
-    if dtype is None or dtype not in spec.dtypes:
-        raise ValueError(f"dtype {dtype_name!r} is not one of {spec.name}'s dtypes")
-    if not isinstance(raw["problem"], dict):
-        raise TypeError("its 'problem' is not an object")
-    problem = spec.problem_from_mapping(raw["problem"])
+    dtype, problem = keyed_problem(key, raw, spec)
     config = spec.coerce_config(raw["config"])
-    expected = entry_key(dtype_name, spec.problem_key(problem))
-    if key != expected:
-        raise ValueError(f"its problem and dtype give the key {expected!r}")
     return Entry(key=key, problem=problem, dtype=dtype, config=config, raw=raw)
 
 

@@ -1,0 +1,126 @@
+"""Why the chain answered a lookup as it did, in words (for `omnitune lookup` and `omnitune plan
+--coverage`): which rung, what the rungs above it lacked, and what the predictor expects of the
+config. Off the hot path: computed on request, never cached."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnitune.runtime._buckets import Bucketing
+from omnitune.runtime._chain import Lookup, Rung, predict, ranked_entries
+from omnitune.runtime._tables import Table
+from omnitune.spec import DeviceLimits, KernelSpec, MatchPolicy, dtype_name, field_kind
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A lookup's answer and why."""
+
+    lookup: Lookup
+    why: str
+    """One sentence: why this rung answered (what the rungs above it lacked)."""
+    expected_ratio: float | None = None
+    """What the tables' predictor expects of the answer's config: its time ÷ the best on the
+    tuned problems nearest to this one (1.0 for an exact entry); None without a predictor that
+    has neighbours for it."""
+    neighbours: tuple[str, ...] = ()
+    """The tuned problems that expectation is based on, nearest first."""
+    closest: str | None = None
+    """For a lookup that found no tuned problem within the MatchPolicy: the entry key of the
+    closest one (by summed |log2 ratio| of the dimensions, another flag or name counting 8);
+    None otherwise."""
+
+
+def explain(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype | None, device_name: str | None, tables: Sequence[Table],
+    answer: Lookup, limits: DeviceLimits,
+) -> Explanation:
+    """Why the chain gave `answer` for `problem` from `tables` (as omnitune.runtime.explain reads
+    them), re-deriving what each rung above it found."""
+    if answer.rung is Rung.EXACT:
+        return Explanation(answer, "this shape was tuned in this dtype on this GPU", 1.0 if dtype else None)
+    if dtype is None:
+        return Explanation(answer, "no dtype given: tables are keyed by dtype")
+    if device_name is None:
+        return Explanation(answer, "no GPU named (and no CUDA GPU here): no table applies")
+    if not tables:
+        return Explanation(answer, f"no readable {spec.name} table for {device_name}")
+    try:
+        bucketing = Bucketing(spec)
+        bound, corners = bucketing.bound(problem), bucketing.corners(problem)
+    except Exception:  # noqa: BLE001 — as the chain: the problem answered on its own
+        bound, corners = problem, [problem]
+    predicted = predict(spec, bound, dtype, tables, corners, limits)
+    ranking = predicted.ranking
+    expected = ranking.estimate(answer.config) if ranking is not None else None
+    keys = ranking.keys if ranking is not None else ()
+    if answer.rung is Rung.NEAREST:
+        why = (f"not tuned itself: the nearest tuned shape that {_policy(spec)} allows and whose config is "
+               "valid here answers")
+        return Explanation(answer, why, expected, keys)
+    missed, closest = _missed(spec, problem, dtype, tables)
+    if answer.rung is Rung.PREDICTOR:
+        bar = "" if math.isinf(predicted.default_ratio) else f", the default config {predicted.default_ratio:.2f}×"
+        why = (f"{missed}; predicted from the {len(answer.neighbours)} nearest tuned shapes: expected "
+               f"{answer.expected_ratio:.2f}× their best{bar}")
+        return Explanation(answer, why, answer.expected_ratio, answer.neighbours, closest)
+    why_not = predicted.why_not if ranking is None else f"the predictor's nearest tuned shapes: {predicted.why_not}"
+    return Explanation(answer, f"{missed}; {why_not}", expected, keys, closest)
+
+
+def _policy(spec: KernelSpec) -> str:
+    """e.g. "attention's MatchPolicy (d, causal, h, hkv equal; other dimensions within 4×)"."""
+    match = spec.match
+    exact = f"{', '.join(match.exact)} equal; " if match.exact else ""
+    ratios = ", ".join(f"{name} {ratio:g}×" for name, ratio in sorted(match.ratio_overrides.items()))
+    return f"{spec.name}'s MatchPolicy ({exact}other dimensions within {match.max_ratio:g}×{'; ' + ratios if ratios else ''})"
+
+
+def _missed(spec: KernelSpec, problem: Any, dtype: torch.dtype, tables: Sequence[Table]) -> tuple[str, str | None]:
+    """Why the exact and nearest rungs did not answer, and the closest tuned problem's key."""
+    within = ranked_entries(spec, problem, dtype, tables, include_exact=False)
+    if within:
+        return (f"the {len(within)} tuned shapes within {_policy(spec)} have configs that break a constraint "
+                "here (or elsewhere in this shape's cache bucket)"), None
+    entries = [e for t in tables for e in t.entries.values() if e.dtype == dtype]
+    if not entries:
+        return f"the tables hold no {dtype_name(dtype)} entry", None
+    closest = min(entries, key=lambda e: (_shape_distance(problem, e.problem), e.key))
+    return (f"no tuned shape within {_policy(spec)}: the closest "
+            f"{blocking(spec.match, spec, problem, closest.problem)}"), closest.key
+
+
+def blocking(policy: MatchPolicy, spec: KernelSpec, a: Any, b: Any) -> str:
+    """Why the MatchPolicy does not let `a` use `b`'s config, e.g. "differs in d (64 here, 128
+    there; matched exactly)" or "has lq 16× apart (at most 4×)": a field matched exactly first."""
+    ratios = []
+    for f in spec.problem_fields():
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if va == vb:
+            continue
+        if f.name in policy.exact or field_kind(f) not in ("int", "float") or not (va > 0 and vb > 0):
+            return f"differs in {f.name} ({va} here, {vb} there; matched exactly)"
+        limit = policy.ratio_overrides.get(f.name, policy.max_ratio)
+        if not max(va, vb) / min(va, vb) <= limit:
+            ratios.append(f"has {f.name} {max(va, vb) / min(va, vb):.3g}× apart ({va} here, {vb} there; at most {limit:g}×)")
+    return ratios[0] if ratios else "is within it"
+
+
+def _shape_distance(a: Any, b: Any) -> float:
+    """Summed |log2 ratio| over the positive numeric fields, 8 for any other difference."""
+    total = 0.0
+    for name in a.__dataclass_fields__:
+        va, vb = getattr(a, name), getattr(b, name)
+        if va == vb:
+            continue
+        if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool) and va > 0 and vb > 0:
+            total += abs(math.log2(va / vb))
+        else:
+            total += 8.0
+    return total
+
