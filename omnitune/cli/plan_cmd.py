@@ -1,6 +1,7 @@
 """`omnitune plan`: what `omnitune search --model` would do, before any GPU time is spent — the
 problems of a model preset per kernel, each one's config space after pruning, the trials that
-will run, an estimated time, and the tables `omnitune export` would then write."""
+will run, an estimated time, and the tables `omnitune export` would then write. With --coverage,
+how the tables already cover the preset instead, and what to tune next (plan_coverage.py)."""
 
 from __future__ import annotations
 
@@ -57,9 +58,27 @@ def plan(
         None, "--db", help="Results database whose searches give the time per trial and per problem. "
         "\\[default: $OMNITUNE_DB or ./omnitune.db]", show_default=False,
     ),
+    coverage: bool = typer.Option(
+        False, "--coverage", help="Instead: look each problem up in the tables the runtime reads (for --device) "
+        "and list those to tune next, largest gap first — answered by the default, then predicted, then lent "
+        "a nearest entry, farthest first — each with its omnitune search command.",
+    ),
+    device: str = typer.Option(
+        None, "--device", help="With --coverage: the GPU whose tables to read, as torch names it, e.g. 'NVIDIA H200'. "
+        "\\[default: this machine's GPU]", show_default=False,
+    ),
+    top: int = typer.Option(
+        None, "--top", min=1, help="With --coverage: list only the N largest gaps. \\[default: every gap]",
+        show_default=False,
+    ),
 ) -> None:
     """Show what `omnitune search --model` would search, how long it should take, and which tables
-    `omnitune export` would write. Touches no GPU."""
+    `omnitune export` would write. Touches no GPU.
+
+    With --coverage: which rung of the runtime's chain (exact, nearest, predictor, default) answers
+    each of the preset's problems from the tables, why, and the searches that would close the
+    largest gaps first."""
+    from omnitune.errors import OmnituneError
     from omnitune.presets import get_preset, parse_kernels, preset_problems
     from omnitune.profile.device import device_key
     from omnitune.runtime._format import table_path
@@ -68,7 +87,18 @@ def plan(
     preset = get_preset(model)
     names = parse_kernels(kernels)
     torch_dtype = parse_dtype(dtype)
+    if not coverage and (device is not None or top is not None):
+        raise OmnituneError("--device and --top go with --coverage: omnitune plan --model NAME --coverage --device NAME")
     key = device_key(torch.cuda.get_device_name()) if torch.cuda.is_available() else "<device_key>"
+    if coverage:
+        from omnitune.cli.plan_coverage import coverage_device, print_coverage
+
+        device_name = coverage_device(device)
+        rates = measured_rates(db_path(db), device_key(device_name))
+        budgets = {(name, p.problem_key): p for name in names
+                   for p in plan_kernel(name, preset_problems(preset, name), torch_dtype, trials, rates)}
+        print_coverage(preset, names, torch_dtype, device_name, budgets, top)
+        return
     # This GPU's history; without one, the device the database has measured most.
     rates = measured_rates(db_path(db), key if torch.cuda.is_available() else None)
     console.print(

@@ -184,9 +184,11 @@ def lookup(
         None, "--device", help="GPU name as torch reports it, e.g. 'NVIDIA H200' (default: this machine's GPU)."
     ),
 ) -> None:
-    """Show the config omnitune.runtime would choose for a call, and why.
+    """Show the config omnitune.runtime would choose for a call, which rung answered, and why.
 
-    Rungs: exact (this shape was tuned), nearest (a close tuned shape), default (nothing fits).
+    Rungs, in the order the runtime tries them: exact (this shape was tuned), nearest (a tuned shape
+    close enough under the kernel's MatchPolicy), predictor (none close enough: predicted from the
+    trials of the nearest tuned shapes, kept in the table's predictor block), default (nothing fits).
     """
     from omnitune.spec import dtype_name
 
@@ -199,28 +201,40 @@ def lookup(
 
         if torch.cuda.is_available():
             device_name = torch.cuda.get_device_name()
-    answer = _lookup(spec, problem, torch_dtype, device_name)
+    found = _explain(spec, problem, torch_dtype, device_name)
+    answer = found.lookup
     from omnitune.runtime import Rung
-    # Plain lines, never wrapped: the --config JSON is meant to be copied.
+    # Plain lines, never wrapped: the --config JSON and the keys are meant to be copied.
     typer.echo(f"{spec.name} {spec.problem_key(problem)} {dtype_name(torch_dtype)} on {device_name or 'no GPU'}")
     typer.echo(f"config: {answer.config.label()}")
     typer.echo(f"  as --config: {json.dumps(answer.config.as_dict(), sort_keys=True)}")
-    if answer.rung is Rung.DEFAULT:
-        why = "" if device_name else " (no CUDA GPU here; pass --device NAME to read a GPU's table)"
-        typer.echo(f"rung: default — no applicable tuned entry{why}")
-    else:
-        typer.echo(f"rung: {answer.rung.value} — entry {answer.matched_key}, distance {answer.distance:.2f}")
+    why = found.why + ("" if device_name else "; pass --device NAME to read a GPU's table")
+    typer.echo(f"rung: {answer.rung.value} — {why}")
+    if answer.rung in (Rung.EXACT, Rung.NEAREST):
+        typer.echo(f"entry: {answer.matched_key} (distance {answer.distance:.2f})")
+    elif answer.rung is Rung.PREDICTOR:
+        typer.echo(f"predicted from: {', '.join(answer.neighbours)} (the nearest at distance {answer.distance:.2f})")
+    elif found.closest is not None:
+        typer.echo(f"closest tuned: {found.closest}")
+    if answer.source is not None:
         typer.echo(f"file: {answer.source}")
+    if found.expected_ratio is not None and answer.rung in (Rung.NEAREST, Rung.DEFAULT):
+        typer.echo(f"expected: {found.expected_ratio:.2f}× the best on the nearest tuned shapes "
+                   f"({', '.join(found.neighbours)}), by the table's predictor")
+    if answer.rung is not Rung.EXACT and device_name:
+        from omnitune.runtime._format import search_command
+
+        typer.echo(f"to tune it: {search_command(spec.name, spec.problem_key(problem), dtype_name(torch_dtype))}")
 
 
-def _lookup(spec, problem, dtype, device_name):
-    """What omnitune.runtime answers. The runtime promises never to raise over a table (a bad one
-    is skipped with a warning); should a hostile table get past it anyway, this command still says
-    so in one line rather than a traceback."""
+def _explain(spec, problem, dtype, device_name):
+    """What omnitune.runtime answers, and why. The runtime promises never to raise over a table (a
+    bad one is skipped with a warning); should a hostile table get past it anyway, this command
+    still says so in one line rather than a traceback."""
     import omnitune.runtime as runtime
 
     try:
-        return runtime.lookup(spec.name, problem, dtype, device_name)
+        return runtime.explain(spec.name, problem, dtype, device_name)
     except OmnituneError:
         raise
     except Exception as exc:  # noqa: BLE001 — see above: whatever a table can make the runtime raise

@@ -1,0 +1,84 @@
+"""`omnitune plan --coverage`: how the tables a GPU serves cover a model preset's problems, and the
+searches that would close the largest gaps first (omnitune.predict.coverage ranks them)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.markup import escape
+
+from omnitune.cli.common import console
+from omnitune.errors import OmnituneError
+from omnitune.presets import ModelPreset
+from omnitune.runtime import Rung
+
+_RUNGS = (Rung.EXACT, Rung.NEAREST, Rung.PREDICTOR, Rung.DEFAULT)
+
+
+def coverage_device(device: str | None) -> str:
+    """--device, else this machine's GPU; a one-line error naming the GPUs that have tables."""
+    if device is not None:
+        if not device.strip():
+            raise OmnituneError("--device needs a GPU's name, e.g. --device 'NVIDIA H200'")
+        return device
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    found = _table_devices()
+    have = (f"; the tables here are for {', '.join(found)} (--device takes these file names too)" if found
+            else "; no tables were found either")
+    raise OmnituneError(f"--coverage reads the tables of a GPU and there is no CUDA GPU here: pass --device NAME "
+                        f"(e.g. --device 'NVIDIA H200'){have}")
+
+
+def print_coverage(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dtype, device_name: str,
+                   budgets: Mapping[tuple[str, str], Any], top: int | None) -> None:
+    """Print the coverage; `budgets` holds, per (kernel, problem key), the plan's PlannedProblem
+    (its trials and estimate_s) for the search each proposal names."""
+    from omnitune.predict import coverage
+    from omnitune.spec import dtype_name
+
+    rows = coverage(preset, kernels, dtype, device_name)
+    counts = Counter(r.rung for r in rows)
+    console.print(f"[bold]coverage of {escape(preset.name)}[/] ({escape(preset.description)}) in {dtype_name(dtype)} "
+                  f"on {escape(device_name)}: {len(rows)} problems — "
+                  + ", ".join(f"{counts[r]} {r.value}" for r in _RUNGS), soft_wrap=True)
+    gaps = [r for r in rows if r.rung is not Rung.EXACT]
+    if not gaps:
+        console.print("every problem is tuned exactly on this GPU: nothing to tune next", soft_wrap=True)
+        return
+    shown = gaps[:top] if top else gaps
+    console.print(f"\ntune next, largest gap first ({len(shown)} of {len(gaps)}):", soft_wrap=True)
+    for place, row in enumerate(shown, 1):
+        console.print(f"{place:3}. {row.kernel} {escape(row.problem_key)}  [dim]{escape(row.role)}[/]", soft_wrap=True)
+        console.print(f"     {row.rung.value} — {escape(row.why)}", soft_wrap=True)
+        if row.matched_key is not None:
+            what = {Rung.NEAREST: "lent by", Rung.PREDICTOR: "nearest tuned"}.get(row.rung, "closest tuned")
+            distance = f" (distance {row.distance:.2f})" if row.distance is not None else ""
+            console.print(f"     {what}: {escape(row.matched_key)}{distance}", soft_wrap=True)
+        if row.expected_ratio is not None:
+            console.print(f"     expected {row.expected_ratio:.2f}× the best, by the table's predictor", soft_wrap=True)
+        budget = budgets.get((row.kernel, row.problem_key))
+        cost = f"  [dim](~{_minutes(budget.estimate_s)} for {budget.trials} trials)[/]" if budget else ""
+        console.print(f"     {escape(row.command)}{cost}", soft_wrap=True)
+    tuned = Counter(r.kernel for r in rows if r.rung is Rung.EXACT)
+    if tuned:
+        console.print(f"\ntuned exactly (no gap): {sum(tuned.values())} — "
+                      + ", ".join(f"{k} {n}" for k, n in tuned.items()), soft_wrap=True)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _table_devices() -> list[str]:
+    """The GPU names of the tables in the runtime's config folders (from their files' names)."""
+    from omnitune.runtime import config_dirs
+
+    names = set()
+    for folder in config_dirs():
+        names.update(path.stem for path in Path(folder).glob("*/*.json"))
+    return sorted(names)
