@@ -14,10 +14,8 @@ and page counts divisible by 16), and reproduces what the H200 reported
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import tempfile
+import sys
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -25,7 +23,8 @@ from triton.compiler import ASTSource
 
 from omnitune.kernels import paged_decode_attention as pda
 
-_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cubin import cubin_resources  # noqa: E402
 _UNIT = ("stride_qd", "stride_kcd", "stride_vcd", "stride_od", "stride_btp", "LQ")
 
 
@@ -51,13 +50,7 @@ def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int =
 
 
 def resources(kernel) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        text = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-res-usage", f.name],
-                              capture_output=True, text=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
-    return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2)), "shared_bytes": kernel.metadata.shared}
+    return {**cubin_resources(kernel), "shared_bytes": kernel.metadata.shared}
 
 
 def main() -> int:

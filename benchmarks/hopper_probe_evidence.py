@@ -8,13 +8,10 @@ import dataclasses
 import mmap
 import os
 import re
-import subprocess
-import tempfile
 
 import triton
 import triton.language as tl
-
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+from cubin import cubin_resources
 
 
 # Pass names looked for in libtriton: what the NVIDIA backend can run, and whether any of it
@@ -111,16 +108,6 @@ def _shared_buffers(ttgir: str) -> dict:
     return found
 
 
-def _resources(kernel) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        text = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name],
-                              capture_output=True, text=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
-    return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None}
-
-
 def evidence(kernel) -> dict:
     ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
     md = kernel.metadata
@@ -131,7 +118,7 @@ def evidence(kernel) -> dict:
         "num_warps_total": md.num_warps,
         "shared_bytes": md.shared,
         "global_scratch_bytes": getattr(md, "global_scratch_size", 0),
-        **_resources(kernel),
+        **cubin_resources(kernel),
         "ttgir": _count(ttgir, _TTGIR_OPS),
         "ptx": _count(ptx, _PTX_OPS),
         "wgmma_shapes": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
