@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--asm", type=Path, required=True)
     parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--quick", action="store_true",
+                        help="bf16's tuned config and three fp8 configs only (a kernel variant checked in a minute)")
     parser.add_argument("--ncu-pair", action="store_true",
                         help="launch the split kernel once per cache with one config (for ncu -k _paged_decode_split)")
     args = parser.parse_args(argv)
@@ -55,6 +57,8 @@ def main(argv=None) -> int:
     args.asm.mkdir(parents=True, exist_ok=True)
     for name, (k, v, k_scale, v_scale) in caches.items():
         grid = list(itertools.product((2, 8), (64, 128), (4,), (2, 3, 4))) + [(8, 32, 4, 2), (2, 128, 8, 3), (2, 64, 8, 2)]
+        if args.quick:
+            grid = [(2, 64, 4, 2)] if name == "bf16" else [(2, 64, 4, 2), (2, 64, 4, 3), (2, 128, 4, 3)]
         for splits, block_n, warps, stages in (grid[:1] if args.ncu_pair else grid):
             cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
                          FUSED_REDUCE=False)
