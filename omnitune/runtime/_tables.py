@@ -171,7 +171,7 @@ def fallback_advice(command: str) -> str:
 def _parse(path: Path, stamp: FileStamp, spec: KernelSpec, gap_command: str) -> Table | None:
     try:
         doc = parse_table_json(read_table_text(path))
-        problem = _schema_problem(doc, spec, path)
+        problem = schema_problem(doc, spec.name, path)
     except FileNotFoundError:  # removed since it was stat'ed
         return None
     except UnreadableTable as exc:
@@ -214,15 +214,16 @@ def name_few(bad: list[tuple[str, str]]) -> str:
     return named + (f"; and {len(bad) - _ENTRIES_NAMED} more" if len(bad) > _ENTRIES_NAMED else "")
 
 
-def _schema_problem(doc: Any, spec: KernelSpec, path: Path) -> str | None:
-    """Why a parsed document is not a table this runtime can read for this kernel and device."""
+def schema_problem(doc: Any, kernel: str, path: Path) -> str | None:
+    """Why a parsed document is not a table this runtime can read for this kernel and device
+    (omnitune verify reports it with the same words)."""
     if not isinstance(doc, dict):
         return f"holds a JSON {type(doc).__name__}, not an object"
     version = doc.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
         return f"has schema_version {describe(version)}; this omnitune reads schema_version {SCHEMA_VERSION}"
-    if doc.get("kernel") != spec.name:
-        return f"is for kernel {describe(doc.get('kernel'))}, not {spec.name!r}"
+    if doc.get("kernel") != kernel:
+        return f"is for kernel {describe(doc.get('kernel'))}, not {kernel!r}"
     device = doc.get("device")
     if not isinstance(device, dict) or device.get("key") != path.stem:
         found = device.get("key") if isinstance(device, dict) else None

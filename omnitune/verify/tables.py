@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from omnitune.errors import OmnituneError
-from omnitune.runtime._format import SCHEMA_VERSION
+from omnitune.runtime._tables import schema_problem
 from omnitune.runtime._keyed import keyed_problem
 from omnitune.spec import Config, KernelSpec
 
@@ -85,7 +85,7 @@ def read_table(path: Path, kernel: str, specs: dict[str, KernelSpec]) -> TableFi
         table.problem = f"cannot be read as JSON ({exc})"
         return table
     table.document = document if isinstance(document, dict) else None
-    table.problem = _schema_problem(document, kernel, path)
+    table.problem = schema_problem(document, kernel, path)
     if table.problem is not None:
         return table
     table.spec = specs.get(kernel) or _registered_spec(kernel)
@@ -108,22 +108,6 @@ def parse_entry(key: str, raw: Any, spec: KernelSpec) -> Entry:
     dtype, problem = keyed_problem(key, raw, spec)
     config = spec.coerce_config(raw["config"])
     return Entry(key=key, problem=problem, dtype=dtype, config=config, raw=raw)
-
-
-def _schema_problem(document: Any, kernel: str, path: Path) -> str | None:
-    if not isinstance(document, dict):
-        return f"holds a JSON {type(document).__name__}, not an object"
-    if document.get("schema_version") != SCHEMA_VERSION:
-        return f"has schema_version {document.get('schema_version')!r}; this omnitune reads {SCHEMA_VERSION}"
-    if document.get("kernel") != kernel:
-        return f"is for kernel {document.get('kernel')!r} but lies in the folder {kernel!r}"
-    device = document.get("device")
-    if not isinstance(device, dict) or device.get("key") != path.stem:
-        found = device.get("key") if isinstance(device, dict) else None
-        return f"is for device {found!r} but is named {path.stem!r} (the runtime ignores it)"
-    if not isinstance(document.get("entries"), dict):
-        return "has no 'entries' object"
-    return None
 
 
 def _registered_spec(kernel: str) -> KernelSpec | None:
