@@ -357,7 +357,7 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_sc
     if t == 0:
         return
     block_size = key_cache.shape[1]
-    cache_dtype = "auto" if k_scale is None else "fp8_e4m3"
+    cache_dtype = _fp8.cache_dtype_name(key_cache.dtype, key.dtype)
     # Token counts are bucketed for the tables (a decode step's count moves with the batch); a
     # caller's own config is validated against the real count.
     tokens = t if config is not None else _dispatch.bucket_up(t)
