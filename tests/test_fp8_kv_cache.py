@@ -192,6 +192,26 @@ def test_decode_over_fp8_matches_the_dequantized_reference(dtype, per_head, conf
     assert relative_error(out, unquantized) < FP8_VS_UNQUANTIZED
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("magnitude", [1e-7, 3e3])
+def test_decode_over_fp8_holds_for_values_outside_fp16s_comfortable_range(magnitude):
+    """V tiles are widened to fp16 on the way to the dot: values of 1e-7 (fp16 subnormals) or
+    of 3e3 · 448 (past fp16's 65504) must still come out right, so only v_scale's significand
+    multiplies the tiles and its power of two the accumulator. bf16 activations (only they hold
+    such outputs), so GPU only: the interpreter refuses bf16."""
+    dtype = torch.bfloat16
+    problem, full, quantized = _decode_pair(dtype, per_head=True, seed=3)
+    value = quantized.value_cache  # fp8 codes, kept; only the scale that reads them changes
+    v_scale = quantized.v_scale * magnitude
+    scaled = pda.PagedDecodeInputs(quantized.q, quantized.key_cache, value, quantized.block_tables,
+                                   quantized.context_lens, quantized.sm_scale, quantized.k_scale, v_scale)
+    out = pda.paged_decode_attention(scaled.q, scaled.key_cache, value, scaled.block_tables, scaled.context_lens,
+                                     k_scale=scaled.k_scale, v_scale=v_scale)
+    expected = pda.reference(scaled)
+    assert expected.abs().max() > magnitude * 0.1  # the output really lives at that magnitude
+    assert relative_error(out, expected) < pda.SPEC.tolerance[dtype]
+
+
 def test_decode_with_several_query_tokens_over_fp8_and_the_spec_factory():
     problem = pda.PagedDecodeProblem(b=2, h=4, hkv=2, lq=3, ctx=70, d=64, cache_dtype="fp8")
     dtype = DTYPES[0]

@@ -143,7 +143,9 @@ def _paged_decode_split(
     q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
     if KV_FP8:
         # An fp8 cache holds K / k_scale and V / v_scale (one scale per cache or per kv head):
-        # k_scale becomes the score scale, v_scale multiplies the accumulator after the loop.
+        # k_scale becomes the score scale; v_scale is split into its significand, in [1, 2),
+        # which multiplies each V tile, and its power of two, which multiplies the accumulator
+        # after the loop (both exact bit operations on a normal float).
         # The tiles are widened to fp16 (exact for every e4m3 value; one conversion instruction
         # per two elements, where widening to bf16 took several and made the kernel slower
         # than over a bf16 cache) and the dots run in fp16, so q is taken to fp16 once, with
@@ -153,7 +155,9 @@ def _paged_decode_split(
             qk_scale = tl.load(KScale + hk * stride_ks)
         else:
             qk_scale = qk_scale * tl.load(KScale + hk * stride_ks)
-        v_scale = tl.load(VScale + hk * stride_vs)
+        v_scale_bits = tl.load(VScale + hk * stride_vs).to(tl.int32, bitcast=True)
+        v_mantissa = ((v_scale_bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+        v_exponent = (v_scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
 
     table = BlockTables + b.to(tl.int64) * stride_btb
     k_head = KeyCache + hk.to(tl.int64) * stride_kch
@@ -194,7 +198,15 @@ def _paged_decode_split(
                     + offs_d[None, :] * stride_vcd, mask=kv_mask, other=0.0)
         if KV_FP8:
             k = k.to(q.dtype)
-            v = v.to(q.dtype)
+            # Times v_scale's significand on the way to the dot, in fp32: an elementwise op
+            # Triton cannot fold into the dot operand, so V is widened in the layout it was
+            # copied in (16-byte copies, K's page lookups) and staged through shared memory as
+            # fp16 — instead of being loaded as fp8 straight into the transposed operand layout,
+            # which 8-bit data reach only with narrow loads and 68 more registers per thread
+            # (168 against 100 at BLOCK_N=64, compiled for sm_90). With the significand in
+            # [1, 2) a product is at most 896 and at least 2^-9: in fp16's normal range whatever
+            # the scale, rounded once (2^-11), where V · v_scale itself could leave fp16.
+            v = (v.to(tl.float32) * v_mantissa).to(q.dtype)
         if IEEE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -214,7 +226,7 @@ def _paged_decode_split(
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     if KV_FP8:
-        acc = acc * v_scale
+        acc = acc * v_exponent
 
     if NUM_SPLITS == 1:
         # A row that saw no key (an empty or clamped context, a masked page) writes zeros.
@@ -1149,12 +1161,11 @@ SPEC = KernelSpec(
         PagedDecodeProblem(b=2, h=4, hkv=2, lq=2, ctx=70, d=64, block_size=16,     # fp8 cache, scales
                            cache_dtype="fp8_e4m3"),
     ),
-    # Measured right after the default. An fp8 tile of 64 keys is half the bytes of a bf16 one, and
-    # the fp8 kernel needs more registers (fewer programs per SM), so at batch 64 it kept a third
-    # of the bf16 kernel's bytes in flight: 128-key tiles over 3 stages ran decode over fp8 1.15x
-    # faster than the best bf16 config, where the default tile ran it 0.83x (H200, b64 h28/4 4k:
-    # benchmarks/results/fp8_decode_probe_h200.json).
-    known_good=(dict(BLOCK_N=128, num_stages=3, num_warps=4),),
+    # Measured right after the default. An fp8 tile of 64 keys is half the bytes of a bf16 one, so
+    # decode over fp8 needs more tiles in flight per SM: 128-key tiles over 3 stages, or 64-key
+    # tiles over 3 stages now that the fp8 kernel fits four programs an SM (96 registers, 54 KiB of
+    # shared memory compiled for sm_90: benchmarks/decode_registers_sweep_offline.py).
+    known_good=(dict(BLOCK_N=64, num_stages=3, num_warps=4), dict(BLOCK_N=128, num_stages=3, num_warps=4)),
     baselines=_torch_baselines,
     module=__name__,
 )
