@@ -13,8 +13,9 @@ Masks. Every mask we support makes each query row see a *prefix* of the keys, [0
             so limit = max(causal limit, e). A span mask is therefore still a prefix mask.
 A row's visible set being a prefix lets a block of rows split its key loop in two: tiles below the
 block's smallest limit need no mask at all (the off-diagonal part), and only tiles between the
-smallest and largest limit pay for the mask (the diagonal part). Rows that see no key (Lq > Lk,
-causal) output zeros, as FlashAttention does.
+smallest and largest limit pay for the mask (the diagonal part); both parts take one tile step,
+_attend_tile, the mask a constexpr of it. Rows that see no key (Lq > Lk, causal) output zeros,
+as FlashAttention does.
 
 Grid. axis 0: query row blocks, heaviest first under a causal mask (so the long programs start
 early and the tail is short); axis 1: batch × (query heads, or kv heads with PACK_GQA). Programs
@@ -61,6 +62,58 @@ from omnitune.spec import (
 )
 
 SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
+
+
+@triton.jit
+def _attend_tile(
+    q, acc, m_i, l_i, start_n, limit, LK, qk_scale,
+    b, hk, k_desc, v_desc, k_base, v_base,
+    stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_n, offs_d, d_valid,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One K/V tile [start_n, start_n + BLOCK_N) of the online softmax: the accumulator, the
+    running max and the running denominator after it. MASKED (the diagonal part): keys at or past
+    a row's limit, and past LK, are masked; an unmasked tile (every row sees every key) pays for
+    neither. Inlined by Triton, so each loop compiles as if written out."""
+    n = start_n + offs_n
+    if USE_TMA:
+        k = k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        if MASKED:
+            kv_mask = (n < LK)[:, None] & d_valid[None, :]
+        else:
+            kv_mask = d_valid[None, :]
+        k = tl.load(k_base + n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    if IEEE_DOT:
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    if MASKED:
+        qk = tl.where(n[None, :] < limit[:, None], qk * qk_scale, float("-inf"))
+    else:
+        qk = qk * qk_scale
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    if MASKED:
+        # A row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
+    p = tl.math.exp2(qk - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if IEEE_DOT:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -150,58 +203,19 @@ def _attention_fwd(
 
     # --- off-diagonal part: every row of the block sees every key of these tiles -------------
     for start_n in range(0, lo_unmasked, BLOCK_N):
-        if USE_TMA:
-            k = k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-            v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        else:
-            kv_mask = d_valid[None, :]
-            k = tl.load(k_base + (start_n + offs_n)[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                        mask=kv_mask, other=0.0)
-            v = tl.load(v_base + (start_n + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                        mask=kv_mask, other=0.0)
-        if IEEE_DOT:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        qk = qk * qk_scale
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if IEEE_DOT:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start_n, limit, LK, qk_scale, b, hk, k_desc, v_desc, k_base, v_base,
+            stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d, d_valid,
+            BLOCK_N, BLOCK_D, USE_TMA, IEEE_DOT, MASKED=False,
+        )
 
     # --- diagonal part: tiles where some rows of the block stop seeing keys ------------------
     for start_n in range(lo_unmasked, hi, BLOCK_N):
-        n = start_n + offs_n
-        if USE_TMA:
-            k = k_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-            v = v_desc.load([b, hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        else:
-            kv_mask = (n < LK)[:, None] & d_valid[None, :]
-            k = tl.load(k_base + n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-            v = tl.load(v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        if IEEE_DOT:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        qk = tl.where(n[None, :] < limit[:, None], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # A row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if IEEE_DOT:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start_n, limit, LK, qk_scale, b, hk, k_desc, v_desc, k_base, v_base,
+            stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d, d_valid,
+            BLOCK_N, BLOCK_D, USE_TMA, IEEE_DOT, MASKED=True,
+        )
 
     # --- epilogue: rows that saw no key write zeros ------------------------------------------
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
