@@ -14,6 +14,11 @@ one (problem, dtype). Files are written so that they review well and survive cra
   one warning (logger "omnitune.export") per file, instead of being carried on forever;
 - a file whose entries would not change is left untouched (its exported_at included).
 
+The file's kernel_source_hash is the newest measurement's. An entry good for other kernel source
+(kept from a file whose hash was another, or the best trial of a key measured on older source)
+carries its own kernel_source_hash (omnitune.provenance), so that merging never passes an entry
+off as measured on code it did not run on: `omnitune verify` fails those entries, not the others.
+
 Each file also carries a predictor block (omnitune.predict: every config each tuned problem's
 search measured, as its time ÷ that problem's best), from which the runtime predicts a config for
 a problem no entry is close enough to; it merges point by point as entries do.
@@ -39,7 +44,7 @@ from omnitune import store, table_files
 from omnitune.coerce import describe
 from omnitune.errors import OmnituneError, StoreError
 from omnitune.predict import fit_block, merge_blocks
-from omnitune.provenance import provenance_hash
+from omnitune.provenance import ENTRY_SOURCE_HASH, entry_source_hash, provenance_hash, with_entry_source
 from omnitune.report import KEY_COLUMNS, best_per_key, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
 from omnitune.runtime._reading import HugeNumber, UnreadableTable, parse_table_json, read_table_text
@@ -78,6 +83,14 @@ class ExportedFile:
     """Entries (and predictor points) of the existing file dropped as invalid (warned about) instead of kept."""
     predictor_points: int = 0
     """Tuned problems in the file's predictor block now."""
+    source_hash: Any = None
+    """The file's kernel_source_hash now."""
+    kept_on_other_source: int = 0
+    """Of the kept entries, those good for other kernel source than the file's (each carries its own hash)."""
+    from_db_on_other_source: int = 0
+    """Of the entries from the database, those whose best trial ran on older source than the newest."""
+    other_source_hashes: tuple[Any, ...] = ()
+    """The hashes those entries carry, sorted."""
 
 
 def export_tables(
@@ -100,6 +113,9 @@ def export_tables(
             if changed:
                 write_json_atomic(path, merged)
         from_db = len(document.content["entries"])
+        on_other_source = {k: e[ENTRY_SOURCE_HASH] for k, e in merged["entries"].items()
+                           if isinstance(e, dict) and ENTRY_SOURCE_HASH in e}
+        from_db_on_other_source = sum(1 for k in on_other_source if k in document.content["entries"])
         results.append(ExportedFile(
             path=path,
             kernel=document.kernel,
@@ -111,6 +127,10 @@ def export_tables(
             representative=bool(merged["representative"]),
             dropped=len(dropped),
             predictor_points=len(merged.get("predictor", {}).get("points", {})),
+            source_hash=merged["kernel_source_hash"],
+            kept_on_other_source=len(on_other_source) - from_db_on_other_source,
+            from_db_on_other_source=from_db_on_other_source,
+            other_source_hashes=tuple(sorted(set(on_other_source.values()), key=str)),
         ))
     return results
 
@@ -124,9 +144,11 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
         newest = rows.sort_values("measured_at", kind="stable").iloc[-1]
         rollback = _rollback_config(kernel)
         fallbacks = _fallback_trials(trials[trials["kernel"] == kernel], rollback) if rollback else None
+        source_hash = provenance_hash(kernel, _plain(newest["source_hash"]))
+        measured_on = _provenance_hashes(kernel, rows["source_hash"])
         entries = {}
         for _, r in rows.iterrows():
-            entry = _entry(r)
+            entry = with_entry_source(_entry(r), measured_on[_plain(r["source_hash"])], source_hash)
             if fallbacks is not None:
                 entry.update(_fallback_fields(r, fallbacks))
             entries[entry_key(r["dtype"], r["problem_key"])] = entry
@@ -142,7 +164,7 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
                 "triton": _plain(newest["triton_version"]),
                 "omnitune": _plain(newest["omnitune_version"]),
             },
-            "kernel_source_hash": provenance_hash(kernel, _plain(newest["source_hash"])),
+            "kernel_source_hash": source_hash,
             "exported_at": exported_at,
             "representative": bool(rows["representative"].all()),
             "entries": entries,
@@ -153,16 +175,35 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
     return documents
 
 
+def _provenance_hashes(kernel: str, recorded: pd.Series) -> dict[Any, Any]:
+    """Each source hash the trials recorded → the one a table records for it (provenance_hash),
+    worked out once per distinct hash: it hashes the kernel's module."""
+    return {h: provenance_hash(kernel, h) for h in {_plain(v) for v in recorded}}
+
+
 def merge_document(new: dict[str, Any], existing: dict[str, Any] | None) -> dict[str, Any]:
-    """`new` with the entries of `existing` whose keys it lacks; the rest of `new` wins."""
+    """`new` with the entries of `existing` whose keys it lacks; the rest of `new` wins. A kept
+    entry good for other kernel source than new's kernel_source_hash carries its own (the file's
+    hash, or the entry's own, that it was kept with), rather than taking new's."""
     if existing is None:
         return new
-    kept = {k: v for k, v in existing["entries"].items() if k not in new["entries"]}
+    # An older export wrote the whole-module hash: translated as new's was, so that an unchanged
+    # module does not make every kept entry look measured on other source.
+    file_hash = provenance_hash(new["kernel"], existing.get("kernel_source_hash"))
+    kept = {k: _kept_entry(v, file_hash, new["kernel_source_hash"])
+            for k, v in existing["entries"].items() if k not in new["entries"]}
     merged = dict(new)
     merged["entries"] = {**kept, **new["entries"]}
     if kept:
         merged["representative"] = bool(new["representative"]) and bool(existing.get("representative", True))
     return merged
+
+
+def _kept_entry(entry: Any, file_hash: Any, new_hash: Any) -> Any:
+    """An entry of a file whose header says `file_hash`, as a file whose header says `new_hash` keeps it."""
+    if not isinstance(entry, dict):
+        return entry  # drop_invalid_entries leaves none; the format is not this function's to judge
+    return with_entry_source(entry, entry_source_hash(entry, file_hash), new_hash)
 
 
 def _merge_predictor(merged: dict[str, Any], new: dict[str, Any], existing: dict[str, Any] | None,

@@ -1,10 +1,18 @@
 """The source hash an exported table records, translated from what a search recorded
 (omnitune.source_hash holds the hashes; this module looks the kernel up, which the hashes, read
-by omnitune.spec, must not)."""
+by omnitune.spec, must not); and the source each entry of a table is good for.
+
+A table's `kernel_source_hash` speaks for every entry that does not carry its own. An entry
+measured on other source than that (kept by an export from a file tuned on older source, or an
+older trial of the database) carries its own `kernel_source_hash`, so that no export makes an
+entry look measured on code it never ran on; `omnitune verify` checks each such entry apart, and
+the runtime ignores the field.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from omnitune.source_hash import UNKNOWN, kernel_source_hash, source_matches
@@ -29,3 +37,30 @@ def provenance_hash(kernel: str, recorded: Any) -> Any:
     if module is not None and source_matches(module, recorded) == "module":
         return kernel_source_hash(module)
     return recorded
+
+
+ENTRY_SOURCE_HASH = "kernel_source_hash"
+"""An entry's own kernel source hash: present only where it is not its file's."""
+REVALIDATED = "revalidated"
+"""The record `omnitune verify --fix` writes in an entry it revalidated for newer source."""
+
+
+def entry_source_hash(entry: Mapping[str, Any], file_hash: Any) -> Any:
+    """The kernel source an entry of a file whose header says `file_hash` is good for: its own
+    hash where it carries one; else the source a partial `verify --fix` revalidated it for (the
+    file then keeps its older hash until every entry is revalidated); else the file's."""
+    if ENTRY_SOURCE_HASH in entry:
+        return entry[ENTRY_SOURCE_HASH]
+    record = entry.get(REVALIDATED)
+    if isinstance(record, Mapping) and isinstance(record.get("to_source_hash"), str):
+        return record["to_source_hash"]
+    return file_hash
+
+
+def with_entry_source(entry: Mapping[str, Any], source_hash: Any, file_hash: Any) -> dict[str, Any]:
+    """A copy of `entry`, good for `source_hash`, for a file whose header says `file_hash`: it
+    carries its own hash only when that differs from the file's."""
+    out = {k: v for k, v in entry.items() if k != ENTRY_SOURCE_HASH}
+    if source_hash != file_hash:
+        out[ENTRY_SOURCE_HASH] = source_hash
+    return out

@@ -126,8 +126,126 @@ def test_merge_keeps_other_keys_and_replaces_the_same_key(populated, tmp_path):
     h200 = next(f for f in written if f.path == path)
     assert (h200.entries, h200.from_db, h200.kept, h200.changed) == (2, 1, 1, True)
     entries = json.loads(path.read_text())["entries"]
-    assert entries[_key(UNTOUCHED)] == kept_entry
+    # kept as it was, save that the earlier session's source (not the file's now) goes with it
+    assert entries[_key(UNTOUCHED)] == {**kept_entry, "kernel_source_hash": "0123456789abcdef"}
     assert entries[_key(PREFILL)]["config"] == FAST.as_dict()
+
+
+OLDER, NEWER = "0123456789abcdef", "fedcba9876543210"  # the earlier session's source, populated's winner's
+
+
+def test_merging_into_a_table_of_other_kernel_source_keeps_its_entries_with_their_hash(populated, tmp_path):
+    """The file takes the newest measurement's hash; what it kept from a file tuned on other source
+    says so per entry, rather than passing for measured on today's."""
+    earlier = results_db(tmp_path / "earlier.db", [trial_row(0, UNTOUCHED, SLOWER, time_ms=9.0, source_hash=OLDER)])
+    export.export_tables(earlier, tmp_path)
+    path = _h200_file(tmp_path)
+    assert "kernel_source_hash" not in json.loads(path.read_text())["entries"][_key(UNTOUCHED)]  # the file's
+
+    (h200,) = [f for f in export.export_tables(populated, tmp_path) if f.path == path]
+    doc = json.loads(path.read_text())
+    assert doc["kernel_source_hash"] == NEWER
+    assert doc["entries"][_key(UNTOUCHED)]["kernel_source_hash"] == OLDER
+    assert "kernel_source_hash" not in doc["entries"][_key(PREFILL)]
+    assert (h200.kept, h200.kept_on_other_source, h200.from_db_on_other_source) == (1, 1, 0)
+    assert (h200.source_hash, h200.other_source_hashes) == (NEWER, (OLDER,))
+
+    # A third source: each kept entry keeps the source it was good for, its own or the file's.
+    third = results_db(tmp_path / "third.db", [trial_row(0, CROSS, FAST, time_ms=1.0, source_hash="aaaaaaaaaaaaaaaa")])
+    (h200,) = [f for f in export.export_tables(third, tmp_path) if f.path == path]
+    entries = json.loads(path.read_text())["entries"]
+    assert entries[_key(UNTOUCHED)]["kernel_source_hash"] == OLDER
+    assert entries[_key(PREFILL)]["kernel_source_hash"] == NEWER
+    assert "kernel_source_hash" not in entries[_key(CROSS)]
+    assert (h200.kept_on_other_source, h200.other_source_hashes) == (2, (OLDER, NEWER))
+
+    # Back on the older source: the entries measured on it go by the file's hash again.
+    export.export_tables(earlier, tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["kernel_source_hash"] == OLDER and "kernel_source_hash" not in doc["entries"][_key(UNTOUCHED)]
+
+
+def test_merging_into_a_table_of_the_same_kernel_source_is_as_before(tmp_path):
+    earlier = results_db(tmp_path / "earlier.db", [trial_row(0, UNTOUCHED, SLOWER, time_ms=9.0)])
+    export.export_tables(earlier, tmp_path)
+    path = _h200_file(tmp_path)
+    before = json.loads(path.read_text())["entries"][_key(UNTOUCHED)]
+    (h200,) = export.export_tables(_one_entry_db(tmp_path, "later", PREFILL), tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["kernel_source_hash"] == OLDER and doc["entries"][_key(UNTOUCHED)] == before
+    assert not any("kernel_source_hash" in e for e in doc["entries"].values())
+    assert (h200.kept, h200.kept_on_other_source, h200.other_source_hashes) == (1, 0, ())
+
+
+def test_an_older_whole_module_hash_of_todays_source_marks_no_kept_entry(tmp_path):
+    import sys
+
+    from omnitune.source_hash import module_source_hash
+
+    today = SPEC.source_hash()
+    export.export_tables(results_db(tmp_path / "earlier.db", [trial_row(0, UNTOUCHED, SLOWER, time_ms=9.0,
+                                                                        source_hash=today)]), tmp_path)
+    path = _h200_file(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["kernel_source_hash"] = module_source_hash(sys.modules[SPEC.module])  # as exports before the jit hash wrote
+    export.write_json_atomic(path, doc)
+    export.export_tables(results_db(tmp_path / "later.db", [trial_row(0, PREFILL, FAST, time_ms=1.0,
+                                                                      source_hash=today)]), tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["kernel_source_hash"] == today
+    assert not any("kernel_source_hash" in e for e in doc["entries"].values())
+
+
+def test_a_kept_entry_a_partial_fix_revalidated_for_the_new_source_is_not_marked(tmp_path):
+    export.export_tables(results_db(tmp_path / "earlier.db", [
+        trial_row(0, UNTOUCHED, SLOWER, time_ms=9.0), trial_row(0, CROSS, SLOWER, time_ms=9.0)]), tmp_path)
+    path = _h200_file(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["entries"][_key(UNTOUCHED)]["revalidated"] = {"at": "2026-12-01T00:00:00+00:00", "from_source_hash": OLDER,
+                                                      "to_source_hash": NEWER, "measured": {}}
+    export.write_json_atomic(path, doc)  # the file kept its hash: CROSS was not revalidated
+    export.export_tables(results_db(tmp_path / "later.db", [trial_row(0, PREFILL, FAST, time_ms=1.0,
+                                                                      source_hash=NEWER)]), tmp_path)
+    entries = json.loads(path.read_text())["entries"]
+    assert "kernel_source_hash" not in entries[_key(UNTOUCHED)]
+    assert entries[_key(CROSS)]["kernel_source_hash"] == OLDER
+
+
+def test_a_best_trial_measured_on_older_source_than_the_newest_says_so(tmp_path):
+    db = results_db(tmp_path / "results.db", [
+        trial_row(0, UNTOUCHED, SLOWER, time_ms=9.0, source_hash=OLDER, measured_at="2026-11-01T00:00:00+00:00"),
+        trial_row(0, PREFILL, FAST, time_ms=1.0, source_hash=NEWER, measured_at="2026-11-29T00:00:00+00:00"),
+    ])
+    (h200,) = export.export_tables(db, tmp_path)
+    doc = json.loads(_h200_file(tmp_path).read_text())
+    assert doc["kernel_source_hash"] == NEWER
+    assert doc["entries"][_key(UNTOUCHED)]["kernel_source_hash"] == OLDER
+    assert "kernel_source_hash" not in doc["entries"][_key(PREFILL)]
+    assert (h200.kept_on_other_source, h200.from_db_on_other_source) == (0, 1)
+
+
+def test_entries_with_their_own_source_hash_serve_the_runtime(tmp_path, monkeypatch, caplog):
+    """The runtime reads only problem, dtype and config: whatever the field holds, the entry is served."""
+    import logging
+
+    export.export_tables(results_db(tmp_path / "earlier.db", [trial_row(0, UNTOUCHED, SLOWER, time_ms=9.0)]), tmp_path)
+    export.export_tables(results_db(tmp_path / "later.db", [trial_row(0, PREFILL, FAST, time_ms=1.0,
+                                                                      source_hash=NEWER)]), tmp_path)
+    path = _h200_file(tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["entries"][_key(UNTOUCHED)]["kernel_source_hash"] == OLDER
+    doc["entries"][_key(PREFILL)]["kernel_source_hash"] = [None, {"not": "a hash"}, 1e308]  # hand-edited
+    export.write_json_atomic(path, doc)
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(tmp_path))
+    runtime.clear_cache()
+    caplog.set_level(logging.WARNING, logger="omnitune.runtime")
+    try:
+        for problem, config in ((UNTOUCHED, SLOWER), (PREFILL, FAST)):
+            answer = runtime.lookup("attention", problem, torch.float16, H200)
+            assert (answer.rung, answer.config, answer.source) == (runtime.Rung.EXACT, config, path)
+    finally:
+        runtime.clear_cache()
+    assert [r for r in caplog.records if r.name == "omnitune.runtime"] == []
 
 
 def test_an_unchanged_export_leaves_the_file_alone(populated, tmp_path):
@@ -211,6 +329,25 @@ def test_export_command_reports_what_it_wrote(populated, tmp_path):
     assert "interpreter results" in result.stderr
     again = CliRunner().invoke(app, ["export", "--db", str(populated), "--out", str(out)])
     assert f"unchanged {_h200_file(out)}" in again.stdout
+
+
+def test_export_command_says_how_many_kept_entries_are_from_other_kernel_source(populated, tmp_path):
+    earlier = results_db(tmp_path / "earlier.db", [trial_row(0, UNTOUCHED, SLOWER, time_ms=9.0),
+                                                    trial_row(0, CROSS, SLOWER, time_ms=9.0)])
+    assert CliRunner().invoke(app, ["export", "--db", str(earlier), "--out", str(tmp_path)]).exit_code == 0
+    result = CliRunner().invoke(app, ["export", "--db", str(populated), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {_h200_file(tmp_path)}: 3 entries (1 from the database, 2 kept from the file)" in result.stdout
+    (note,) = [line for line in result.stderr.splitlines() if "kernel source" in line]
+    assert (f"{_h200_file(tmp_path)}: 2 entries kept from the file were measured on other kernel source "
+            f"({OLDER}) than the file's {NEWER}") in note
+    assert "omnitune verify --fix" in note
+
+    # merging into a file of the same source: no note
+    same = tmp_path / "same"
+    assert CliRunner().invoke(app, ["export", "--db", str(earlier), "--out", str(same)]).exit_code == 0
+    again = CliRunner().invoke(app, ["export", "--db", str(_one_entry_db(tmp_path, "later", PREFILL)), "--out", str(same)])
+    assert again.exit_code == 0 and "kept from the file" in again.stdout and "kernel source" not in again.stderr
 
 
 def test_export_command_missing_database(tmp_path):

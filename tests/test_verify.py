@@ -441,6 +441,117 @@ def test_an_entry_failing_numerics_keeps_the_tables_hash(tmp_path):
     assert table_check.status is Status.FAIL and table_check.details["revalidation"]["entries_revalidated_before"] == 1
 
 
+PROBLEM3 = AttentionProblem(b=1, h=2, hkv=1, lq=21, lk=45, d=64, causal=False)
+
+
+def export_into(tables: Path, tmp_path: Path, rows: list[dict], devices: list[DeviceFacts]):
+    """`omnitune export` of a second database (holding `rows`) into `tables`, run for real."""
+    result = invoke("export", "--db", str(results_db(tmp_path / "later.db", rows, devices)), "--out", str(tables))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def compat_by_subject(report: dict) -> dict[str, dict]:
+    return {c["subject"]: c for c in checks(report, "compat")}
+
+
+@cpu_only
+def test_entries_kept_from_a_table_of_older_source_fail_compat_and_the_new_ones_pass(tmp_path):
+    tables = attention_table(tmp_path, source_hash=STALE)
+    result = export_into(tables, tmp_path, [row(0, PROBLEM2, SPEC.default_config(PROBLEM2, torch.float32),
+                                                time_ms=1.0, is_default=True)], [interpreter_facts()])
+    assert "1 entries kept from the file were measured on other kernel source" in result.stderr
+    doc = table_doc(tables)
+    assert doc["kernel_source_hash"] == SPEC.source_hash()  # the newest measurement's
+    stale_key, fresh_key = (f"fp32|{SPEC.problem_key(p)}" for p in (PROBLEM, PROBLEM2))
+    assert doc["entries"][stale_key]["kernel_source_hash"] == STALE
+
+    out = tmp_path / "r.json"
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--json", str(out))
+    assert result.exit_code == 1, result.output
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    by_subject = compat_by_subject(report)
+    assert set(by_subject) == {"attention/triton_interpreter.json", stale_key}  # nothing for the fresh entry
+    table_check, entry_check = by_subject["attention/triton_interpreter.json"], by_subject[stale_key]
+    assert table_check["status"] == "pass" and "1 entries measured on other kernel source" in table_check["summary"]
+    assert entry_check["status"] == "fail" and "kernel source changed" in entry_check["summary"]
+    assert entry_check["details"]["hard"] == [{"field": "kernel_source_hash", "recorded": STALE,
+                                               "here": SPEC.source_hash(),
+                                               "note": "kernel source changed since this entry was measured"}]
+    assert entry_check["details"]["revalidation"]["from_source_hash"] == STALE
+    assert {c["subject"]: c["status"] for c in checks(report, "numerics")} == {stale_key: "pass", fresh_key: "pass"}
+
+
+@cpu_only
+def test_fix_revalidates_or_replaces_the_entries_kept_from_older_source(tmp_path):
+    """On the table's GPU: the stale entry that passes is re-stamped (its own hash goes: it is the
+    table's now), the one slower than its fallback replaced; the table's hash was today's throughout."""
+    tables = stale_h200_table(tmp_path)
+    export_into(tables, tmp_path, [row(0, PROBLEM3, FAST, time_ms=1.0, device="NVIDIA H200")],
+                [interpreter_facts(**H200_FACTS)])
+    fast_key, slow_key, fresh_key = (f"fp32|{SPEC.problem_key(p)}" for p in (PROBLEM, PROBLEM2, PROBLEM3))
+    assert {k: e.get("kernel_source_hash") for k, e in table_doc(tables)["entries"].items()} == {
+        fast_key: STALE, slow_key: STALE, fresh_key: None}
+    timer = entry_timer(lambda config: 2.0 if config["BLOCK_M"] == SLOW["BLOCK_M"] else 0.8)
+
+    plain = run_verify(VerifyOptions(tables=(tables,), interpret=True), machine=h200_machine(), timer=timer)
+    before = {c.subject: c for c in plain.checks if c.part == "compat"}
+    assert before[fast_key].status is Status.FAIL
+    assert "`omnitune verify --fix` on this GPU would revalidate" in before[fast_key].summary
+
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=h200_machine(), timer=timer)
+    assert report.exit_code == 0, [c.summary for c in report.checks if c.status is Status.FAIL]
+    after = {c.subject: c for c in report.checks if c.part == "compat"}
+    assert after[fast_key].status is Status.WARN and after[fast_key].summary.startswith("revalidated (--fix)")
+    assert after[slow_key].status is Status.WARN and after[slow_key].summary.startswith("replaced by a faster config")
+    doc = table_doc(tables)
+    assert doc["kernel_source_hash"] == SPEC.source_hash()
+    assert not any("kernel_source_hash" in e for e in doc["entries"].values())
+    record = doc["entries"][fast_key]["revalidated"]
+    assert (record["from_source_hash"], record["to_source_hash"]) == (STALE, SPEC.source_hash())
+    assert doc["entries"][slow_key]["verify_fix"]["replaced_config"] == SLOW.as_dict()
+
+    again = run_verify(VerifyOptions(tables=(tables,), interpret=True), machine=h200_machine(), timer=FASTER)
+    assert [c.status for c in again.checks if c.part == "compat"] == [Status.PASS]
+
+
+@cpu_only
+def test_fix_revalidates_a_stale_table_and_its_entries_of_still_older_source_each_from_its_own_hash(tmp_path):
+    tables = stale_h200_table(tmp_path)
+    older_too = "00000000000000ff"
+    export_into(tables, tmp_path, [row(0, PROBLEM3, FAST, time_ms=1.0, device="NVIDIA H200", source_hash=older_too)],
+                [interpreter_facts(**H200_FACTS)])
+    keys = [f"fp32|{SPEC.problem_key(p)}" for p in (PROBLEM, PROBLEM2, PROBLEM3)]
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=h200_machine(), timer=FASTER)
+    assert report.exit_code == 0, [c.summary for c in report.checks if c.status is Status.FAIL]
+    doc = table_doc(tables)
+    assert doc["kernel_source_hash"] == SPEC.source_hash()
+    assert not any("kernel_source_hash" in e for e in doc["entries"].values())
+    assert [doc["entries"][k]["revalidated"]["from_source_hash"] for k in keys] == [STALE, STALE, older_too]
+
+
+@cpu_only
+def test_an_entry_of_older_source_failing_numerics_is_not_revalidated(tmp_path):
+    from omnitune.registry import get_spec
+
+    spec = get_spec(WRONG_KERNEL)
+    large = spec.problem_type(n=300)
+    kw = {"spec": spec, "device": "NVIDIA H200"}
+    tables = exported(tmp_path, [row(0, large, Config(BLOCK=32, SKEW=False), time_ms=2.0, is_default=True,
+                                     source_hash=STALE, **kw),
+                                 row(1, large, Config(BLOCK=64, SKEW=True), time_ms=1.0, source_hash=STALE, **kw)],
+                      [interpreter_facts(**H200_FACTS)])  # measured "faster": wrong
+    export_into(tables, tmp_path, [row(0, spec.problem_type(n=100), Config(BLOCK=32, SKEW=False), time_ms=1.0,
+                                       is_default=True, **kw)], [interpreter_facts(**H200_FACTS)])
+    options = VerifyOptions(tables=(tables,), kernels=(spec.name,), interpret=True, fix=True)
+    report = run_verify(options, {spec.name: spec}, machine=h200_machine(), timer=FASTER)
+    assert report.exit_code == 1
+    entry_check = next(c for c in report.checks if c.part == "compat" and c.subject == "fp32|n=300")
+    assert entry_check.status is Status.FAIL and "not revalidated: numerics did not pass" in entry_check.summary
+    assert table_doc(tables, spec.name)["entries"]["fp32|n=300"]["kernel_source_hash"] == STALE
+
+
 @cpu_only
 def test_without_a_speed_measurement_nothing_is_revalidated(tmp_path):
     # --interpret on a GPU's table: no GPU to compare with, no timing

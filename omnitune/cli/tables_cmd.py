@@ -7,6 +7,7 @@ import enum
 import importlib.util
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,6 +15,9 @@ from omnitune.cli import preflight
 from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path, load_spec, parse_dtype_option, parse_problems
 from omnitune.errors import OmnituneError, StoreError
+
+if TYPE_CHECKING:
+    from omnitune.export import ExportedFile
 
 _DB_HELP = "Results database (default: $OMNITUNE_DB, else ./omnitune.db)."
 _STORAGE_HELP = ("First bring the database up to date from this Optuna storage (e.g. the postgresql:// URL that "
@@ -149,7 +153,9 @@ def export(
 
     One file per kernel × device: <out>/<kernel>/<device_key>.json.
 
-    Merges into a file already there: entries for keys this database lacks are kept."""
+    Merges into a file already there: entries for keys this database lacks are kept. One measured
+    on other kernel source than the file's kernel_source_hash keeps its own (omnitune verify then
+    fails that entry, not the file's others), said in one note per file."""
     from omnitune.export import export_tables
     from omnitune.report import load_trials
 
@@ -171,8 +177,24 @@ def export(
         verb = "wrote" if f.changed else "unchanged"
         kept = f", {f.kept} kept from the file" if f.kept else ""
         typer.echo(f"{verb} {f.path}: {f.entries} entries ({f.from_db} from the database{kept})")
+        if f.kept_on_other_source or f.from_db_on_other_source:
+            typer.echo(f"  note: {_other_source_note(f)}", err=True)
         if not f.representative:
             typer.echo(f"  note: {f.path} holds interpreter results: correctness only, not for shipping", err=True)
+
+
+def _other_source_note(f: ExportedFile) -> str:
+    """One line: how many entries of an exported file are good for other kernel source than its
+    header says, and what becomes of them (they are kept, and verify fails them until fixed)."""
+    parts = []
+    if f.kept_on_other_source:
+        parts.append(f"{f.kept_on_other_source} entries kept from the file")
+    if f.from_db_on_other_source:
+        parts.append(f"{f.from_db_on_other_source} from the database")
+    shown = ", ".join(str(h) for h in f.other_source_hashes[:3]) + (", …" if len(f.other_source_hashes) > 3 else "")
+    return (f"{f.path}: {' and '.join(parts)} were measured on other kernel source ({shown}) than the file's "
+            f"{f.source_hash}; each keeps its own kernel_source_hash, and `omnitune verify` fails them until "
+            "`omnitune verify --fix` on that GPU revalidates them or a search re-tunes them")
 
 
 @app.command()

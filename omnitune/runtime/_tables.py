@@ -237,8 +237,8 @@ def parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
     """One entry of a table, validated against the spec (export re-validates the entries it keeps
     with it too); raises KeyError, TypeError, ValueError or an OmnituneError naming what is wrong."""
     # Only the fields that make the lookup are read; every other one (times, `verify_fix`, the
-    # `revalidated` record of omnitune verify --fix, fields a later omnitune adds) is ignored, so
-    # that provenance can never make the runtime skip an entry.
+    # `revalidated` record of omnitune verify --fix, an entry's own `kernel_source_hash`, fields a
+    # later omnitune adds) is ignored, so that provenance can never make the runtime skip an entry.
     dtype, problem = keyed_problem(key, raw, spec)
     config = spec.coerce_config(raw["config"], strict=True)  # true/false for a flag, not 1 or 1.0
     return TableEntry(key=key, dtype=dtype, problem=problem, config=config)

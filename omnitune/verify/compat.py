@@ -5,8 +5,11 @@ Hard mismatches fail: another GPU (name or compute capability; the runtime here 
 read the file, or would read configs measured on a different chip), and kernel source that has
 changed since the measurement (the configs still launch, but were chosen for other code). Soft
 ones warn: driver, torch, Triton or omnitune versions that differ (said how: major, minor, patch
-or build), and facts the table did not record. The table's provenance covers all its entries:
-export writes it once per file, from the newest measurement.
+or build), and facts the table did not record. The table's provenance covers its entries:
+export writes it once per file, from the newest measurement — except for an entry measured on
+other kernel source (kept by an export from a table tuned on older source), which carries its
+own kernel_source_hash: each such entry is checked apart, in a check of its own (subject: its
+key), so that it fails for its source while the table and its other entries pass.
 
 Without a GPU (--interpret) a GPU's table cannot be compared with this machine's GPU: the device
 fields are skipped, the source hash and the versions still checked — which is what CI can check.
@@ -14,7 +17,7 @@ fields are skipped, the source hash and the versions still checked — which is 
 A table whose only hard mismatch is the source hash, on the GPU it was tuned on (same name, same
 compute capability), can be revalidated by `verify --fix` rather than re-tuned
 (omnitune.verify.revalidate): its details say so under `revalidation`, and its summary tells the
-user the way out.
+user the way out. So can an entry whose own source hash is stale, on the same conditions.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key
-from omnitune.source_hash import source_matches
+from omnitune.provenance import ENTRY_SOURCE_HASH
+from omnitune.source_hash import UNKNOWN, source_matches
 from omnitune.verify.tables import TableFile
 from omnitune.verify.verdict import Check, Status
 
@@ -48,7 +52,8 @@ class Difference:
 
 
 def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
-    """The table's compatibility check, and one failed check per entry the runtime would skip."""
+    """The table's compatibility check, one failed check per entry the runtime would skip, and one
+    per entry whose own kernel source hash is not today's source."""
     if table.problem is not None:
         return [Check(PART, table.label, Status.FAIL, f"unusable: it {table.problem}", table.kernel,
                       {"table": str(table.path)})]
@@ -71,6 +76,7 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
         elif recorded != here:
             soft.append(Difference(name, recorded, here, version_change(recorded, here)))
     _compare_source(table, doc.get("kernel_source_hash"), hard, soft, notes)
+    entry_checks = _entry_source_checks(table, device, [d for d in hard if d.field != "kernel_source_hash"], skipped)
 
     revalidation = _revalidation(table, device, hard, skipped)
     status = Status.FAIL if hard else Status.WARN if soft else Status.PASS
@@ -83,9 +89,12 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
     elif soft:
         summary = "soft: " + "; ".join(d.text() for d in soft)
     else:
-        summary = f"{len(table.entries)} entries: device, versions and kernel source match"
+        apart = f"{len(table.entries) - len(entry_checks)} of its " if entry_checks else ""
+        summary = f"{apart}{len(table.entries)} entries: device, versions and kernel source match"
     if skipped and not hard:
         summary += "; device skipped (no GPU)"
+    if entry_checks:
+        summary += f"; {len(entry_checks)} entries measured on other kernel source, each checked apart"
     details = {
         "table": str(table.path), "device_key": table.device_key, "entries": len(table.entries),
         "hard": [d.as_record() for d in hard], "soft": [d.as_record() for d in soft],
@@ -98,6 +107,37 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
     for key, reason in table.bad_entries.items():
         checks.append(Check(PART, key, Status.FAIL, f"the runtime ignores this entry: {reason}", table.kernel,
                             {"table": str(table.path), "key": key}))
+    return checks + entry_checks
+
+
+def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_hard: list[Difference],
+                         skipped: list[str]) -> list[Check]:
+    """A check for each entry that carries its own kernel source hash and is not good for today's
+    source: failed as a stale table is (revalidatable on the same conditions), or warned about
+    when the hash it carries says nothing (not recorded). Entries good for today's source, and
+    those without a hash of their own (the table's check covers them), get none."""
+    checks = []
+    here = table.spec.source_hash() if table.spec is not None else None
+    module = sys.modules.get(table.spec.module) if table.spec is not None else None
+    for entry in table.entries:
+        if ENTRY_SOURCE_HASH not in entry.raw:
+            continue
+        recorded = entry.raw[ENTRY_SOURCE_HASH]
+        details: dict[str, Any] = {"table": str(table.path), "key": entry.key,
+                                   "table_kernel_source_hash": (table.document or {}).get("kernel_source_hash")}
+        if not isinstance(recorded, str) or recorded in ("", UNKNOWN):
+            stale = Difference("kernel_source_hash", recorded, here, "not recorded")
+            checks.append(Check(PART, entry.key, Status.WARN, f"soft: {stale.text()} for this entry", table.kernel,
+                                {**details, "hard": [], "soft": [stale.as_record()]}))
+            continue
+        if source_matches(module, recorded) is not None:
+            continue
+        stale = Difference("kernel_source_hash", recorded, here, "kernel source changed since this entry was measured")
+        revalidation = _revalidation(table, device, [stale, *device_hard], skipped, entry_count=False)
+        summary = (f"hard: {stale.text()}, the entry's own hash (the table's is "
+                   f"{details['table_kernel_source_hash']}){revalidation_hint(revalidation, device)}")
+        checks.append(Check(PART, entry.key, Status.FAIL, summary, table.kernel,
+                            {**details, "hard": [stale.as_record()], "soft": [], "revalidation": revalidation}))
     return checks
 
 
@@ -113,11 +153,13 @@ def other_gpu(table: TableFile, machine: Mapping[str, Any]) -> str | None:
 
 
 def _revalidation(table: TableFile, device: Mapping[str, Any], hard: list[Difference],
-                  skipped: list[str]) -> dict[str, Any] | None:
-    """Whether `verify --fix` may revalidate the table here, when its source hash is a hard mismatch
-    (None otherwise): `possible`, and `why_not` when it is not. Configs measured on one chip say
-    nothing about another, so the device must have been compared and be the same, compute
-    capability included; version differences are soft and do not stand in the way."""
+                  skipped: list[str], *, entry_count: bool = True) -> dict[str, Any] | None:
+    """Whether `verify --fix` may revalidate the table (or one entry: `hard` is then the entry's)
+    here, when its source hash is a hard mismatch (None otherwise): `possible`, and `why_not` when
+    it is not. Configs measured on one chip say nothing about another, so the device must have
+    been compared and be the same, compute capability included; version differences are soft and
+    do not stand in the way. `entry_count`: count the entries a partial --fix already did (a
+    table's, not an entry's, question)."""
     stale = next((d for d in hard if d.field == "kernel_source_hash"), None)
     if stale is None:
         return None
@@ -132,9 +174,12 @@ def _revalidation(table: TableFile, device: Mapping[str, Any], hard: list[Differ
         why_not = "the current kernel source cannot be hashed"
     else:
         why_not = None
-    # Entries an earlier partial revalidation re-stamped for today's source (the table kept its hash).
-    already = sum(1 for e in table.entries
-                  if isinstance(e.raw.get("revalidated"), dict) and e.raw["revalidated"].get("to_source_hash") == stale.here)
+    # Entries an earlier partial revalidation re-stamped for today's source (the table kept its hash);
+    # one with a hash of its own is not the table's to count.
+    already = 0 if not entry_count else sum(
+        1 for e in table.entries
+        if ENTRY_SOURCE_HASH not in e.raw and isinstance(e.raw.get("revalidated"), dict)
+        and e.raw["revalidated"].get("to_source_hash") == stale.here)
     return {"possible": why_not is None, "why_not": why_not, "from_source_hash": stale.recorded,
             "to_source_hash": stale.here, "entries_revalidated_before": already}
 

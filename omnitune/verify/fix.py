@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from omnitune.provenance import ENTRY_SOURCE_HASH
 from omnitune.verify.revalidate import FIELD as REVALIDATED
 from omnitune.verify.revalidate import Plan, Restamp, restamp_document
 from omnitune.verify.speed import Replacement
@@ -61,8 +62,10 @@ def replaced_entry(old: dict[str, Any], fix: Replacement, now: str, *, has_fallb
     config = fix.config.as_dict()
     is_default = old.get("default_config") == config
     entry = dict(old)
-    # A revalidation record of an earlier run was about the config replaced here.
+    # A revalidation record of an earlier run was about the config replaced here; and an older
+    # source hash of the entry's own was its: the new config was measured here, on today's source.
     entry.pop(REVALIDATED, None)
+    entry.pop(ENTRY_SOURCE_HASH, None)
     entry.update({
         "config": config,
         "time_ms": timing.median_ms, "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms,

@@ -59,6 +59,8 @@ class _State:
     fixed: dict[str, list[str]] = field(default_factory=dict)
     compat_at: dict[str, int] = field(default_factory=dict)
     """Table path → where its compat check lies in the report (--fix rewrites it)."""
+    entry_compat_at: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Table path → entry key → where the compat check of an entry with a stale hash of its own lies."""
 
 
 def current_machine(interpret: bool) -> dict[str, Any]:
@@ -89,8 +91,12 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
 
     state.progress(f"compat: {len(tables)} tables")
     for table in tables:
-        state.compat_at[str(table.path)] = len(state.report.checks)
-        state.report.add(compat.check_table(table, machine))
+        start = len(state.report.checks)
+        table_checks = compat.check_table(table, machine)
+        state.compat_at[str(table.path)] = start
+        state.entry_compat_at[str(table.path)] = {c.subject: start + i for i, c in enumerate(table_checks)
+                                                  if i > 0 and "revalidation" in c.details}
+        state.report.add(table_checks)
     _entries(tables, options, timer, state, machine)
     for part in (compat.PART, numerics.PART, speed.PART):
         if not any(c.part == part for c in state.report.checks):
@@ -159,21 +165,29 @@ def _apply_fixes(table: TableFile, replacements, results: list[EntryResult], che
     at = state.compat_at.get(str(table.path))
     table_check = state.report.checks[at] if at is not None else None
     revalidation = table_check.details.get("revalidation") if table_check is not None else None
-    # A table compat says cannot be revalidated (another chip, no GPU to compare) keeps its check as is.
+    # A table compat says cannot be revalidated (another chip, no GPU to compare) keeps its check as
+    # is; so does such an entry with a stale hash of its own.
     revalidating = revalidation is not None and revalidation["possible"]
+    entry_at = {key: i for key, i in state.entry_compat_at.get(str(table.path), {}).items()
+                if state.report.checks[i].details["revalidation"]["possible"]}
     plan = None
-    if revalidating and timed:
-        plan = revalidate.plan(table, revalidation, results, {r.key for r in replacements})
+    if (revalidating or entry_at) and timed:
+        plan = revalidate.plan(table, revalidation if revalidating else None, results, {r.key for r in replacements},
+                               {key: state.report.checks[i].details["revalidation"] for key, i in entry_at.items()})
     outcome = apply_fixes(table, replacements, revalidation=plan)
     fixed = set(outcome.replaced)
     state.fixed[str(table.path)] = sorted(fixed)
     if fixed:
         state.progress(f"--fix: {len(fixed)} entries of {table.label} replaced by their fallback")
     records = outcome.restamp.records if outcome.restamp is not None else {}
+    why_not = revalidate.NO_SPEED if not timed else "the table file could not be read again before writing"
     if revalidating:
-        why_not = revalidate.NO_SPEED if not timed else "the table file could not be read again before writing"
         state.report.checks[at] = revalidate.compat_after(table_check, outcome.restamp, sorted(fixed), why_not)
         state.progress(f"--fix: {table.label}: {state.report.checks[at].summary}")
+    refused = plan.refused if plan is not None else {}
+    for i in entry_at.values():
+        state.report.checks[i] = revalidate.entry_compat_after(state.report.checks[i], outcome.restamp, sorted(fixed),
+                                                               refused, why_not)
     # A replaced entry no longer fails: the table now holds its fallback (rewritten, to be committed).
     return [
         Check(c.part, c.subject, Status.WARN, f"replaced by {'a faster backend' if c.details.get('slower_than_backend') else 'its fallback'} in {table.path} (--fix); was {c.summary}",
