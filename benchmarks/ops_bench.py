@@ -269,7 +269,7 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None) -> Case:
 
 def layer_case(device, b=8, lq=1, lk=4096, hidden=3584, h=28, hkv=4, d=128) -> Case:
     from omnitune.kernels import cross_attention_layer as kernel
-    from omnitune.runtime import layers
+    from omnitune.kernels import layers
 
     gen = torch.Generator().manual_seed(0)
 

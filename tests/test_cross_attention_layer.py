@@ -1,5 +1,5 @@
 """cross_attention_layer: every path against the fp32 reference (under Triton's interpreter on the
-CPU), the self-cleaning workspace of the fused epilogue, the constraints, the runtime's rollback
+CPU), the self-cleaning workspace of the fused epilogue, the constraints, the layer's rollback
 to the unfused path, export's record of the fallback, and `omnitune search` on it."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from omnitune import export
 from omnitune.cli import app
 from omnitune.errors import ConfigError, InputError, ShapeError
 from omnitune.kernels import cross_attention_layer as kernel
+from omnitune.kernels import layers
 from omnitune.kernels.cross_attention_layer import FUSIONS, PARKED, SPEC, UNFUSED, CrossAttentionLayerProblem
-from omnitune.runtime import layers
 from omnitune.spec import Config, DeviceLimits
 
 from conftest import DEVICE, assert_constraint_case, assert_registered_with_valid_defaults
@@ -195,7 +195,7 @@ def test_bad_head_dim_is_a_shape_error():
         SPEC.parse_shape("b=1,lq=4,lk=8,hidden=128,h=3,hkv=2,d=64")
 
 
-# --- the runtime wrapper and its rollback --------------------------------------------------------
+# --- the layer (omnitune.kernels.layers) and its rollback -----------------------------------------
 
 
 @pytest.fixture
@@ -313,7 +313,7 @@ def test_importing_the_layers_loads_no_triton_and_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, omnitune.runtime.layers; "
+    code = ("import sys, omnitune.kernels.layers; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('triton', 'optuna', 'pandas', 'rich', 'typer', 'sqlite_utils')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -20,8 +20,8 @@ from omnitune.kernels import _dispatch
 from omnitune.kernels import attention as attn
 from omnitune.kernels import kv_cache_write as kvw
 from omnitune.kernels import kv_compress as kvc
+from omnitune.kernels import layers
 from omnitune.kernels import paged_decode_attention as pda
-from omnitune.runtime import layers
 from omnitune.spec import relative_error
 
 OPS = ("attention", "write_kv_cache", "paged_decode_attention", "cross_attention_layer", "kv_importance")

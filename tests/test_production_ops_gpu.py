@@ -14,8 +14,8 @@ from conftest import capture_graph
 from omnitune.kernels import attention as attn
 from omnitune.kernels import kv_cache_write as kvw
 from omnitune.kernels import kv_compress as kvc
+from omnitune.kernels import layers
 from omnitune.kernels import paged_decode_attention as pda
-from omnitune.runtime import layers
 from omnitune.spec import relative_error
 
 pytestmark = pytest.mark.gpu

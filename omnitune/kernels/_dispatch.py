@@ -13,7 +13,8 @@ front with a clear InputError before anything is launched or written — what te
 want, at the price of a sync.
 
 Under torch.compile, the public functions call their torch.library custom op instead
-(torch.ops.omnitune.*, registered in omnitune.kernels._ops), so Dynamo records one opaque node.
+(torch.ops.omnitune.*, each registered beside its public function), so Dynamo records one opaque
+node.
 """
 
 from __future__ import annotations

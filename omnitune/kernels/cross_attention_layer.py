@@ -8,7 +8,7 @@ Wq [h·d, hidden], Wkv [2·hkv·d, hidden] (K rows, then V rows), Wo [hidden, h�
 equal h·d. GQA: query head i reads kv head i // (h / hkv).
 
 The tunable FUSION picks one of three paths; the search measures all of them, so the tuned table
-says per problem whether fusion wins (and the runtime falls back where it does not):
+says per problem whether fusion wins (and omnitune.kernels.layers falls back where it does not):
   none   the unfused layer: GEMMs through cuBLAS, attention through SDPA. The baseline, and the
          rollback path. Its other parameters are parked at fixed values (it ignores them), so a
          search measures it exactly once.
@@ -31,7 +31,7 @@ zeroes the workspace in the same instruction (the measurements: docs/fusion.md, 
 are read with atomics").
 
 The workspace (fp32 sums, int32 counters) is allocated zeroed once: by make_inputs for the spec,
-and cached per (device, stream, B, Lq, hidden) by omnitune.runtime.layers. The counters are sized
+and cached per (device, stream, B, Lq, hidden) by omnitune.kernels.layers. The counters are sized
 for the smallest BLOCK_M, so one workspace serves every config. A launch that raises part-way
 may leave it dirty; both owners zero it again before anything else uses it.
 
@@ -269,7 +269,7 @@ class Workspace:
 @dataclass
 class LayerInputs:
     x_q: torch.Tensor
-    x_kv: torch.Tensor | None  # None when kv is given (the runtime with cached K/V)
+    x_kv: torch.Tensor | None  # None when kv is given (the layer with cached K/V)
     wq: torch.Tensor
     wkv: torch.Tensor | None   # likewise
     wo: torch.Tensor
@@ -306,7 +306,7 @@ def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int, kv=None)
     else:
         if x_kv is None or wkv is None:
             raise InputError("K/V need a source: give x_kv and wkv, or kv (x_kv already projected, "
-                             "e.g. by omnitune.runtime.layers.project_kv)")
+                             "e.g. by omnitune.kernels.layers.project_kv)")
         named = {"x_q": x_q, "x_kv": x_kv, "wq": wq, "wkv": wkv, "wo": wo}
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
@@ -497,7 +497,7 @@ def reference(inputs: LayerInputs) -> torch.Tensor:
     """The layer in plain matmuls and softmax — float64 on the CPU, float32 without TF32 on a
     GPU — one sequence at a time so that long ones fit; independent of both paths. It projects
     x_kv itself even when the inputs hold cached K/V (it checks that they are the projection);
-    only inputs without x_kv (the runtime's, with kv given) are taken from kv."""
+    only inputs without x_kv (the layer's, with kv given) are taken from kv."""
     acc = torch.float64 if inputs.x_q.device.type == "cpu" else torch.float32
     b, lq, hidden = inputs.x_q.shape
     h, hkv, d = inputs.h, inputs.hkv, inputs.d

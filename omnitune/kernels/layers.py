@@ -1,6 +1,6 @@
 """Whole layers for production code, each taking the path its tuned table chose — with rollback.
 
-    from omnitune.runtime.layers import cross_attention_layer, project_kv
+    from omnitune.kernels.layers import cross_attention_layer, project_kv
     out = cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=28, kv_heads=4)
 
     # A decode loop over one image: its K/V are projected once and reused by every step.
@@ -25,7 +25,10 @@ problem (tuned apart from the uncached one: a different mix of work). K/V then c
 alone: x_kv, wkv and bkv must be None, since the layer would not read them and checking that they
 still agree with kv would cost the GEMM that caching saves.
 
-Import discipline as for omnitune.runtime: the kernel module (Triton) is imported on first call.
+The layer kernel's module (Triton) and _dispatch (whose torch.compiler decorator loads
+torch._dynamo, and Triton with it) are imported on first call, so importing the layers loads no
+Triton: a model's code can import them at definition time, and TRITON_INTERPRET can still be set
+first.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import torch
 from omnitune.errors import InputError
 from omnitune.spec import Config
 
+# The runtime's logger, not this module's: every serving warning (a missing table, a refused
+# backend, a rolled-back launch) goes to the one channel an engine watches and verify's soak counts.
 logger = logging.getLogger("omnitune.runtime")
 
 _workspaces: dict[tuple, object] = {}
