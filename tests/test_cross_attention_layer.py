@@ -321,6 +321,12 @@ def test_importing_the_layers_loads_no_triton_and_nothing_heavy():
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_the_old_import_path_names_the_new_one():
+    # omnitune.runtime.layers forwards nothing (the runtime imports no kernel): it only says where.
+    with pytest.raises(ImportError, match=r"from omnitune\.kernels\.layers import cross_attention_layer"):
+        from omnitune.runtime.layers import cross_attention_layer  # noqa: F401
+
+
 # --- export: which path won, and by how much ---------------------------------------------------------
 
 
