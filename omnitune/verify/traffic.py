@@ -123,7 +123,7 @@ def _kv_cache_write(inputs, problem) -> Callable[[], torch.Tensor]:
 
 
 def _cross_attention_layer(inputs, problem) -> Callable[[], torch.Tensor]:
-    from omnitune.runtime.layers import cross_attention_layer
+    from omnitune.kernels.layers import cross_attention_layer
 
     i = inputs
     if problem.kv_cached:  # a decode loop over one image: K/V projected once (make_inputs did)
