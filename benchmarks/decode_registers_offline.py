@@ -7,7 +7,9 @@ so a change to the kernel can be judged here before it costs device time. The si
 the real call's specialisation (unit innermost strides and LQ = 1 as constants, pointers, strides
 and page counts divisible by 16), and reproduces what the H200 reported
 (benchmarks/results/fp8_decode_probe_h200.json): 126 / 164 / 126 registers over bf16 and
-168 / 199 / 128 over fp8 at (BLOCK_N, warps, stages) = (64, 4, 2), (128, 4, 3), (128, 8, 3).
+168 / 199 / 128 over fp8 at (BLOCK_N, warps, stages) = (64, 4, 2), (128, 4, 3), (128, 8, 3) — and,
+for the kernel of round 8 (V through its scale's significand), 100 / 158 / 102 over fp8
+(benchmarks/results/fp8_decode_probe_h200_round8_A.json).
 
     PYTHONPATH=$PWD python benchmarks/decode_registers_offline.py
 """
