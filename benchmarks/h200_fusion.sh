@@ -6,7 +6,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 db=$OUT/fusion.db
-step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
+source "$(dirname "$0")/device_steps.sh"
 
 step 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cross_attention_layer.py
 step 260 python benchmarks/fused_layer_bench.py --out "$OUT/fused_layer_h200.json"

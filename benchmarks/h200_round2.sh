@@ -8,7 +8,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 db=$OUT/omnitune.db
 res=$OUT  # tuned_configs/ and the report are re-derived from the database afterwards
-step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
+source "$(dirname "$0")/device_steps.sh"
 shape() { python -c "import sys; sys.path.insert(0, 'benchmarks'); from attention_shapes import SHAPES; print(SHAPES['$1'])"; }
 
 # 1. the whole decode-like space (the TPE study resumes: only configs it did not measure run now)

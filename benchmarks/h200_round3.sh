@@ -6,7 +6,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 db=$OUT/omnitune.db
-step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
+source "$(dirname "$0")/device_steps.sh"
 shape() { python -c "import sys; sys.path.insert(0, 'benchmarks'); from attention_shapes import SHAPES; print(SHAPES['$1'])"; }
 
 step 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_kv_cache_write.py tests/test_paged_decode_attention.py \

@@ -13,7 +13,7 @@ dbdir=${DBDIR:-.devdb4}
 mkdir -p "$dbdir"
 db=$dbdir/main.db        # part A GPU 1, then part B GPU 0
 paged_db=$dbdir/paged.db # part B GPU 1
-step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
+source "$(dirname "$0")/device_steps.sh"
 shape() { python -c "import sys; sys.path.insert(0, 'benchmarks'); from attention_shapes import SHAPES; print(SHAPES['$1'])"; }
 lane() {  # lane GPU LOG FUNCTION: run FUNCTION on one GPU, its output in LOG
   local gpu=$1 log=$2 fn=$3

@@ -7,7 +7,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A–H}
-step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
+source "$(dirname "$0")/device_steps.sh"
 B4=b=4,h=32,hkv=4,lq=1,ctx=16384,d=128,block_size=16
 KVC=b=4,h=28,hkv=4,n=3072,d=128,window=32,recent=32,keep_pct=35,merge=average,merge_threshold=0.85
 

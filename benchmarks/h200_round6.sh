@@ -8,7 +8,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C|D}
 started=$(date +%s)
-step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
+source "$(dirname "$0")/device_steps.sh"
 
 case $part in
   A)

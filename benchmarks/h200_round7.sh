@@ -16,25 +16,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C|D|E|F}
 started=$(date +%s)
-step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
-left() { echo $(( $1 - ($(date +%s) - started) )); }
-
-# The fp8 problems of the Qwen presets (7B and VL-7B share their shapes), as --shape arguments.
-fp8_shapes() {
-  python - "$1" <<'EOF'
-import sys
-from omnitune.presets import get_preset, preset_problems
-from omnitune.registry import get_spec
-kernel = sys.argv[1]
-seen = []
-for model in ("qwen2.5-omni-7b", "qwen2.5-omni-3b", "qwen3-omni-30b-a3b"):
-    for p in preset_problems(get_preset(model), kernel):
-        key = get_spec(kernel).problem_key(p.problem)
-        if p.problem.cache_dtype != "auto" and key not in seen:
-            seen.append(key)
-print(" ".join(f"--shape {k}" for k in seen))
-EOF
-}
+source "$(dirname "$0")/device_steps.sh"
 
 case $part in
   A)
