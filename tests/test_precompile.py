@@ -65,3 +65,25 @@ def test_the_pool_compiles_configs_as_they_are_submitted_and_ready_waits_for_the
     # ready() may cancel a config no worker had started (the measuring process compiles it then).
     assert report.compiled + len(report.failed) <= 3 and not report.failed
     assert len(pool.futures) == 3
+
+
+def test_a_worker_makes_its_inputs_without_the_seeded_cpu_draws(monkeypatch):
+    """A precompile worker's launch only compiles, so its inputs are drawn on the target device
+    (not from the seed on the CPU, which took seconds per worker at decode's largest shapes): the
+    same shapes, strides and dtypes as the measuring process's inputs, other values."""
+    from omnitune.kernels import _host
+    from omnitune.measure import precompile as pre
+
+    monkeypatch.setattr(_host, "_draw_on_target", False)
+    monkeypatch.setattr(pre, "_problem_state", {})
+    spec = get_spec("paged_decode_attention")
+    key = "b=2,h=4,hkv=2,lq=1,ctx=40,d=32,block_size=16"
+    seeded = spec.make_inputs(spec.parse_shape(key), torch.float32, "cpu", 0)
+    pre._set_problem("paged_decode_attention", key, torch.float32, "cpu")
+    _, inputs = pre._inputs_and_spec()
+    assert _host._draw_on_target  # the worker switched its own process
+    for name in ("q", "key_cache", "value_cache", "block_tables"):
+        mine, theirs = getattr(inputs, name), getattr(seeded, name)
+        assert (mine.shape, mine.stride(), mine.dtype) == (theirs.shape, theirs.stride(), theirs.dtype)
+    assert not torch.equal(inputs.q, seeded.q)  # drawn elsewhere: the seed's numbers are not spent
+    assert pre._launch_once(spec.default_config(spec.parse_shape(key), torch.float32).as_dict()) is None

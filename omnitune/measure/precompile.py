@@ -127,10 +127,14 @@ def _set_problem(kernel: str, problem_key: str, dtype: torch.dtype, device: str)
 
 def _inputs_and_spec() -> tuple[KernelSpec, Any]:
     # Inputs are made on first use, once per worker: a worker that only ever sees failing configs
-    # still pays for them only once.
+    # still pays for them only once. Their values are drawn on the GPU, not from the seed on the
+    # CPU (omnitune.kernels._host.draw_on_target): only shapes, strides and dtypes reach the binary.
     from omnitune.registry import get_spec
 
     if "inputs" not in _problem_state:
+        from omnitune.kernels._host import draw_on_target
+
+        draw_on_target()  # a launch here only compiles: the inputs' values are never checked
         spec = get_spec(_problem_state["kernel"])
         device = _problem_state["device"]
         if device == "cuda" and torch.cuda.is_available():
