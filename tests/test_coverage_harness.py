@@ -1,0 +1,166 @@
+"""benchmarks/coverage.py run for real on a few tiny KV-cache writes (under Triton's interpreter on
+the CPU, on the GPU where there is one), with a table of our own: each rung named (exact,
+nearest, default), ratios that are the recorded times' ratios, a failing problem kept as an error
+row while the run goes on, --resume skipping what is done, and --report's Markdown and plot. The
+interpreter's times mean nothing (CPU wall clock); everything else is what a GPU run writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import omnitune
+from omnitune.kernels.kv_cache_write import SPEC, KVCacheWriteProblem
+from omnitune.spec import Config
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "coverage.py"
+# Loaded under another name: "coverage" is also the name of a well-known package.
+_spec = importlib.util.spec_from_file_location("coverage_harness", _PATH)
+harness = importlib.util.module_from_spec(_spec)
+sys.modules["coverage_harness"] = harness
+_spec.loader.exec_module(harness)
+
+ON_GPU = torch.cuda.is_available()
+# conftest imports the kernels interpreted without a GPU and compiled with one; --interpret must match.
+MODE = [] if ON_GPU else ["--interpret"]
+GPU = "NVIDIA H200"  # whose tables are looked up, GPU or not
+TUNED = KVCacheWriteProblem(t=8, hkv=2, d=64, block_size=16)       # in the table: exact
+NEAR = KVCacheWriteProblem(t=4, hkv=2, d=64, block_size=16)        # 2x from it: nearest
+UNTUNED = KVCacheWriteProblem(t=12, hkv=2, d=64, block_size=8)     # fp32: no entry, the default
+BROKEN = KVCacheWriteProblem(t=5, hkv=2, d=64, block_size=16)      # a dtype no kernel has
+TABLE_CONFIG = Config(BLOCK_T=2, BLOCK_H=2, num_warps=1)
+
+TINY = {"kv_cache_write": [(NEAR, "fp16"), (TUNED, "fp16"), (BROKEN, "fp64"), (UNTUNED, "fp32")]}
+PROBLEMS = f"{__name__}:TINY"
+
+
+def _write_table(folder: Path) -> None:
+    key = f"fp16|{SPEC.problem_key(TUNED)}"
+    entry = {"problem": dataclasses.asdict(TUNED), "dtype": "fp16", "config": TABLE_CONFIG.as_dict(),
+             "time_ms": 0.01, "p20_ms": 0.01, "p80_ms": 0.01, "trials": 40, "rel_error": 0.0}
+    doc = {"schema_version": 1, "kernel": SPEC.name,
+           "device": {"name": GPU, "key": "NVIDIA_H200", "compute_capability": "9.0", "driver": "580"},
+           "software": {"omnitune": omnitune.__version__}, "kernel_source_hash": SPEC.source_hash(),
+           "exported_at": "2026-12-01T00:00:00+00:00", "representative": True, "entries": {key: entry}}
+    path = folder / SPEC.name / "NVIDIA_H200.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(doc))
+
+
+def _run(out: Path, tables: Path, *extra: str) -> int:
+    return harness.main([*MODE, "--problems", PROBLEMS, "--tables", str(tables), "--device-name", GPU,
+                         "--trials", "3", "--rounds", "3", "--precompile", "0", "--out", str(out), *extra])
+
+
+@pytest.fixture
+def evaluated(tables_dir, tmp_path, capsys):
+    """A run of two problems, then a --resume that judges the other two: (results, output)."""
+    _write_table(tables_dir)
+    out = tmp_path / "coverage.json"
+    assert _run(out, tables_dir, "--limit", "2") == 0
+    first = json.loads(out.read_text())
+    assert [r["key"].split("|")[1] for r in first["rows"]] == [SPEC.problem_key(NEAR), SPEC.problem_key(TUNED)]
+    assert _run(out, tables_dir, "--resume") == 0
+    return out, first, capsys.readouterr().out
+
+
+def test_rows_name_their_rung_and_their_ratios_are_the_times_ratios(evaluated, tables_dir):
+    out, first, printed = evaluated
+    doc = json.loads(out.read_text())
+    near, exact, broken, untuned = doc["rows"]
+    assert [r["run"] for r in doc["rows"]] == [0, 0, 1, 1]
+    assert near == first["rows"][0] and exact == first["rows"][1]  # resume kept them as they were
+
+    assert near["rung"] == "nearest" and near["matched_key"] == f"fp16|{SPEC.problem_key(TUNED)}"
+    assert exact["rung"] == "exact" and exact["distance"] == 0.0
+    assert Path(exact["table"]).parent.parent == tables_dir
+    assert near["configs"]["pick"] == exact["configs"]["pick"] == TABLE_CONFIG.as_dict()
+    default = SPEC.default_config(UNTUNED, torch.float32).as_dict()
+    assert untuned["rung"] == "default" and untuned["configs"]["pick"] == untuned["configs"]["default"] == default
+
+    for row in (near, exact, untuned):
+        assert row["status"] == "ok" and row["error"] is None
+        assert row["search"]["measured_total"] == 3 and row["search"]["stop_reason"] == "budget"
+        assert row["search"]["warm_start"][0] == row["configs"]["pick"]  # the search starts from the pick
+        assert all(check["status"] == "ok" for check in row["checks"].values())
+        times, ratios, timings = row["times_ms"], row["ratios"], row["timings"]
+        for role in ("pick", "default", "tuned"):
+            (name,) = [n for n in timings if role in n.split("+")]
+            assert times[role] == timings[name]["median_ms"] > 0 and timings[name]["rounds"] == 3
+            assert timings[name]["representative"] is ON_GPU
+        assert row["best_pytorch"] == "torch_index_copy"
+        assert times["best_pytorch"] == timings["torch_index_copy"]["median_ms"]
+        assert ratios["pick_over_tuned"] == pytest.approx(times["pick"] / times["tuned"])
+        assert ratios["default_over_tuned"] == pytest.approx(times["default"] / times["tuned"])
+        assert ratios["best_pytorch_over_tuned"] == pytest.approx(times["best_pytorch"] / times["tuned"])
+        assert row["pick_slower_than_pytorch"] == (times["pick"] > times["best_pytorch"])
+        assert row["pick_is_tuned"] == (row["configs"]["pick"] == row["configs"]["tuned"])
+
+    assert broken["status"] == "error" and "fp64" in broken["error"] and "ratios" not in broken
+    assert "ETA" in printed and "failed (ShapeError" in printed
+
+    settings = doc["settings"]
+    assert settings["trials"] == 3 and settings["interpret"] is not ON_GPU and settings["tables_device"] == GPU
+    assert settings["tables"] == str(tables_dir.resolve())
+    assert len(doc["runs"]) == 2 and doc["command"].endswith(f"--out {out} --resume")
+    device = torch.cuda.get_device_name() if ON_GPU else "triton-interpreter"
+    assert doc["device"]["name"] == device and {"torch", "triton", "omnitune"} <= set(doc["software"])
+    assert str(tables_dir.resolve()) in doc["config_dirs"]
+
+
+def test_the_summary_is_computed_from_the_rows(evaluated):
+    doc = json.loads(evaluated[0].read_text())
+    timed = [r for r in doc["rows"] if r["status"] == "ok"]
+    picks = [r["ratios"]["pick_over_tuned"] for r in timed]
+    summary = doc["summary"]["kv_cache_write"]
+    assert summary["problems"] == 4 and summary["evaluated"] == 3 and summary["errors"] == 1
+    assert summary["rungs"] == {"exact": 1, "nearest": 1, "predictor": 0, "default": 1}
+    assert summary["pick_within_95pct"] == sum(1 for p in picks if 1 / p >= 0.95)
+    assert summary["pick_within_95pct_share"] == pytest.approx(summary["pick_within_95pct"] / 3)
+    assert summary["median_pick_over_tuned"] == pytest.approx(statistics.median(picks))
+    assert summary["worst_pick_over_tuned"] == pytest.approx(max(picks))
+    assert summary["pick_slower_than_pytorch"] == sum(r["pick_slower_than_pytorch"] for r in timed)
+    assert summary["with_pytorch"] == 3
+    assert doc["summary"]["all"] == summary
+
+
+def test_resume_skips_what_is_done_and_refuses_other_settings(evaluated, tables_dir, capsys):
+    out = evaluated[0]
+    before = json.loads(out.read_text())["rows"]
+    assert _run(out, tables_dir, "--resume") == 0
+    assert "judging 0" in capsys.readouterr().out
+    assert json.loads(out.read_text())["rows"] == before
+    assert _run(out, tables_dir, "--resume", "--retry-errors") == 0  # only the failed problem again
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["run"] for r in rows] == [0, 0, 3, 1] and rows[2]["status"] == "error"
+    with pytest.raises(SystemExit, match="exists: add --resume"):
+        _run(out, tables_dir)
+    with pytest.raises(SystemExit, match="trials: 3 there, 4 now"):
+        _run(out, tables_dir, "--resume", "--trials", "4")
+
+
+def test_report_prints_a_table_per_kernel_and_plots(evaluated, tmp_path, capsys, monkeypatch):
+    out = evaluated[0]
+    plot = tmp_path / "plots" / "coverage.png"
+    assert harness.main(["--report", str(out), "--plot", str(plot)]) == 0
+    printed = capsys.readouterr().out
+    assert "## kv_cache_write" in printed and "| problem | dtype | rung |" in printed
+    assert printed.count("\n| `") == 4 and "failed: ShapeError" in printed and "| nearest |" in printed
+    assert ("interpreter" in printed) is not ON_GPU and f"wrote {plot}" in printed
+    assert plot.stat().st_size > 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert harness.main(["--report", str(out), "--plot", str(tmp_path / "none.png")]) == 0
+    assert "no plot: matplotlib is not installed" in capsys.readouterr().out
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_the_runtime_reads_what_it_read_before_the_run(evaluated, tables_dir):
+    assert os.environ["OMNITUNE_CONFIG_DIR"] == str(tables_dir)  # --tables was put in front for the run only
