@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from omnitune.errors import InputError
+from omnitune.errors import InputError, OmnituneError
 from omnitune.kernels import paged_decode_attention as pda
 from omnitune.kernels.paged_decode_attention import PagedDecodeInputs, PagedDecodeProblem, paged_decode_attention
 from omnitune.measure.runner import Runner
@@ -121,6 +121,15 @@ def test_runner_accepts_the_default_config():
     runner = Runner(SPEC, problem, torch.float32, interpret=True)
     result = runner.measure(SPEC.default_config(problem, torch.float32))
     assert result.status is TrialStatus.OK and result.rel_error <= SPEC.tolerance[torch.float32]
+
+
+def test_an_interpreting_runner_without_the_interpreter_says_so(monkeypatch):
+    """Without TRITON_INTERPRET every config would fail to launch on CPU tensors, one trial
+    status at a time: the runner refuses at once, saying what to set."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    problem = PagedDecodeProblem(b=1, h=4, hkv=1, lq=1, ctx=20, d=32, block_size=8)
+    with pytest.raises(OmnituneError, match="TRITON_INTERPRET=1"):
+        Runner(SPEC, problem, torch.float32, interpret=True)
 
 
 # Each constraint, a config on a problem that it must reject.

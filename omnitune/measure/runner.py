@@ -10,6 +10,7 @@ mismatch) become a TrialStatus; a user mistake (OmnituneError) or a broken refer
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -68,6 +69,10 @@ class Runner:
         self.device = "cpu" if interpret else "cuda"
         if not interpret and not torch.cuda.is_available():
             raise OmnituneError("no CUDA GPU here; measuring needs one (or --interpret for correctness only)")
+        if interpret and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            # Without it every config would "fail to launch" on CPU tensors: say why once instead.
+            raise OmnituneError("interpret=True runs kernels under Triton's interpreter: set TRITON_INTERPRET=1 "
+                                "before any kernel module is imported (the CLI's --interpret does)")
         self.limits = limits or (DeviceLimits() if interpret else DeviceLimits.of_current_device())
         self.tolerance = spec.tolerance[dtype]
         self.inputs = spec.make_inputs(problem, dtype, self.device, settings.seed)
