@@ -49,6 +49,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the harness's helpers and the held-out set, when imported from elsewhere
 import coverage_report  # noqa: E402  (imports no kernel: --interpret must come first)
+from omnitune.durations import human_duration  # noqa: E402  (nor does this)
 
 DEFAULT_PROBLEMS = "coverage_set:HELD_OUT"
 DEFAULT_TRIALS = 40
@@ -402,7 +403,7 @@ def store_row(doc: dict, row: dict | None, path: Path) -> None:
 
 def progress_line(place: int, total: int, row: Mapping, eta: float) -> str:
     head = f"[{place}/{total}] {row['kernel']} {row['key']}"
-    took = f"in {duration(row['wall_s'])}; ETA {duration(eta)}"
+    took = f"in {human_duration(row['wall_s'])}; ETA {human_duration(eta)}"
     if row["status"] != "ok":
         return f"{head}: failed ({row['error']}) {took}"
     ratios = row["ratios"]
@@ -414,14 +415,6 @@ def progress_line(place: int, total: int, row: Mapping, eta: float) -> str:
 
 def eta_s(durations: Sequence[float], left: int) -> float:
     return sum(durations) / len(durations) * left if durations else 0.0
-
-
-def duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def fmt(value: float | None) -> str:

@@ -14,6 +14,7 @@ from rich.markup import escape
 from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path
 from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
+from omnitune.durations import human_duration
 
 __all__ = ["SECONDS_PER_TRIAL", "SETUP_S_PER_PROBLEM", "PlannedProblem", "plan", "plan_kernel"]
 
@@ -120,21 +121,15 @@ def plan(
         total_s += kernel_s
         files.append(str(table_path("tuned_configs", name, key)))
         console.print(f"\n[bold]{name}[/] ({dtype_name(torch_dtype)}): {len(planned)} problems, "
-                      f"{sum(p.trials for p in planned)} trials, ~{_duration(kernel_s)}", soft_wrap=True)
+                      f"{sum(p.trials for p in planned)} trials, ~{human_duration(kernel_s)}", soft_wrap=True)
         for p in planned:
             console.print(f"  {escape(p.problem_key)}  [dim]{escape(p.role)}[/]", soft_wrap=True)
-            console.print(f"      {p.valid_configs} valid configs, {p.trials} trials, ~{_duration(p.estimate_s)}",
+            console.print(f"      {p.valid_configs} valid configs, {p.trials} trials, ~{human_duration(p.estimate_s)}",
                           soft_wrap=True)
-    console.print(f"\ntotal ~{_duration(total_s)}: {escape(rates.source)}", soft_wrap=True)
+    console.print(f"\ntotal ~{human_duration(total_s)}: {escape(rates.source)}", soft_wrap=True)
     if files:
         console.print("then `omnitune export` writes: " + ", ".join(files)
                       + ("" if torch.cuda.is_available() else "  (<device_key>: the GPU's name, e.g. NVIDIA_H200)"),
                       soft_wrap=True)
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
