@@ -1061,12 +1061,20 @@ CONSTRAINTS = (
 # The default split keeps at least this many keys per program, so that the partials' round trip
 # (≈ (D + 2)·4 bytes per row and split) stays small next to the K/V read.
 _MIN_KEYS_PER_SPLIT = 256
+# Programs of the default tile that fit an SM at once (registers and shared memory, compiled for
+# sm_90), and the most splits the default takes (the search space's largest).
+_DEFAULT_PROGRAMS_PER_SM = 4
+_MAX_DEFAULT_SPLITS = 128
 
 
 def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
-    """The untuned starting point (reasoned, not measured): GQA packing whenever h > hkv; 64-key
-    tiles (smaller only for short contexts); splits doubled until the grid reaches two programs
-    per SM, while each split keeps ≥ 256 keys; the splits combined by the second kernel, not in
+    """The untuned starting point (reasoned from measurements, not itself measured): GQA packing
+    whenever h > hkv; 64-key tiles (smaller only for short contexts); splits doubled while the
+    grid stays within one wave of 4 programs per SM (what the default tile fits: 126 registers
+    over bf16, 100 over fp8, 38 KiB), up to 128 splits, each keeping ≥ 256 keys — on the H200 a
+    128-program grid (batch 1, 128k context, 32 splits) read 45% of copy bandwidth, where
+    512-program grids read 79–98% (benchmarks/results/paged_decode_guard_h200.json); the splits
+    combined by the second kernel, not in
     the same launch (FUSED_REDUCE saves that launch, but compiled for sm_90 it raises the split
     kernel from ~116 to ~155–168 registers per thread at 4 warps: 3 programs per SM instead of 4,
     so a 512-program grid no longer fits one wave; whether it pays is for the search to measure);
@@ -1077,8 +1085,9 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     while block_n > 16 and block_n > p.ctx:
         block_n //= 2
     programs = p.b * (p.hkv if pack else p.h)
+    one_wave = _DEFAULT_PROGRAMS_PER_SM * DeviceLimits().multiprocessors
     splits = 1
-    while splits * 2 <= 32 and programs * splits < 2 * DeviceLimits().multiprocessors \
+    while splits * 2 <= _MAX_DEFAULT_SPLITS and programs * splits * 2 <= one_wave \
             and p.ctx >= splits * 2 * _MIN_KEYS_PER_SPLIT:
         splits *= 2
     for pack_gqa in ((True, False) if pack else (False,)):
