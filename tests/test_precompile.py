@@ -3,8 +3,10 @@ failures are reported, never raised, and the measuring process is untouched."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from omnitune.registry import get_spec
@@ -87,3 +89,74 @@ def test_a_worker_makes_its_inputs_without_the_seeded_cpu_draws(monkeypatch):
         assert (mine.shape, mine.stride(), mine.dtype) == (theirs.shape, theirs.stride(), theirs.dtype)
     assert not torch.equal(inputs.q, seeded.q)  # drawn elsewhere: the seed's numbers are not spent
     assert pre._launch_once(spec.default_config(spec.parse_shape(key), torch.float32).as_dict()) is None
+
+
+def test_the_problems_of_a_search_share_the_worker_processes():
+    """Starting 14 interpreters that import torch and Triton for every problem was a fixed cost
+    per problem: the pools of consecutive problems hand their configs to the same processes, and a
+    worker switches to the next problem's inputs on its first config of it."""
+    from omnitune.measure import ahead
+
+    ahead.close_shared_workers()
+    spec = get_spec("kv_cache_write")
+    first, second = (spec.parse_shape(key) for key in ("t=9,hkv=2,d=16,block_size=4", "t=5,hkv=1,d=32,block_size=8"))
+    try:
+        with ahead.PrecompilePool(spec, first, torch.float16, workers=2, device="cpu") as pool:
+            configs = spec.valid_configs(first, torch.float16)[:2]
+            pool.submit(configs)
+            for future in pool.futures.values():
+                assert future.result(timeout=120) is None
+            processes = set(pool.pool._processes)
+        with ahead.PrecompilePool(spec, second, torch.float16, workers=2, device="cpu") as again:
+            assert again.pool is pool.pool  # the same executor, still running
+            again.submit(spec.valid_configs(second, torch.float16)[:2])
+            for future in again.futures.values():
+                assert future.result(timeout=120) is None
+            assert set(again.pool._processes) == processes
+    finally:
+        ahead.close_shared_workers()
+
+
+def test_a_worker_switches_problems_and_drops_the_previous_inputs(monkeypatch):
+    from omnitune.kernels import _host
+    from omnitune.measure import precompile as pre
+
+    monkeypatch.setattr(_host, "_draw_on_target", False)  # a worker's switch, undone for this process
+    monkeypatch.setattr(pre, "_problem_state", {})
+    spec = get_spec("kv_cache_write")
+    for key in ("t=9,hkv=2,d=16,block_size=4", "t=5,hkv=1,d=32,block_size=8"):
+        identity = ("kv_cache_write", key, torch.float16, "cpu")
+        config = spec.default_config(spec.parse_shape(key), torch.float16).as_dict()
+        assert pre._launch_for(identity, config) is None
+        assert pre._problem_state["identity"] == identity
+        assert pre._problem_state["inputs"].key.shape[0] == spec.parse_shape(key).t
+
+
+def test_a_worker_still_busy_when_its_problem_ends_is_not_handed_the_next(monkeypatch):
+    """A config that hangs its worker past the problem's search would hold a process of the next
+    problem's pool: then the processes are ended and the next problem starts fresh ones; a pool a
+    dead worker broke is started again on the next submit."""
+    from omnitune.measure import ahead
+    from omnitune.measure.worker import WORKER_ENV
+
+    ahead.close_shared_workers()
+    monkeypatch.setenv(WORKER_ENV, "1")  # the fault kernel's lethal faults fire only in workers
+    spec = get_spec(FAULT_KERNEL)
+    problem = spec.parse_shape("n=40")
+    try:
+        with ahead.PrecompilePool(spec, problem, torch.float32, workers=1, device="cpu") as pool:
+            pool.submit([Config(FAULT="hang", BLOCK=32)])
+            hung = pool.pool
+            deadline = time.monotonic() + 60
+            while not pool.futures[Config(FAULT="hang", BLOCK=32)].running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert ahead._SHARED.executor is None  # ended, not handed on
+        with ahead.PrecompilePool(spec, problem, torch.float32, workers=1, device="cpu") as pool:
+            assert pool.pool is not hung
+            pool.submit([Config(FAULT="exit", BLOCK=32)])
+            with pytest.raises(Exception):
+                pool.futures[Config(FAULT="exit", BLOCK=32)].result(timeout=120)  # the worker died
+            pool.submit([Config(FAULT="none", BLOCK=32)])  # a broken pool is started again
+            assert pool.futures[Config(FAULT="none", BLOCK=32)].result(timeout=120) is None
+    finally:
+        ahead.close_shared_workers()

@@ -8,6 +8,14 @@ already compiling it — never slower than compiling it again here, since the wo
 
 As with precompile(), nothing a worker does is an error of the search: a config that did not
 compile is measured, and fails, in the measuring process.
+
+The worker processes outlive one problem: a search of many problems (`--shape` repeated, `--model`)
+hands each problem's pool the same processes, so each problem no longer pays for starting 14 fresh
+interpreters that import torch and Triton and open a CUDA context; a worker switches problems on
+its first config of the next one (omnitune.measure.precompile._launch_for). They are started again
+only when one died (a broken pool) or when a problem ended with a worker still busy (hung, as far
+as the next problem can tell). close_shared_workers() ends them; the search command calls it when
+its last problem is done.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from omnitune.measure.precompile import PrecompileReport, _importable_name, _launch_once, _set_problem, default_workers
+from omnitune.measure.precompile import PrecompileReport, _importable_name, _launch_for, default_workers
 from omnitune.spec import Config, KernelSpec
 
 
@@ -36,8 +44,44 @@ class CompilesAhead(Protocol):
         """Return once `config` is compiled, if a worker has started it; else at once."""
 
 
+class _SharedWorkers:
+    """The one process pool the problems of this process's searches share."""
+
+    def __init__(self):
+        self.executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self.workers = 0
+
+    def get(self, workers: int) -> concurrent.futures.ProcessPoolExecutor:
+        if self.executor is None or self.workers != workers or getattr(self.executor, "_broken", False):
+            self.discard()
+            self.executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+            self.workers = workers
+        return self.executor
+
+    def discard(self) -> None:
+        """End the processes without waiting: a hung worker must not hold the search."""
+        if self.executor is None:
+            return
+        processes = list((getattr(self.executor, "_processes", None) or {}).values())
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        self.executor, self.workers = None, 0
+
+
+_SHARED = _SharedWorkers()
+
+
+def close_shared_workers() -> None:
+    """End the precompile worker processes (a search's pools share them across problems)."""
+    _SHARED.discard()
+
+
 class PrecompilePool:
-    """Worker processes for one spec × problem × dtype, compiling configs as they are submitted."""
+    """Worker processes compiling configs of one spec × problem × dtype as they are submitted
+    (the processes themselves are shared with the other problems' pools: see the module's doc)."""
 
     def __init__(self, spec: KernelSpec, problem: Any, dtype: torch.dtype, *, workers: int | None = None,
                  device: str = "cuda", wait_s: float = 120.0):
@@ -45,15 +89,21 @@ class PrecompilePool:
         self.wait_s = wait_s
         self.started = time.perf_counter()
         self.futures: dict[Config, concurrent.futures.Future] = {}
-        self.pool = concurrent.futures.ProcessPoolExecutor(
-            max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_set_problem,
-            initargs=(_importable_name(spec), spec.problem_key(problem), dtype, device),
-        )
+        # The problem travels as its key: a user kernel's problem class cannot be unpickled by name.
+        self.identity = (_importable_name(spec), spec.problem_key(problem), dtype, device)
+        self.pool = _SHARED.get(self.workers)
 
     def submit(self, configs: Sequence[Config]) -> None:
         for config in configs:
             if config not in self.futures:
-                self.futures[config] = self.pool.submit(_launch_once, config.as_dict())
+                try:
+                    future = self.pool.submit(_launch_for, self.identity, config.as_dict())
+                except (concurrent.futures.BrokenExecutor, RuntimeError):
+                    # A worker died (a config crashed it), or another problem's pool ended the
+                    # processes: start them again.
+                    self.pool = _SHARED.get(self.workers)
+                    future = self.pool.submit(_launch_for, self.identity, config.as_dict())
+                self.futures[config] = future
 
     def ready(self, config: Config) -> None:
         future = self.futures.get(config)
@@ -72,12 +122,13 @@ class PrecompilePool:
         return PrecompileReport(len(done) - len(failed), failed, time.perf_counter() - self.started, self.workers)
 
     def close(self) -> None:
-        # A hung worker must not hold the search: cancel what has not started, do not wait.
-        processes = list((getattr(self.pool, "_processes", None) or {}).values())
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.kill()
+        """Cancel this problem's configs no worker has started; a worker still compiling one of
+        them (hung, or slow past the search's end) would hold the next problem, so then the
+        processes are ended and the next problem starts fresh ones."""
+        for future in self.futures.values():
+            future.cancel()
+        if any(not future.done() for future in self.futures.values()):
+            _SHARED.discard()
 
     def __enter__(self) -> PrecompilePool:
         return self

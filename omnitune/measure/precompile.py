@@ -145,6 +145,19 @@ def _inputs_and_spec() -> tuple[KernelSpec, Any]:
     return _problem_state["spec"], _problem_state["inputs"]
 
 
+def _launch_for(identity: tuple, values: dict) -> str | None:
+    """_launch_once for the problem `identity` names ((kernel, problem key, dtype, device)): a
+    worker shared across a search's problems drops the previous problem's inputs (and the GPU
+    memory they hold) on the first config of the next."""
+    if _problem_state.get("identity") != identity:
+        _problem_state.clear()
+        if identity[3] == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        _set_problem(*identity)
+        _problem_state["identity"] = identity
+    return _launch_once(values)
+
+
 def _launch_once(values: dict) -> str | None:
     """None when the config compiled and launched; otherwise a one-line reason."""
     try:
