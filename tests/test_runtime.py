@@ -124,6 +124,22 @@ def test_a_stale_table_and_revalidated_entries_are_still_served(config_dir, warn
     assert len(infos) == 1 and "omnitune verify --fix" in infos[0]
 
 
+def test_entries_kept_from_older_source_in_a_current_table_are_served_with_one_info_line(
+        config_dir, warnings_seen, caplog):
+    # export merging into a table keeps the entries its database lacks, each with the hash it was
+    # measured on: the file's own hash is current, so the line names how many are older.
+    caplog.set_level(logging.INFO, logger="omnitune.runtime")
+    key, kept = _entry(PREFILL, TUNED)
+    kept["kernel_source_hash"] = "0123456789abcdef"
+    shorter = dataclasses.replace(PREFILL, lq=256, lk=256)
+    _write(config_dir, _document([(key, kept), _entry(shorter, OTHER)], kernel_source_hash=SPEC.source_hash()))
+    for problem, config in ((PREFILL, TUNED), (shorter, OTHER)):
+        assert runtime.lookup("attention", problem, torch.float16, GPU).config == config
+    assert warnings_seen() == []
+    infos = [r.getMessage() for r in caplog.records if r.name == "omnitune.runtime" and r.levelno == logging.INFO]
+    assert len(infos) == 1 and infos[0].startswith("1 of the 2 entries of") and "older attention source" in infos[0]
+
+
 def test_nearest_hit_picks_the_closest_problem_within_the_ratio(config_dir):
     small = dataclasses.replace(PREFILL, lq=512, lk=512)
     large = dataclasses.replace(PREFILL, lq=2048, lk=2048)
