@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from omnitune.measure.precompile import PrecompileReport, _importable_name, _launch_for, default_workers
+from omnitune.measure.precompile import PrecompileReport, _launch_for, default_workers, end_workers, problem_identity
 from omnitune.spec import Config, KernelSpec
 
 
@@ -60,14 +60,9 @@ class _SharedWorkers:
         return self.executor
 
     def discard(self) -> None:
-        """End the processes without waiting: a hung worker must not hold the search."""
-        if self.executor is None:
-            return
-        processes = list((getattr(self.executor, "_processes", None) or {}).values())
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.kill()
+        """End the processes without waiting (precompile.end_workers)."""
+        if self.executor is not None:
+            end_workers(self.executor)
         self.executor, self.workers = None, 0
 
 
@@ -89,8 +84,7 @@ class PrecompilePool:
         self.wait_s = wait_s
         self.started = time.perf_counter()
         self.futures: dict[Config, concurrent.futures.Future] = {}
-        # The problem travels as its key: a user kernel's problem class cannot be unpickled by name.
-        self.identity = (_importable_name(spec), spec.problem_key(problem), dtype, device)
+        self.identity = problem_identity(spec, problem, dtype, device)
         self.pool = _SHARED.get(self.workers)
 
     def submit(self, configs: Sequence[Config]) -> None:

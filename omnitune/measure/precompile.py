@@ -70,13 +70,9 @@ def precompile(
     failed: dict[Config, str] = {}
     if not configs:
         return PrecompileReport(0, failed, 0.0, 0)
-    context = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=_set_problem,
-        # The problem travels as its key: a user kernel's problem class cannot be unpickled by name.
-        initargs=(_importable_name(spec), spec.problem_key(problem), dtype, device),
-    )
-    futures = {pool.submit(_launch_once, cfg.as_dict()): cfg for cfg in configs}
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    identity = problem_identity(spec, problem, dtype, device)
+    futures = {pool.submit(_launch_for, identity, cfg.as_dict()): cfg for cfg in configs}
     done_count = 0
     try:
         for future in concurrent.futures.as_completed(futures, timeout=deadline_s):
@@ -95,13 +91,24 @@ def precompile(
             if not future.done():
                 failed[cfg] = f"not compiled within {deadline_s:.0f} s"
     finally:
-        # A hung worker must not hold the search: cancel what has not started, do not wait.
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.kill()
+        end_workers(pool)
     return PrecompileReport(len(configs) - len(failed), failed, time.perf_counter() - start, workers)
+
+
+def problem_identity(spec: KernelSpec, problem: Any, dtype: torch.dtype, device: str) -> tuple:
+    """What a worker needs to make the problem's inputs: (kernel, problem key, dtype, device). The
+    problem travels as its key: a user kernel's problem class cannot be unpickled by name."""
+    return (_importable_name(spec), spec.problem_key(problem), dtype, device)
+
+
+def end_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Cancel what has not started and kill the worker processes, without waiting: a hung worker
+    must not hold the search."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.kill()
 
 
 def _importable_name(spec: KernelSpec) -> str:
