@@ -150,6 +150,11 @@ def run(args: argparse.Namespace, command: str) -> int:
     except KeyboardInterrupt:  # the search's own interrupt included: every finished problem is stored
         print(f"interrupted; the problems judged so far are in {args.out}: rerun with --resume", flush=True)
         return 130
+    finally:
+        if setup.precompile_workers:  # every problem's compile pool shared these processes
+            from omnitune.measure.ahead import close_shared_workers
+
+            close_shared_workers()
     if judged is not None:
         return judged
     print(coverage_report.summary_sentence(doc["summary"]["all"]) if doc["rows"] else "no rows", flush=True)

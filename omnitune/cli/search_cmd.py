@@ -152,6 +152,7 @@ def search(
         finalists = 0
     profile_top = profile_top_possible(profile_top, interpret)
     deadline = None if timeout is None else time.monotonic() + timeout
+    precompile_workers = _precompile_workers(precompile, interpret)
     try:
         for target in targets:
             # The timeout covers every kernel together; a kernel reached after it still says so.
@@ -160,10 +161,15 @@ def search(
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
                         isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list,
-                        precompile_workers=_precompile_workers(precompile, interpret))
+                        precompile_workers=precompile_workers)
     except KeyboardInterrupt:
         err_console.print(f"interrupted; {RESUME_HINT}")
         raise typer.Exit(130) from None
+    finally:
+        if precompile_workers:  # every problem's pool shared these processes (omnitune.measure.ahead)
+            from omnitune.measure.ahead import close_shared_workers
+
+            close_shared_workers()
 
 
 @dataclass(frozen=True)
@@ -277,87 +283,77 @@ def search_problems(
     if interpret or observers is not None:  # no GPU to watch under the interpreter
         options = dataclasses.replace(options, observers=() if interpret else tuple(observers))
 
-    # --precompile: the pools of these problems share their worker processes (omnitune.measure.ahead),
-    # ended when the last problem is done, whatever ends it.
-    try:
-        for problem in problems:
-            remaining_s = None if deadline is None else deadline - time.monotonic()
-            if remaining_s is not None and remaining_s <= 0:
-                title = escape(search_title(spec, problem, dtype))
-                console.print(f"{title}: not started, the timeout has passed; rerun to continue", soft_wrap=True)
-                continue
+    for problem in problems:
+        remaining_s = None if deadline is None else deadline - time.monotonic()
+        if remaining_s is not None and remaining_s <= 0:
+            title = escape(search_title(spec, problem, dtype))
+            console.print(f"{title}: not started, the timeout has passed; rerun to continue", soft_wrap=True)
+            continue
 
-            runners = []
-            runners_lock = threading.Lock()
+        runners = []
+        runners_lock = threading.Lock()
 
-            def make_runner(problem=problem, gpu=None):
-                if isolate_timeout_s is None:
-                    with preflight.allocation_errors(spec, problem):
-                        runner = Runner(spec, problem, dtype, interpret=interpret, observers=options.make_observers(),
-                                        limits=limits)
-                else:
-                    from omnitune.measure.worker import IsolatedRunner
-
-                    # The worker loads the kernel by the name the user gave, so files and modules work too.
-                    runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
-                                            observer_factories=options.observers,
-                                            timeout_s=isolate_timeout_s, gpu=gpu)
-                with runners_lock:  # with --gpus, each slot's thread builds its runner
-                    runners.append(runner)
-                return runner
-
-            factories = [make_runner] if not gpus else [partial(make_runner, gpu=gpu) for gpu in gpus]
-
-            # --precompile: a pool for this problem, handed the next proposals while one is measured.
-            pool = nullcontext()
-            if precompile_workers:
-                from omnitune.measure.ahead import PrecompilePool
-
-                pool = PrecompilePool(spec, problem, dtype, workers=precompile_workers)
-
-            # On a terminal a live view redrawn in place; elsewhere (a log, a pipe) the live view would
-            # show nothing until the summary, so one line per measured trial instead.
-            if console.is_terminal:
-                view = LiveView(spec, problem, dtype, trials, sampler, interpret)
-                live = Live(view, console=console, transient=True, refresh_per_second=4)
-                showing, report_progress = live, view.update
+        def make_runner(problem=problem, gpu=None):
+            if isolate_timeout_s is None:
+                with preflight.allocation_errors(spec, problem):
+                    runner = Runner(spec, problem, dtype, interpret=interpret, observers=options.make_observers(),
+                                    limits=limits)
             else:
-                showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
-            try:
-                with pool as ahead, showing:
-                    outcome = run_search(
-                        spec, problem, dtype, dataclasses.replace(options, timeout_s=remaining_s),
-                        runner_factories=factories, db=database, progress=report_progress, compile_ahead=ahead,
-                    )
-            except SearchInterrupted as stop:
-                _close(runners)
-                console.print(summary_line(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
-                err_console.print(f"interrupted; {RESUME_HINT}")
-                raise typer.Exit(130) from None
-            _close(runners)
-            record_search_run(database, SearchRunRecord(
-                outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
-                outcome.wall_s, outcome.setup_s, outcome.retime_s))
-            if precompile_workers:
-                title = escape(search_title(spec, problem, dtype))
-                console.print(f"{title}: {pool.report().summary()}", soft_wrap=True)
-            console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
-            for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
-                console.print(line, soft_wrap=True)
-            if outcome.stop_reason is StopReason.CONTEXT_LOST:
-                err_console.print(
-                    "[red]error:[/] a config crashed the GPU (illegal memory access), and this process can no "
-                    f"longer use it; it is recorded as crashed — {RESUME_HINT}"
-                )
-                raise typer.Exit(1)
-            if profile_top:
-                profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
-                             database=database, device_key=device.key)
-    finally:
-        if precompile_workers:
-            from omnitune.measure.ahead import close_shared_workers
+                from omnitune.measure.worker import IsolatedRunner
 
-            close_shared_workers()
+                # The worker loads the kernel by the name the user gave, so files and modules work too.
+                runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
+                                        observer_factories=options.observers,
+                                        timeout_s=isolate_timeout_s, gpu=gpu)
+            with runners_lock:  # with --gpus, each slot's thread builds its runner
+                runners.append(runner)
+            return runner
+
+        factories = [make_runner] if not gpus else [partial(make_runner, gpu=gpu) for gpu in gpus]
+
+        # --precompile: a pool for this problem, handed the next proposals while one is measured.
+        pool = nullcontext()
+        if precompile_workers:
+            from omnitune.measure.ahead import PrecompilePool
+
+            pool = PrecompilePool(spec, problem, dtype, workers=precompile_workers)
+
+        # On a terminal a live view redrawn in place; elsewhere (a log, a pipe) the live view would
+        # show nothing until the summary, so one line per measured trial instead.
+        if console.is_terminal:
+            view = LiveView(spec, problem, dtype, trials, sampler, interpret)
+            showing, report_progress = Live(view, console=console, transient=True, refresh_per_second=4), view.update
+        else:
+            showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
+        try:
+            with pool as ahead, showing:
+                outcome = run_search(
+                    spec, problem, dtype, dataclasses.replace(options, timeout_s=remaining_s),
+                    runner_factories=factories, db=database, progress=report_progress, compile_ahead=ahead,
+                )
+        except SearchInterrupted as stop:
+            _close(runners)
+            console.print(summary_line(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
+            err_console.print(f"interrupted; {RESUME_HINT}")
+            raise typer.Exit(130) from None
+        _close(runners)
+        record_search_run(database, SearchRunRecord(
+            outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
+            outcome.wall_s, outcome.setup_s, outcome.retime_s))
+        if precompile_workers:
+            console.print(f"{escape(search_title(spec, problem, dtype))}: {pool.report().summary()}", soft_wrap=True)
+        console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
+        for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
+            console.print(line, soft_wrap=True)
+        if outcome.stop_reason is StopReason.CONTEXT_LOST:
+            err_console.print(
+                "[red]error:[/] a config crashed the GPU (illegal memory access), and this process can no "
+                f"longer use it; it is recorded as crashed — {RESUME_HINT}"
+            )
+            raise typer.Exit(1)
+        if profile_top:
+            profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
+                         database=database, device_key=device.key)
 
 
 def _close(runners: list) -> None:

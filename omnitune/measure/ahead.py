@@ -14,8 +14,8 @@ hands each problem's pool the same processes, so each problem no longer pays for
 interpreters that import torch and Triton and open a CUDA context; a worker switches problems on
 its first config of the next one (omnitune.measure.precompile._launch_for). They are started again
 only when one died (a broken pool) or when a problem ended with a worker still busy (hung, as far
-as the next problem can tell). close_shared_workers() ends them; the search command calls it when
-its last problem is done.
+as the next problem can tell). close_shared_workers() ends them; `omnitune search` calls it when
+it is done with every kernel and problem it was given.
 """
 
 from __future__ import annotations
