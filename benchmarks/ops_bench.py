@@ -153,7 +153,8 @@ def measure(case: Case, copy_tbps: float) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
-def paged_decode_case(device, b=64, h=28, hkv=4, ctx=4096, d=128, block_size=16) -> Case:
+def paged_decode_case(device, b=64, h=28, hkv=4, ctx=4096, d=128, block_size=16, extra_plans=None) -> Case:
+    """extra_plans: {name: config}, more PagedDecodePlan.run implementations with those configs."""
     from omnitune.kernels import paged_decode_attention as pda
 
     problem = pda.PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=1, ctx=ctx, d=d, block_size=block_size)
@@ -177,6 +178,11 @@ def paged_decode_case(device, b=64, h=28, hkv=4, ctx=4096, d=128, block_size=16)
         "omnitune_plan_run": lambda: plan.run(q, kc, vc, tables, lens),
         "internal_launch": internal,
     }
+    for name, extra in (extra_plans or {}).items():
+        other = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=d, block_size=block_size,
+                                    max_blocks=tables.shape[1], max_context_len=ctx, dtype=torch.bfloat16,
+                                    device=device, config=extra)
+        impls[name] = lambda other=other: other.run(q, kc, vc, tables, lens)
 
     def check(outs):
         base = outs["sdpa_contiguous"]
