@@ -5,7 +5,7 @@
 # over fp8 and bf16 at their best configs, b64 h28/4 ctx 4096); paged decode at batch 1–4 with
 # 32k–128k contexts as users call it (the default split that fills one wave, beside more splits
 # and SDPA); the Hopper probe kernels launched and timed beside cuDNN (warp specialization,
-# descriptors, a persistent grid); the public ops as users call them after the host-path work.
+# descriptors, a persistent grid).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -33,7 +33,6 @@ case $part in
       '{"NUM_SPLITS": 2, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PACK_GQA": true, "FUSED_REDUCE": false}'
     step 150 python benchmarks/long_decode_bench.py --out "$OUT/long_decode_h200.json"
     step 120 python benchmarks/hopper_probe_timing.py --out "$OUT/hopper_probe_timing_h200.json"
-    step $(left 580) python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
