@@ -281,6 +281,12 @@ class KernelSpec:
     """For kernels with several paths: the config with the parameters its path ignores set to
     fixed parked values (a constraint then rejects any other value, so each path is measured
     once per setting that matters). complete_config applies it to the keys a user left out."""
+    adapt: Callable[[Any, Any, Config], Config] | None = None
+    """For the runtime's nearest rung: the config tuned for one problem (the first argument)
+    carried over to another (the second) by a rule the kernel knows — paged decode scales its
+    split count so that the grid keeps as many programs as the tuned one's. The runtime checks the
+    result like any config, and uses the tuned config as it is where the rule raises, leaves the
+    space, or breaks a constraint."""
     rollback_config: Mapping[str, ParamValue] | None = None
     """A partial config naming the fallback path (e.g. {"FUSION": "none"}) for kernels that choose
     between paths: export then records, per problem, the fallback's measured time and the

@@ -1100,6 +1100,28 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     return Config(NUM_SPLITS=1, BLOCK_N=16, num_warps=8, num_stages=1, PACK_GQA=False, FUSED_REDUCE=False)
 
 
+def adapt_config(tuned: PagedDecodeProblem, problem: PagedDecodeProblem, config: Config) -> Config:
+    """The config tuned for `tuned`, carried over to `problem` by the runtime's nearest rung: its
+    split count scaled so that the grid keeps as many programs as the tuned one's — the split that
+    filled the GPU there fills it here (32 splits tuned at batch 4 become 128 at batch 1) — to the
+    nearest split count of the space, keeping at least as many keys per split as the default does
+    (or as the tuned config did, if fewer); the rest as tuned. Carried over unchanged, the 32
+    splits tuned at batch 4 read 39–67% of copy bandwidth at batch 1–2 with 32k–64k contexts on
+    the H200, where the default's 64–128 read 64–89% (benchmarks/results/long_decode_h200.json)."""
+    pack = bool(config["PACK_GQA"])
+    splits = int(config["NUM_SPLITS"])
+
+    def programs(p: PagedDecodeProblem) -> int:
+        return p.b * (p.hkv if pack and p.group > 1 else p.h)
+
+    wanted = splits * programs(tuned) / programs(problem)
+    keys_per_split = min(_MIN_KEYS_PER_SPLIT, max(1, tuned.ctx // splits))
+    most = max(1, min(problem.ctx // keys_per_split, triton.cdiv(problem.ctx, int(config["BLOCK_N"]))))
+    choices = [c for c in SPEC.param("NUM_SPLITS").choices if c <= most] or [1]
+    chosen = min(choices, key=lambda c: (abs(math.log2(c / wanted)), -c))
+    return config.replace(NUM_SPLITS=chosen, FUSED_REDUCE=bool(config["FUSED_REDUCE"]) and chosen > 1)
+
+
 def _torch_baselines(problem: PagedDecodeProblem):
     """Gather the pages with PyTorch indexing, then SDPA with a boolean mask, for `omnitune bench`."""
     import torch.nn.functional as F
@@ -1176,6 +1198,7 @@ SPEC = KernelSpec(
     # shared memory compiled for sm_90: benchmarks/decode_registers_sweep_offline.py).
     known_good=(dict(BLOCK_N=64, num_stages=3, num_warps=4), dict(BLOCK_N=128, num_stages=3, num_warps=4)),
     baselines=_torch_baselines,
+    adapt=lambda tuned, problem, config: adapt_config(tuned, problem, config),  # by name: tests swap it
     module=__name__,
 )
 

@@ -54,6 +54,9 @@ class Lookup:
     """For a predicted config: the keys of the tuned problems it was predicted from, nearest first."""
     expected_ratio: float | None = None
     """For a predicted config: its expected time ÷ best on those problems (1.0: fastest on each)."""
+    tuned_config: Config | None = None
+    """For a nearest match whose config the kernel's rule adapted (KernelSpec.adapt): the matched
+    entry's config as it was tuned; None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,9 @@ def resolve_problem(
     """The chain for one problem whose bucket has no shared answer (and that was not tuned)."""
     if dtype is not None:
         for distance, table, entry in ranked_entries(spec, problem, dtype, tables, include_exact=False):
-            if _fits(spec, table, entry, problem, dtype, limits):
-                return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+            found = _nearest(spec, table, entry, problem, problem, (problem,), dtype, limits, distance)
+            if found is not None:
+                return found
         predicted = predict(spec, problem, dtype, tables, (problem,), limits).lookup
         if predicted is not None:
             return predicted
@@ -182,11 +186,9 @@ def _shared_answer(
         return None
     if dtype is not None:
         for distance, table, entry in ranked_entries(spec, bound, dtype, tables):
-            # The caller's own problem first: a warning names it (a config tuned for one shape
-            # that breaks a constraint of its neighbour is worth knowing about); a failure at
-            # another corner only means that this config cannot serve the whole bucket.
-            if _fits(spec, table, entry, problem, dtype, limits) and _valid_at(spec, entry.config, corners, dtype, limits):
-                return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+            found = _nearest(spec, table, entry, bound, problem, corners, dtype, limits, distance)
+            if found is not None:
+                return found
         predicted = predict(spec, bound, dtype, tables, corners, limits).lookup
         if predicted is not None:
             return predicted
@@ -277,6 +279,38 @@ def _valid_at(spec: KernelSpec, config: Config, problems: Sequence[Any], dtype: 
         return all(not spec.violations(p, config, dtype, limits) for p in problems)
     except Exception:  # noqa: BLE001 — a constraint that cannot judge a corner cannot vouch for it
         return False
+
+
+def _nearest(
+    spec: KernelSpec, table: Table, entry: TableEntry, target: Any, problem: Any, corners: Sequence[Any],
+    dtype: torch.dtype, limits: DeviceLimits, distance: float,
+) -> Lookup | None:
+    """The nearest rung's answer from one entry for `target` (a problem, or its bucket's bound):
+    the entry's config adapted to target by the kernel's rule (KernelSpec.adapt) where the result
+    is valid at every one of `corners`; else the config as tuned where that is valid for the
+    caller's `problem` (checked first: a warning names it — a config tuned for one shape that
+    breaks a constraint of its neighbour is worth knowing about) and at every corner; else None."""
+    adapted = _adapted(spec, entry, target)
+    if adapted is not None and _valid_at(spec, adapted, corners, dtype, limits):
+        return Lookup(adapted, Rung.NEAREST, table.path, entry.key, distance, tuned_config=entry.config)
+    if _fits(spec, table, entry, problem, dtype, limits) and _valid_at(spec, entry.config, corners, dtype, limits):
+        return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
+    return None
+
+
+def _adapted(spec: KernelSpec, entry: TableEntry, problem: Any) -> Config | None:
+    """The entry's config carried over to `problem` by the kernel's rule, if it has one and the
+    rule changes something; None where it raises or leaves the config space (a table is
+    untrusted input, and so is what a rule makes of it)."""
+    if spec.adapt is None:
+        return None
+    try:
+        adapted = spec.adapt(entry.problem, problem, entry.config)
+    except Exception:  # noqa: BLE001 — the tuned config, as it is, answers instead
+        return None
+    if not isinstance(adapted, Config) or adapted == entry.config or _outside_space(spec, adapted):
+        return None
+    return adapted
 
 
 def _fits(

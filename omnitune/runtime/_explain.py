@@ -62,6 +62,8 @@ def explain(
     if answer.rung is Rung.NEAREST:
         why = (f"not tuned itself: the nearest tuned shape that {_policy(spec)} allows and whose config is "
                "valid here answers")
+        if answer.tuned_config is not None:
+            why += f", adapted by {spec.name}'s rule from its tuned config {answer.tuned_config.label()}"
         return Explanation(answer, why, expected, keys)
     missed, closest = _missed(spec, problem, dtype, tables)
     if answer.rung is Rung.PREDICTOR:

@@ -1,0 +1,101 @@
+"""The nearest rung carries a tuned config over to the shape asked by the kernel's rule
+(KernelSpec.adapt): paged decode scales its split count so the grid keeps the tuned shape's
+number of programs. A rule that raises, leaves the space or breaks a constraint leaves the tuned
+config as it is."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import omnitune
+import omnitune.runtime as runtime
+from omnitune.kernels import paged_decode_attention as pda
+from omnitune.profile.device import device_key
+from omnitune.runtime import Rung, _chain
+from omnitune.spec import Config
+
+GPU = "Test GPU X1"
+TUNED_PROBLEM = pda.PagedDecodeProblem(b=4, h=28, hkv=4, lq=1, ctx=16384, d=128, block_size=16)
+TUNED = Config(BLOCK_N=64, FUSED_REDUCE=False, NUM_SPLITS=32, PACK_GQA=True, num_stages=2, num_warps=4)
+
+
+def _write_table(config_dir, problem=TUNED_PROBLEM, config=TUNED):
+    key = f"bf16|{pda.SPEC.problem_key(problem)}"
+    entry = {"problem": dataclasses.asdict(problem), "dtype": "bf16", "config": dict(config), "time_ms": 0.04,
+             "trials": 20, "measured_at": "2026-12-01T12:00:00+00:00"}
+    doc = {"schema_version": 1, "kernel": pda.SPEC.name,
+           "device": {"name": GPU, "key": device_key(GPU), "compute_capability": "9.0", "driver": "575.51"},
+           "software": {"torch": "2.11", "triton": "3.6", "omnitune": omnitune.__version__},
+           "kernel_source_hash": pda.SPEC.source_hash(), "exported_at": "2026-12-01T12:00:00+00:00",
+           "representative": True, "entries": {key: entry}}
+    path = config_dir / pda.SPEC.name / f"{device_key(GPU)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("b, ctx, splits", [
+    (1, 32768, 128),   # a quarter of the sequences: four times the splits (512 programs as tuned)
+    (2, 65536, 64),
+    (4, 16384, 32),    # the tuned shape itself: unchanged
+    (16, 16384, 8),
+    (64, 16384, 2),
+    (1, 4096, 16),     # capped: at least 256 keys per split
+])
+def test_paged_decode_splits_follow_the_programs_the_tuned_grid_had(b, ctx, splits):
+    problem = dataclasses.replace(TUNED_PROBLEM, b=b, ctx=ctx)
+    adapted = pda.adapt_config(TUNED_PROBLEM, problem, TUNED)
+    assert adapted["NUM_SPLITS"] == splits
+    assert adapted.replace(NUM_SPLITS=32) == TUNED  # nothing else moves
+    assert not pda.SPEC.violations(problem, adapted, torch.bfloat16)
+
+
+def test_a_split_count_of_one_drops_the_in_launch_reduction():
+    fused = TUNED.replace(FUSED_REDUCE=True)
+    problem = dataclasses.replace(TUNED_PROBLEM, b=256, ctx=512)
+    adapted = pda.adapt_config(TUNED_PROBLEM, problem, fused)
+    assert adapted["NUM_SPLITS"] == 1 and adapted["FUSED_REDUCE"] is False
+    assert not pda.SPEC.violations(problem, adapted, torch.bfloat16)
+
+
+def test_the_nearest_rung_answers_with_the_adapted_config_and_says_so(tables_dir):
+    _write_table(tables_dir)
+    problem = dataclasses.replace(TUNED_PROBLEM, b=1, ctx=32768)
+    answer = runtime.lookup(pda.SPEC.name, problem, torch.bfloat16, GPU)
+    assert answer.rung is Rung.NEAREST
+    assert answer.config == TUNED.replace(NUM_SPLITS=128)
+    assert answer.tuned_config == TUNED
+    why = runtime.explain(pda.SPEC.name, problem, torch.bfloat16, GPU).why
+    assert "adapted" in why and TUNED.label() in why
+
+
+def test_a_shape_with_the_tuned_grid_gets_the_tuned_config_unmarked(tables_dir):
+    _write_table(tables_dir)
+    problem = dataclasses.replace(TUNED_PROBLEM, ctx=32768)  # same batch: same programs
+    answer = runtime.lookup(pda.SPEC.name, problem, torch.bfloat16, GPU)
+    assert answer.rung is Rung.NEAREST and answer.config == TUNED and answer.tuned_config is None
+
+
+@pytest.mark.parametrize("rule", [
+    lambda tuned, problem, config: 1 / 0,                                  # raises
+    lambda tuned, problem, config: config.replace(NUM_SPLITS=3),            # not in the space
+    lambda tuned, problem, config: "not a config",
+    lambda tuned, problem, config: config,                                  # changes nothing
+])
+def test_a_rule_that_raises_or_leaves_the_space_adapts_nothing(rule):
+    spec = dataclasses.replace(pda.SPEC, adapt=rule)
+    entry = SimpleNamespace(problem=TUNED_PROBLEM, config=TUNED)
+    assert _chain._adapted(spec, entry, dataclasses.replace(TUNED_PROBLEM, b=1)) is None
+
+
+def test_an_adapted_config_that_breaks_a_constraint_is_not_served(tables_dir, monkeypatch):
+    # 128 splits of 128-key tiles leave splits of an 8k context empty: the tuned config answers.
+    monkeypatch.setattr(pda, "adapt_config", lambda tuned, problem, config: config.replace(NUM_SPLITS=128, BLOCK_N=128))
+    _write_table(tables_dir)
+    problem = dataclasses.replace(TUNED_PROBLEM, b=1, ctx=8192)
+    answer = runtime.lookup(pda.SPEC.name, problem, torch.bfloat16, GPU)
+    assert answer.rung is Rung.NEAREST and answer.config == TUNED and answer.tuned_config is None
