@@ -18,6 +18,11 @@ at least as fine as Triton's own — two calls with one key get the same binary.
 new key: its first call takes the JIT's path (a prefill of a new length pays that once). Anything else (an argument of
 another kind, a launch hook such as a profiler's, a Triton without this launcher interface, the
 interpreter) takes the JIT's path.
+
+`bind(constexprs, objects)` fixes the constexprs and launch options once, for a caller whose
+config and shapes are fixed (a launch plan): the bound launcher's key is then only the per-call
+part — each tensor's dtype and address mod 16, every plain argument's value — and it keeps the
+constexpr values in the order the C launcher takes them, so a call hashes no dict of options.
 """
 
 from __future__ import annotations
@@ -69,6 +74,10 @@ class DirectLauncher:
         self._constexpr_names = [p.name for p in params if getattr(p, "is_constexpr", False)]
         self._runtime_count = len(names) - len(self._constexpr_names)
 
+    def bind(self, constexprs: dict, objects: int) -> BoundLauncher:
+        """This kernel with its constexprs and launch options fixed (see BoundLauncher)."""
+        return BoundLauncher(self, constexprs, objects)
+
     def __call__(self, grid: tuple, args: tuple, constexprs: dict, objects: int) -> None:
         """objects: how many leading arguments are tensors (or descriptors); the rest must be
         plain ints and floats, which key the binary by their values at no cost."""
@@ -99,37 +108,102 @@ class DirectLauncher:
                      tuple(constexprs[name] for name in self._constexpr_names))
         except (AttributeError, KeyError):
             return
-        with self._lock:
-            if len(self._compiled) >= _ENTRIES:
-                self._compiled.clear()
-            self._compiled[key] = entry
+        _store(self._compiled, self._lock, key, entry)
+
+
+def _store(compiled: dict, lock: threading.Lock, key, entry) -> None:
+    with lock:
+        if len(compiled) >= _ENTRIES:
+            compiled.clear()
+        compiled[key] = entry
+
+
+_Tensor = torch.Tensor
+
+
+class BoundLauncher:
+    """One kernel's launches with fixed constexprs: `bound(grid, args)`, grid three ints, args
+    the runtime arguments in signature order, of which the first `objects` are tensors (or
+    descriptors) and the rest plain ints and floats.
+
+    Its compiled kernels are keyed by (each object's key, the plain arguments): a tensor's key is
+    its dtype and its address mod 16 (finer than Triton's aligned-or-not), anything else's is
+    DirectLauncher's. The constexprs are fixed, so the key is as fine as DirectLauncher's."""
+
+    __slots__ = ("_launcher", "constexprs", "_objects", "_constexpr_values", "_compiled")
+
+    def __init__(self, launcher: DirectLauncher, constexprs: dict, objects: int):
+        self._launcher = launcher
+        self.constexprs = dict(constexprs)
+        self._objects = objects
+        names = launcher._constexpr_names
+        # None: the constexprs do not name every one of the kernel's, so every call takes the
+        # JIT's path (which reports what is missing).
+        self._constexpr_values = (tuple(self.constexprs[name] for name in names)
+                                  if all(name in self.constexprs for name in names) else None)
+        self._compiled: dict[tuple, tuple] = {}
+
+    def __call__(self, grid: tuple, args: tuple) -> None:
+        launcher = self._launcher
+        if not launcher._direct or _hooked() or self._constexpr_values is None:
+            launcher.jit[grid](*args, **self.constexprs)
+            return
+        objects = self._objects
+        try:
+            key = (tuple([(a.dtype, a.data_ptr() & 15) if type(a) is _Tensor else _arg_key(a)
+                          for a in args[:objects]]), args[objects:])
+            entry = self._compiled.get(key)
+        except TypeError:  # an argument kind the key does not cover: the JIT's path
+            launcher.jit[grid](*args, **self.constexprs)
+            return
+        if entry is None:
+            kernel = launcher.jit[grid](*args, **self.constexprs)
+            self._remember(key, kernel, args)
+            return
+        run, function, packed = entry
+        run(grid[0], grid[1], grid[2], _raw_stream(_current_device()), function, packed, None, None, None,
+            *args, *self._constexpr_values)
+
+    def _remember(self, key, kernel, args) -> None:
+        launcher = self._launcher
+        if len(args) != launcher._runtime_count or kernel is None:
+            return  # arguments not as this launcher expects: keep using the JIT's path
+        try:
+            entry = (kernel.run, kernel.function, kernel.packed_metadata)
+        except AttributeError:
+            return
+        _store(self._compiled, launcher._lock, key, entry)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_current_device = torch.cuda.current_device
+# torch.cuda.current_device without its lazy-init check: a direct launch has CUDA tensors, so
+# CUDA is initialised by then.
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def _hooked() -> bool:
     """Whether a launch hook (a profiler's, say) is installed: then every launch takes the JIT's
     path, which calls it. Triton 3.6 keeps the hooks as HookChains, never None: empty means
-    none installed."""
-    runtime_knobs = _knobs().runtime
-    for hook in (runtime_knobs.launch_enter_hook, runtime_knobs.launch_exit_hook):
-        if hook is not None and getattr(hook, "calls", True):
-            return True
-    return False
+    none installed. Read afresh on every call (a profiler installs its hooks at any time), but
+    from the knobs object itself, not through the module."""
+    runtime_knobs = _runtime_knobs or _knobs().runtime
+    enter, exit_ = runtime_knobs.launch_enter_hook, runtime_knobs.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (exit_ is not None and getattr(exit_, "calls", True)))
 
 
 def _knobs():
-    global _triton_knobs
+    global _triton_knobs, _runtime_knobs
     if _triton_knobs is None:
         from triton import knobs
 
         _triton_knobs = knobs
+        _runtime_knobs = knobs.runtime
     return _triton_knobs
 
 
 _triton_knobs = None
+_runtime_knobs = None
 
 
 def _supports_direct_launch(jit_fn) -> bool:
@@ -142,3 +216,40 @@ def _supports_direct_launch(jit_fn) -> bool:
     if isinstance(jit_fn, InterpretedFunction) or not torch.cuda.is_available() or _raw_stream is None:
         return False
     return hasattr(jit_fn, "device_caches") and hasattr(jit_fn, "params")
+
+
+class PlanCache:
+    """Launch plans per (config, shape key), bounded: `plans.get(config, key)`, made by
+    `make(config, *key)` on a miss.
+
+    Looked up by the config's identity first, so that a call hashes no Config (the ops' config
+    memo hands back the same object call after call); an identity entry holds its config, so the
+    id stays that config's while the entry lives, and a hit is confirmed with `is`. A config
+    equal to a known one but another object (a caller building its Config per call) finds the
+    plan by value, with the kernels it has already bound."""
+
+    def __init__(self, make, entries: int = 4096):
+        self._make = make
+        self._entries = entries
+        self._by_id: dict[tuple, tuple] = {}
+        self._by_value: dict[tuple, Any] = {}
+
+    def get(self, config, key: tuple):
+        hit = self._by_id.get((id(config), key))
+        if hit is not None and hit[0] is config:
+            return hit[1]
+        return self._by_value_or_new(config, key)
+
+    def _by_value_or_new(self, config, key: tuple):
+        plan = self._by_value.get((config, key))
+        if plan is None:
+            plan = self._make(config, *key)
+            _bounded_put(self._by_value, (config, key), plan, self._entries)
+        _bounded_put(self._by_id, (id(config), key), (config, plan), self._entries)
+        return plan
+
+
+def _bounded_put(table: dict, key, value, entries: int) -> None:
+    if len(table) >= entries:
+        table.clear()
+    table[key] = value

@@ -48,7 +48,7 @@ from torch.nn.attention.bias import causal_lower_right as _causal_lower_right
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
 from omnitune.kernels._host import LOG2E, seeded_rand
-from omnitune.kernels._launch import DirectLauncher
+from omnitune.kernels._launch import DirectLauncher, PlanCache
 from omnitune.spec import (
     Config,
     Constraint,
@@ -412,11 +412,6 @@ except ImportError:  # a Triton without host tensor descriptors: USE_TMA configs
     _TensorDescriptor = None
 
 
-# (config, shapes, mask mode, dtype) → grid, constexprs and TMA block: what a repeated call
-# would otherwise recompute.
-_launch_plans: dict[tuple, tuple] = {}
-
-
 def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask_mode: int,
                  dtype: torch.dtype) -> tuple:
     group = h // hkv
@@ -425,15 +420,16 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
     pack = bool(config["PACK_GQA"]) and group > 1
     use_tma = bool(config["USE_TMA"])
     rows = group * lq if pack else lq
-    grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h))
+    grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h), 1)
     constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
                       MASK_MODE=mask_mode, PACK_GQA=pack, USE_TMA=use_tma, IEEE_DOT=dtype == torch.float32,
                       num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-    plan = (grid, constexprs, [1, 1, block_n, block_d] if use_tma else None)
-    if len(_launch_plans) >= 4096:
-        _launch_plans.clear()
-    _launch_plans[(config, b, h, hkv, lq, d, mask_mode, dtype)] = plan
-    return plan
+    return grid, _ATTENTION.bind(constexprs, 7), [1, 1, block_n, block_d] if use_tma else None
+
+
+# (config, shapes, mask mode, dtype) → grid, bound kernel and TMA block: what a repeated call
+# would otherwise recompute.
+_launch_plans = PlanCache(_launch_plan)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
@@ -461,17 +457,21 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> torch.
     makes)."""
     if config.get("BACKEND", "triton") != "triton":
         return sdpa(inputs.q, inputs.k, inputs.v, inputs.causal, inputs.sm_scale, config.get("BACKEND", "triton"))
-    q, k, v = inputs.q, inputs.k, inputs.v
+    _launch(inputs.q, inputs.k, inputs.v, inputs.causal, inputs.sm_scale, inputs.spans, out, config)
+    return None
+
+
+def _launch(q, k, v, causal: bool, sm_scale: float, spans: torch.Tensor | None, out: torch.Tensor,
+            config: Config) -> None:
+    """This kernel with a (Triton) config, writing into `out`. No validation."""
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    spans = inputs.spans
     if spans is not None and spans.shape[1] > 0:
         mask_mode, span_arg, span_strides, num_spans = 2, spans, spans.stride(), spans.shape[1]
     else:
         # q is a placeholder pointer, never read
-        mask_mode, span_arg, span_strides, num_spans = (1 if inputs.causal else 0), q, (0, 0, 0), 0
-    grid, constexprs, tma_block = (_launch_plans.get((config, b, h, hkv, lq, d, mask_mode, q.dtype))
-                                   or _launch_plan(config, b, h, hkv, lq, d, mask_mode, q.dtype))
+        mask_mode, span_arg, span_strides, num_spans = (1 if causal else 0), q, (0, 0, 0), 0
+    grid, kernel, tma_block = _launch_plans.get(config, (b, h, hkv, lq, d, mask_mode, q.dtype))
     if tma_block is not None:
         # TMA needs a contiguous last dim and 16-byte aligned strides; copy views that are not.
         if not _tma_ok(k):
@@ -482,14 +482,14 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> torch.
         v_desc = _TensorDescriptor(v, list(v.shape), list(v.stride()), tma_block)
     else:
         k_desc = v_desc = 0
-    _ATTENTION(grid, (
+    kernel(grid, (
         q, k, v, out, span_arg,
         k_desc, v_desc,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *span_strides, num_spans,
         h, hkv, lq, lk,
-        inputs.sm_scale * LOG2E,
-    ), constexprs, 7)
+        sm_scale * LOG2E,
+    ))
 
 
 def attention(
@@ -583,7 +583,7 @@ def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tens
         cfg = _memo.get(("triton", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: _triton_config(
             AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype))
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
-    launch(AttentionInputs(q, k, v, causal, float(sm_scale), spans), out, cfg)
+    _launch(q, k, v, causal, float(sm_scale), spans, out, cfg)
     return out
 
 

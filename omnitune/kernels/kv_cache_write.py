@@ -40,7 +40,7 @@ from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (kv_cache_scale: public)
 from omnitune.kernels._host import seeded_rand
-from omnitune.kernels._launch import DirectLauncher
+from omnitune.kernels._launch import DirectLauncher, PlanCache
 from omnitune.spec import (
     Config,
     Constraint,
@@ -271,20 +271,18 @@ def _check_values(key, key_cache, slot_mapping) -> None:
 _WRITE = DirectLauncher(_kv_cache_write)
 
 
-# (config, T, Hkv, D, quantize) → grid and constexprs: what a repeated call would otherwise recompute.
-_launch_plans: dict[tuple, tuple] = {}
-
-
 def _launch_plan(config: Config, t: int, hkv: int, d: int, quantize: bool) -> tuple:
+    """(grid, bound kernel) for (config, T, Hkv, D, quantize): what a repeated call would
+    otherwise recompute."""
     block_t, block_h = int(config["BLOCK_T"]), int(config["BLOCK_H"])
-    grid = (triton.cdiv(t, block_t), triton.cdiv(hkv, block_h))
+    grid = (triton.cdiv(t, block_t), triton.cdiv(hkv, block_h), 1)
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_T=block_t, BLOCK_H=block_h,
                       QUANTIZE=quantize, EXACT_ROUNDING=quantize and _fp8.INTERPRETED,
                       num_warps=int(config["num_warps"]))
-    if len(_launch_plans) >= 4096:
-        _launch_plans.clear()
-    plan = _launch_plans[(config, t, hkv, d, quantize)] = (grid, constexprs)
-    return plan
+    return grid, _WRITE.bind(constexprs, 7)
+
+
+_launch_plans = PlanCache(_launch_plan)
 
 
 def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config, k_scale=None, v_scale=None) -> None:
@@ -293,17 +291,16 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config, k_
         return
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     quantize = k_scale is not None
-    grid, constexprs = (_launch_plans.get((config, t, hkv, d, quantize))
-                        or _launch_plan(config, t, hkv, d, quantize))
+    grid, write = _launch_plans.get(config, (t, hkv, d, quantize))
     if quantize:
         scales = (k_scale, v_scale, _fp8.scale_stride(k_scale), _fp8.scale_stride(v_scale))
     else:
         scales = (key, key, 0, 0)  # placeholders, never read
-    _WRITE(grid, (
+    write(grid, (
         key, value, key_cache, value_cache, slot_mapping, scales[0], scales[1],
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(), scales[2], scales[3],
         t, hkv, block_size, num_blocks * block_size,
-    ), constexprs, 7)
+    ))
 
 
 def launch(inputs: KVCacheWriteInputs, out: torch.Tensor, config: Config) -> None:
@@ -347,6 +344,15 @@ def write_kv_cache(
 
 
 _memo = _dispatch.ConfigMemo("kv_cache_write")
+# Token count → its bucket, remembered: a serving loop's counts repeat, and the rule is fixed.
+_token_buckets: dict[int, int] = {}
+
+
+def _token_bucket(t: int) -> int:
+    if len(_token_buckets) >= 4096:
+        _token_buckets.clear()
+    bucket = _token_buckets[t] = _dispatch.bucket_up(t)
+    return bucket
 
 
 def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_scale=None, v_scale=None) -> None:
@@ -360,7 +366,7 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_sc
     cache_dtype = _fp8.cache_dtype_name(key_cache.dtype, key.dtype)
     # Token counts are bucketed for the tables (a decode step's count moves with the batch); a
     # caller's own config is validated against the real count.
-    tokens = t if config is not None else _dispatch.bucket_up(t)
+    tokens = t if config is not None else (_token_buckets.get(t) or _token_bucket(t))
     cfg = _memo.get(
         (tokens, hkv, d, block_size, cache_dtype), config,
         lambda: KVCacheWriteProblem(t=tokens, hkv=hkv, d=d, block_size=block_size, cache_dtype=cache_dtype),

@@ -60,7 +60,7 @@ import triton.language as tl
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._host import LOG2E, seeded_rand
-from omnitune.kernels._launch import DirectLauncher
+from omnitune.kernels._launch import BoundLauncher, DirectLauncher
 from omnitune.spec import (
     Config,
     Constraint,
@@ -593,14 +593,24 @@ _COMBINE = DirectLauncher(_paged_decode_combine)
 @dataclass(frozen=True)
 class _LaunchPlan:
     """What a launch derives from (config, shapes, dtype) alone, kept so that the steps of a
-    decode loop do not recompute it."""
+    decode loop do not recompute it: the grids (three ints each) and the kernels bound to their
+    constexprs."""
 
     split_grid: tuple
-    split_constexprs: dict
+    split: BoundLauncher
     fused: bool
     splits: int
     combine_grid: tuple | None
-    combine_constexprs: dict | None
+    combine: BoundLauncher | None
+    page_guard: int
+
+    @property
+    def split_constexprs(self) -> dict:
+        return self.split.constexprs
+
+    @property
+    def combine_constexprs(self) -> dict | None:
+        return None if self.combine is None else self.combine.constexprs
 
 
 _launch_plans: dict[tuple, _LaunchPlan] = {}
@@ -622,14 +632,14 @@ def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, bloc
         KV_FP8=cache_dtype == _fp8.FP8,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )
-    combine_grid = combine_constexprs = None
+    combine_grid = combine = None
     if splits > 1 and not fused:
         # Not tuned: a [BLOCK_S, BLOCK_D] fp32 tile per row, one warp per 1,024 elements (≤ 4).
-        combine_grid = (b * h * lq,)
-        combine_constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=block_s,
-                                  num_warps=min(4, max(1, block_s * block_d // 1024)))
-    plan = _LaunchPlan((b, hkv if pack else h, splits), split_constexprs, fused, splits, combine_grid,
-                       combine_constexprs)
+        combine_grid = (b * h * lq, 1, 1)
+        combine = _COMBINE.bind(dict(HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=block_s,
+                                     num_warps=min(4, max(1, block_s * block_d // 1024))), 4)
+    plan = _LaunchPlan((b, hkv if pack else h, splits), _SPLIT.bind(split_constexprs, 12), fused, splits,
+                       combine_grid, combine, PAGE_GUARD[0])
     if len(_launch_plans) >= 4096:
         _launch_plans.clear()
     _launch_plans[(config, b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0])] = plan
@@ -640,13 +650,21 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
             out: torch.Tensor, config: Config, scratch: _Scratch | None = None,
             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     b, h, lq, d = q.shape
-    num_blocks, block_size, hkv = key_cache.shape[0], key_cache.shape[1], key_cache.shape[2]
+    block_size, hkv = key_cache.shape[1], key_cache.shape[2]
     dtype, cache_dtype = q.dtype, key_cache.dtype
     plan = (_launch_plans.get((config, b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0]))
             or _launch_plan(config, b, h, lq, d, hkv, block_size, dtype, cache_dtype))
+    if plan.splits > 1 and scratch is None:
+        scratch = _Scratch.make(b, h, lq, d, hkv, config, q.device)
+    _launch_planned(plan, q, key_cache, value_cache, block_tables, context_lens, sm_scale * LOG2E, out, scratch,
+                    k_scale, v_scale)
+
+
+def _launch_planned(plan: _LaunchPlan, q, key_cache, value_cache, block_tables, context_lens, scale_log2: float,
+                    out: torch.Tensor, scratch: _Scratch | None, k_scale, v_scale) -> None:
+    """The launches themselves, everything derived from shapes and config already in `plan`;
+    scratch: the split partials, needed when the plan has more than one split."""
     if plan.splits > 1:
-        if scratch is None:
-            scratch = _Scratch.make(b, h, lq, d, hkv, config, q.device)
         part_m, part_l, part_acc = scratch.part_m, scratch.part_l, scratch.part_acc
     else:
         part_m = part_l = part_acc = out  # placeholders, never touched
@@ -655,17 +673,17 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
         scales = (k_scale, v_scale, _fp8.scale_stride(k_scale), _fp8.scale_stride(v_scale))
     else:
         scales = (context_lens, context_lens, 0, 0)  # placeholders, never read
-    _SPLIT(plan.split_grid, (
+    out_strides = out.stride()
+    plan.split(plan.split_grid, (
         q, key_cache, value_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc, tickets, scales[0], scales[1],
-        *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
+        *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out_strides,
         scales[2], scales[3],
-        h, lq, num_blocks, block_tables.shape[1],
-        sm_scale * LOG2E,
-    ), plan.split_constexprs, 12)
-    if plan.combine_grid is not None:
-        _COMBINE(plan.combine_grid, (part_m, part_l, part_acc, out, *out.stride(), h, lq),
-                 plan.combine_constexprs, 4)
+        q.shape[1], q.shape[2], key_cache.shape[0], block_tables.shape[1],
+        scale_log2,
+    ))
+    if plan.combine is not None:
+        plan.combine(plan.combine_grid, (part_m, part_l, part_acc, out, *out_strides, q.shape[1], q.shape[2]))
 
 
 def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None:
@@ -818,6 +836,20 @@ class PagedDecodePlan:
                                       self.device, own_tickets=True)
         self.out = torch.empty(self.q_shape, dtype=dtype, device=self.device)
         self._config_json = _dispatch.config_to_json(self.config)  # what the op takes under torch.compile
+        # What run compares the tensors against, and launches with, computed once.
+        self._scale_log2 = self.sm_scale * LOG2E
+        self._table_shape = (batch, max_blocks)
+        self._lens_shape = (batch,)
+        # What get_device() says of a tensor on the plan's device; None (matching nothing, so
+        # every call takes the checks one by one) for a device that is neither a GPU nor the CPU.
+        self._device_index = {"cuda": self.device.index, "cpu": -1}.get(self.device.type)
+        self._fp8 = cache_dtype == _fp8.FP8
+        self._plan = self._launch_plan()
+
+    def _launch_plan(self) -> _LaunchPlan:
+        b, h, lq, d = self.q_shape
+        return _launch_plan(self.config, b, h, lq, d, self.num_kv_heads, self.block_size, self.dtype,
+                            self.cache_dtype)
 
     def run(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
             block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor | None = None,
@@ -833,6 +865,49 @@ class PagedDecodePlan:
                 out.copy_(result)
                 return out
             return result
+        if not self._fits(q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale):
+            self._explain_misfit(q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale)
+        elif self._device_index < 0:
+            require_runnable_device(q)  # CPU tensors run only under the interpreter
+        if _dispatch.checking(check):
+            _check_values(q, key_cache, block_tables, context_lens, self.max_context_len)
+        if out is None:
+            out = self.out
+        plan = self._plan
+        if plan.page_guard != PAGE_GUARD[0]:  # changed since planning (a study of the guards' cost)
+            plan = self._plan = self._launch_plan()
+        _launch_planned(plan, q, key_cache, value_cache, block_tables, context_lens, self._scale_log2, out,
+                        self._scratch, k_scale, v_scale)
+        return out
+
+    def _fits(self, q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale) -> bool:
+        """Whether the tensors are as planned, in one predicate (it runs on every decode step):
+        true only where run's checks and _check_metadata's all pass (but for the CPU's
+        require_runnable_device)."""
+        device = self._device_index
+        if not (type(q) is _Tensor and type(key_cache) is _Tensor and type(value_cache) is _Tensor
+                and type(block_tables) is _Tensor and type(context_lens) is _Tensor):
+            return False
+        cache_shape = key_cache.shape
+        return (q.shape == self.q_shape and q.dtype == self.dtype and q.get_device() == device
+                and len(cache_shape) == 4 and cache_shape[0] > 0 and cache_shape[1] == self.block_size
+                and cache_shape[2] == self.num_kv_heads and cache_shape[3] == self.q_shape[3]
+                and value_cache.shape == cache_shape
+                and key_cache.dtype == self.cache_dtype and value_cache.dtype == self.cache_dtype
+                and key_cache.get_device() == device and value_cache.get_device() == device
+                and block_tables.shape == self._table_shape and block_tables.dtype == torch.int32
+                and block_tables.get_device() == device
+                and context_lens.shape == self._lens_shape and context_lens.dtype == torch.int32
+                and context_lens.get_device() == device
+                and ((not self._fp8 and k_scale is None and v_scale is None)
+                     or (self._fp8 and _fp8.scales_fit(k_scale, self.num_kv_heads, device)
+                         and _fp8.scales_fit(v_scale, self.num_kv_heads, device)))
+                and (out is None or (type(out) is _Tensor and out.shape == self.q_shape and out.dtype == self.dtype
+                                     and out.get_device() == device)))
+
+    def _explain_misfit(self, q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale) -> None:
+        """run's checks one by one, for a call that failed _fits: the InputError naming what is not
+        as planned (or nothing, e.g. for CPU tensors under the interpreter)."""
         if tuple(q.shape) != self.q_shape or q.dtype != self.dtype or q.device != self.device:
             raise InputError(f"q must be {self.dtype} {list(self.q_shape)} on {self.device} as planned, "
                              f"got {q.dtype} {list(q.shape)} on {q.device}")
@@ -845,15 +920,9 @@ class PagedDecodePlan:
                 f"{list(key_cache.shape)} and block tables {list(block_tables.shape)}"
             )
         _check_metadata(q, key_cache, value_cache, block_tables, context_lens, k_scale, v_scale)
-        if _dispatch.checking(check):
-            _check_values(q, key_cache, block_tables, context_lens, self.max_context_len)
-        if out is None:
-            out = self.out
-        elif tuple(out.shape) != self.q_shape or out.dtype != self.dtype or out.device != self.device:
+        if out is not None and (tuple(out.shape) != self.q_shape or out.dtype != self.dtype
+                                or out.device != self.device):
             raise InputError(f"out must be {self.dtype} {list(self.q_shape)} on {self.device}")
-        _launch(q, key_cache, value_cache, block_tables, context_lens, self.sm_scale, out, self.config,
-                self._scratch, k_scale, v_scale)
-        return out
 
 
 # ------------------------------------------------------------------------------------------------

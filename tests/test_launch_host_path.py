@@ -1,0 +1,159 @@
+"""The host path's launch caches, on the CPU with the launch stubbed: which calls a bound launcher
+sends to a compiled entry it already holds, which ones to the JIT, and that launch plans are
+found by a config's identity and by its value."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnitune.errors import InputError
+from omnitune.kernels import _launch
+from omnitune.kernels import kv_cache_write as kvw
+from omnitune.spec import Config
+
+
+class _RecordingKernel:
+    def __init__(self, log):
+        self._log = log
+        self.function = self.packed_metadata = None
+
+    def run(self, *args):
+        self._log.append(("direct", args[9:]))
+
+
+class _RecordingJit:
+    """Stands in for a @triton.jit function: records JIT launches, hands back a kernel whose C
+    launcher records direct ones."""
+
+    def __init__(self):
+        self.log = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **constexprs):
+            self.log.append(("jit", args))
+            return _RecordingKernel(self.log)
+        return launch
+
+
+def _bound(monkeypatch, objects=2):
+    launcher = _launch.DirectLauncher(kvw._kv_cache_write)
+    jit = _RecordingJit()
+    launcher.jit, launcher._direct = jit, True
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    # A kernel of `objects` tensors and two ints, then two constexprs (set here: under the
+    # interpreter the jit function does not list its parameters).
+    launcher._runtime_count, launcher._constexpr_names = objects + 2, ["BLOCK", "num_warps"]
+    constexprs = {name: 1 for name in launcher._constexpr_names}
+    return launcher.bind(constexprs, objects), jit
+
+
+def _kinds(jit):
+    return [kind for kind, _ in jit.log]
+
+
+def test_a_repeated_call_launches_directly(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.zeros(64), torch.zeros(64)
+    for _ in range(3):
+        bound((1, 1, 1), (a, b, 7, 8))
+    assert _kinds(jit) == ["jit", "direct", "direct"]
+
+
+def test_a_new_dtype_alignment_or_int_takes_a_new_compiled_entry(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.zeros(64), torch.zeros(64)
+    bound((1, 1, 1), (a, b, 7, 8))
+    bound((1, 1, 1), (a.half(), b, 7, 8))           # another dtype
+    bound((1, 1, 1), (a[1:], b, 7, 8))              # 4 bytes off a 16-byte boundary
+    bound((1, 1, 1), (a, b, 7, 9))                  # another int value
+    bound((1, 1, 1), (a, b, 7, 8))                  # the first call's kinds again
+    assert _kinds(jit) == ["jit", "jit", "jit", "jit", "direct"]
+
+
+def test_an_installed_launch_hook_sends_every_call_to_the_jit(monkeypatch):
+    from triton import knobs
+
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.zeros(64), torch.zeros(64)
+    bound((1, 1, 1), (a, b, 7, 8))
+    hook = lambda *args, **kwargs: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        bound((1, 1, 1), (a, b, 7, 8))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    bound((1, 1, 1), (a, b, 7, 8))
+    assert _kinds(jit) == ["jit", "jit", "direct"]
+
+
+def test_a_hook_assigned_in_place_of_the_chain_counts_too(monkeypatch):
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", lambda *args, **kwargs: None)
+    assert _launch._hooked()
+
+
+def test_an_argument_the_key_cannot_hold_takes_the_jit(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.zeros(64), torch.zeros(64)
+    for _ in range(2):
+        bound((1, 1, 1), (a, object(), 7, 8))
+    assert _kinds(jit) == ["jit", "jit"]
+
+
+def test_missing_constexprs_keep_every_call_on_the_jit(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    partial = bound._launcher.bind({}, 2)
+    a, b = torch.zeros(64), torch.zeros(64)
+    for _ in range(2):
+        partial((1, 1, 1), (a, b, 7, 8))
+    assert _kinds(jit) == ["jit", "jit"]
+
+
+def test_launch_plans_are_found_by_identity_and_by_value():
+    made = []
+    plans = _launch.PlanCache(lambda config, *key: made.append(key) or object())
+    config = Config(BLOCK_T=1, num_warps=1)
+    first = plans.get(config, (256, 4))
+    assert plans.get(config, (256, 4)) is first
+    assert plans.get(Config(BLOCK_T=1, num_warps=1), (256, 4)) is first  # equal, another object
+    assert plans.get(config, (128, 4)) is not first
+    assert plans.get(Config(BLOCK_T=2, num_warps=1), (256, 4)) is not first
+    assert made == [(256, 4), (128, 4), (256, 4)]
+
+
+def _stub_decode_launchers(monkeypatch):
+    from omnitune.kernels import paged_decode_attention as pda
+
+    jit = _RecordingJit()
+    for launcher in (pda._SPLIT, pda._COMBINE):
+        monkeypatch.setattr(launcher, "jit", jit)
+        monkeypatch.setattr(launcher, "_direct", True)
+        monkeypatch.setattr(launcher, "_runtime_count", None)  # no entry kept: every call logged as "jit"
+    return jit
+
+
+def test_a_decode_plan_checks_each_call_and_follows_a_changed_page_guard(monkeypatch):
+    from omnitune.kernels import paged_decode_attention as pda
+
+    jit = _stub_decode_launchers(monkeypatch)
+    b, h, hkv, d, block, pages = 2, 4, 2, 32, 8, 4
+    plan = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=d, block_size=block,
+                               max_blocks=pages, max_context_len=block * pages, dtype=torch.float32, device="cpu")
+    q = torch.zeros(b, h, 1, d)
+    cache = torch.zeros(b * pages, block, hkv, d)
+    tables = torch.zeros(b, pages, dtype=torch.int32)
+    lens = torch.full((b,), block * pages, dtype=torch.int32)
+    assert plan.run(q, cache, cache, tables, lens, check=False) is plan.out
+    assert jit.log, "run launched nothing"
+    with pytest.raises(InputError, match="out must be"):
+        plan.run(q, cache, cache, tables, lens, out=torch.zeros(b, h, 1, d + 1), check=False)
+    with pytest.raises(InputError, match="context_lens must be int32"):
+        plan.run(q, cache, cache, tables, lens.long(), check=False)
+    with pytest.raises(InputError, match="as planned"):
+        plan.run(q[:1], cache, cache, tables, lens, check=False)
+    monkeypatch.setattr(pda, "PAGE_GUARD", [1])
+    plan.run(q, cache, cache, tables, lens, check=False)
+    assert plan._plan.split.constexprs["PAGE_GUARD"] == 1
