@@ -160,3 +160,24 @@ def test_a_worker_still_busy_when_its_problem_ends_is_not_handed_the_next(monkey
             assert pool.futures[Config(FAULT="none", BLOCK=32)].result(timeout=120) is None
     finally:
         ahead.close_shared_workers()
+
+
+def test_a_pool_prepared_ahead_submits_again_what_the_previous_problems_end_killed():
+    """The next problem's pool is opened while the one before it still runs; when that one's end
+    kills the shared processes (a hung worker), the prepared configs go to fresh ones."""
+    from omnitune.measure import ahead
+
+    ahead.close_shared_workers()
+    spec = get_spec("kv_cache_write")
+    problem = spec.parse_shape("t=5,hkv=1,d=32,block_size=8")
+    config = spec.default_config(problem, torch.float16)
+    try:
+        prepared = ahead.PrecompilePool(spec, problem, torch.float16, workers=1, device="cpu")
+        prepared.submit([config])
+        killed = prepared.pool
+        ahead.close_shared_workers()  # as the previous problem's close does with a hung worker
+        prepared.revive()
+        assert prepared.pool is not killed
+        assert prepared.futures[config].result(timeout=120) is None
+    finally:
+        ahead.close_shared_workers()

@@ -34,6 +34,7 @@ from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
 if TYPE_CHECKING:
+    from omnitune.search.prepare_next import ProblemsAhead
     from omnitune.spec import KernelSpec
 
 RESUME_HINT = "rerun the same command to resume: finished trials are kept and not measured again"
@@ -153,6 +154,14 @@ def search(
     profile_top = profile_top_possible(profile_top, interpret)
     deadline = None if timeout is None else time.monotonic() + timeout
     precompile_workers = _precompile_workers(precompile, interpret)
+    # With --precompile, each problem's first configs compile while the one before it is measured,
+    # across kernels too: the session knows every problem in the order they are searched.
+    ahead = None
+    if precompile_workers:
+        from omnitune.search.prepare_next import ProblemsAhead
+
+        ahead = ProblemsAhead([(t.spec, p, t.dtype) for t in targets for p in t.problems],
+                              workers=precompile_workers, trials=trials)
     try:
         for target in targets:
             # The timeout covers every kernel together; a kernel reached after it still says so.
@@ -161,11 +170,13 @@ def search(
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
                         isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list,
-                        precompile_workers=precompile_workers)
+                        precompile_workers=precompile_workers, ahead=ahead)
     except KeyboardInterrupt:
         err_console.print(f"interrupted; {RESUME_HINT}")
         raise typer.Exit(130) from None
     finally:
+        if ahead is not None:
+            ahead.close()
         if precompile_workers:  # every problem's pool shared these processes (omnitune.measure.ahead)
             from omnitune.measure.ahead import close_shared_workers
 
@@ -249,12 +260,14 @@ def search_problems(
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
     gpus: list[int] | None = None, heartbeat_interval_s: int | None = None, precompile_workers: int = 0,
-    observers: tuple | None = None,
+    observers: tuple | None = None, ahead: ProblemsAhead | None = None,
 ) -> None:
     """Search each of `problems` in turn with a live view, then print its summary: the session that
     `omnitune search` runs per kernel and `omnitune worker` runs on a shared storage. `observers`:
     picklable observer factories (None: SearchOptions' default, NVML; none under the interpreter,
-    where there is no GPU to watch)."""
+    where there is no GPU to watch). `ahead`: the session's look-ahead over its problems, which
+    opens each problem's precompile pool (omnitune.search.prepare_next); with precompile_workers
+    and none given, one over `problems`."""
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
 
@@ -283,77 +296,88 @@ def search_problems(
     if interpret or observers is not None:  # no GPU to watch under the interpreter
         options = dataclasses.replace(options, observers=() if interpret else tuple(observers))
 
-    for problem in problems:
-        remaining_s = None if deadline is None else deadline - time.monotonic()
-        if remaining_s is not None and remaining_s <= 0:
-            title = escape(search_title(spec, problem, dtype))
-            console.print(f"{title}: not started, the timeout has passed; rerun to continue", soft_wrap=True)
-            continue
+    own_ahead = None  # a look-ahead over these problems, when the session gave none
+    if ahead is None and precompile_workers:
+        from omnitune.search.prepare_next import ProblemsAhead
 
-        runners = []
-        runners_lock = threading.Lock()
+        ahead = own_ahead = ProblemsAhead([(spec, p, dtype) for p in problems], workers=precompile_workers,
+                                          trials=trials)
+    with own_ahead or nullcontext():
+        for problem in problems:
+            remaining_s = None if deadline is None else deadline - time.monotonic()
+            if remaining_s is not None and remaining_s <= 0:
+                title = escape(search_title(spec, problem, dtype))
+                console.print(f"{title}: not started, the timeout has passed; rerun to continue", soft_wrap=True)
+                continue
 
-        def make_runner(problem=problem, gpu=None):
-            if isolate_timeout_s is None:
-                with preflight.allocation_errors(spec, problem):
-                    runner = Runner(spec, problem, dtype, interpret=interpret, observers=options.make_observers(),
-                                    limits=limits)
+            runners = []
+            runners_lock = threading.Lock()
+
+            def make_runner(problem=problem, gpu=None):
+                if isolate_timeout_s is None:
+                    with preflight.allocation_errors(spec, problem):
+                        runner = Runner(spec, problem, dtype, interpret=interpret, observers=options.make_observers(),
+                                        limits=limits)
+                else:
+                    from omnitune.measure.worker import IsolatedRunner
+
+                    # The worker loads the kernel by the name the user gave, so files and modules work too.
+                    runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
+                                            observer_factories=options.observers,
+                                            timeout_s=isolate_timeout_s, gpu=gpu)
+                with runners_lock:  # with --gpus, each slot's thread builds its runner
+                    runners.append(runner)
+                return runner
+
+            factories = [make_runner] if not gpus else [partial(make_runner, gpu=gpu) for gpu in gpus]
+
+            # --precompile: a pool for this problem, handed the next proposals while one is measured;
+            # opened ahead, with its first configs compiling, while the problem before it was measured.
+            pool, warm_start, prepare_next = nullcontext(), options.warm_start, None
+            if ahead is not None:
+                pool, prepared_warm_start = ahead.take(spec, problem, dtype)
+                if prepared_warm_start is not None:
+                    warm_start = prepared_warm_start
+                prepare_next = partial(ahead.prepare_after, spec, problem, dtype, limits=limits, device_key=device.key,
+                                       deadline=deadline, catalogue=path)
+
+            # On a terminal a live view redrawn in place; elsewhere (a log, a pipe) the live view would
+            # show nothing until the summary, so one line per measured trial instead.
+            if console.is_terminal:
+                view = LiveView(spec, problem, dtype, trials, sampler, interpret)
+                showing, report_progress = Live(view, console=console, transient=True, refresh_per_second=4), view.update
             else:
-                from omnitune.measure.worker import IsolatedRunner
-
-                # The worker loads the kernel by the name the user gave, so files and modules work too.
-                runner = IsolatedRunner(kernel_arg or spec.name, problem, dtype, interpret=interpret, limits=limits,
-                                        observer_factories=options.observers,
-                                        timeout_s=isolate_timeout_s, gpu=gpu)
-            with runners_lock:  # with --gpus, each slot's thread builds its runner
-                runners.append(runner)
-            return runner
-
-        factories = [make_runner] if not gpus else [partial(make_runner, gpu=gpu) for gpu in gpus]
-
-        # --precompile: a pool for this problem, handed the next proposals while one is measured.
-        pool = nullcontext()
-        if precompile_workers:
-            from omnitune.measure.ahead import PrecompilePool
-
-            pool = PrecompilePool(spec, problem, dtype, workers=precompile_workers)
-
-        # On a terminal a live view redrawn in place; elsewhere (a log, a pipe) the live view would
-        # show nothing until the summary, so one line per measured trial instead.
-        if console.is_terminal:
-            view = LiveView(spec, problem, dtype, trials, sampler, interpret)
-            showing, report_progress = Live(view, console=console, transient=True, refresh_per_second=4), view.update
-        else:
-            showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
-        try:
-            with pool as ahead, showing:
-                outcome = run_search(
-                    spec, problem, dtype, dataclasses.replace(options, timeout_s=remaining_s),
-                    runner_factories=factories, db=database, progress=report_progress, compile_ahead=ahead,
-                )
-        except SearchInterrupted as stop:
+                showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
+            try:
+                with pool as compiling, showing:
+                    outcome = run_search(
+                        spec, problem, dtype, dataclasses.replace(options, timeout_s=remaining_s, warm_start=warm_start),
+                        runner_factories=factories, db=database, progress=report_progress, compile_ahead=compiling,
+                        on_trials_claimed=prepare_next,
+                    )
+            except SearchInterrupted as stop:
+                _close(runners)
+                console.print(summary_line(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
+                err_console.print(f"interrupted; {RESUME_HINT}")
+                raise typer.Exit(130) from None
             _close(runners)
-            console.print(summary_line(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
-            err_console.print(f"interrupted; {RESUME_HINT}")
-            raise typer.Exit(130) from None
-        _close(runners)
-        record_search_run(database, SearchRunRecord(
-            outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
-            outcome.wall_s, outcome.setup_s, outcome.retime_s))
-        if precompile_workers:
-            console.print(f"{escape(search_title(spec, problem, dtype))}: {pool.report().summary()}", soft_wrap=True)
-        console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
-        for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
-            console.print(line, soft_wrap=True)
-        if outcome.stop_reason is StopReason.CONTEXT_LOST:
-            err_console.print(
-                "[red]error:[/] a config crashed the GPU (illegal memory access), and this process can no "
-                f"longer use it; it is recorded as crashed — {RESUME_HINT}"
-            )
-            raise typer.Exit(1)
-        if profile_top:
-            profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
-                         database=database, device_key=device.key)
+            record_search_run(database, SearchRunRecord(
+                outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
+                outcome.wall_s, outcome.setup_s, outcome.retime_s))
+            if ahead is not None:
+                console.print(f"{escape(search_title(spec, problem, dtype))}: {pool.report().summary()}", soft_wrap=True)
+            console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
+            for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
+                console.print(line, soft_wrap=True)
+            if outcome.stop_reason is StopReason.CONTEXT_LOST:
+                err_console.print(
+                    "[red]error:[/] a config crashed the GPU (illegal memory access), and this process can no "
+                    f"longer use it; it is recorded as crashed — {RESUME_HINT}"
+                )
+                raise typer.Exit(1)
+            if profile_top:
+                profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
+                             database=database, device_key=device.key)
 
 
 def _close(runners: list) -> None:

@@ -99,6 +99,20 @@ class PrecompilePool:
                     future = self.pool.submit(_launch_for, self.identity, config.as_dict())
                 self.futures[config] = future
 
+    def revive(self) -> None:
+        """Submit again the configs whose worker went before compiling them: a pool prepared
+        ahead of its problem (omnitune.search.prepare_next) shares the processes with the problem
+        before it, whose end may have killed them (a hung worker) or a crash broken them."""
+        replaced = self.pool is not _SHARED.executor or getattr(self.pool, "_broken", False)
+        lost = [config for config, future in self.futures.items()
+                if future.cancelled() or (future.done() and future.exception(timeout=0) is not None)
+                or (replaced and not future.done())]
+        for config in lost:
+            del self.futures[config]
+        if replaced:
+            self.pool = _SHARED.get(self.workers)
+        self.submit(lost)
+
     def ready(self, config: Config) -> None:
         future = self.futures.get(config)
         if future is None or future.cancel():

@@ -100,6 +100,7 @@ def run_search(
     precompile: Callable[[Sequence[Config]], None] | None = None,
     compile_ahead: CompilesAhead | None = None,
     stop_when: Callable[[SearchProgress], bool] | None = None,
+    on_trials_claimed: Callable[[], None] | None = None,
     **option_fields: Any,
 ) -> SearchOutcome:
     """Search `spec`'s config space for `problem` in `dtype` as `options` (SearchOptions, or its
@@ -119,7 +120,11 @@ def run_search(
     says so (StopReason.TARGET). `precompile` (omnitune.measure.precompile), when given, is
     called once before the first trial with the configs certain to come next (_Search.upcoming);
     `compile_ahead` (omnitune.measure.ahead) is handed the next proposals while one is measured
-    (omnitune.search.ahead_queue; TPE's constant liar on).
+    (omnitune.search.ahead_queue; TPE's constant liar on). `on_trials_claimed` is called once, from
+    a measuring thread between two measurements, when this search will claim no more trials: the
+    budget's last place is claimed (its last trials still to measure), or else the trial loop has
+    ended; the finalists are re-timed after it. Not after a lost GPU context or an interrupt.
+    `omnitune search` prepares the next problem then (omnitune.search.prepare_next).
 
     Raises SearchInterrupted on Ctrl-C, after storing everything finished.
     """
@@ -141,7 +146,7 @@ def run_search(
         raise SearchError("run_search needs a storage_url or a storage")
     search = _Search(spec, problem, dtype, options, runner_factories=list(runner_factories), sink=sink,
                      storage=storage, progress=progress, precompile=precompile, stop_when=stop_when,
-                     compile_ahead=compile_ahead)
+                     compile_ahead=compile_ahead, on_trials_claimed=on_trials_claimed)
     return search.run()
 
 
@@ -151,11 +156,13 @@ class _Search:
         runner_factories: list[Callable[[], MeasuresConfigs]], sink: TrialSink | None,
         storage: optuna.storages.BaseStorage | None, progress: Callable[[SearchProgress], None] | None,
         precompile: Callable[[Sequence[Config]], None] | None, stop_when: Callable[[SearchProgress], bool] | None,
-        compile_ahead: CompilesAhead | None = None,
+        compile_ahead: CompilesAhead | None = None, on_trials_claimed: Callable[[], None] | None = None,
     ):
         self.spec, self.problem, self.dtype, self.options = spec, problem, dtype, options
         self.runner_factories, self.storage = runner_factories, storage
         self.progress, self.precompile, self.stop_when = progress, precompile, stop_when
+        self.on_trials_claimed = on_trials_claimed
+        self.trials_claimed_told = False  # on_trials_claimed is called once
         # The sink belongs to the thread that called run_search (omnitune.search.slots).
         self.sink = HomeSink(sink) if sink is not None else None
         self.setup_s = 0.0  # building runners (inputs, reference): the fixed cost `omnitune plan` reads
@@ -221,6 +228,8 @@ class _Search:
                 if self.queue is not None:
                     with self.lock:
                         self.queue.drop(self.shared.tell_failed)
+            if reason not in (StopReason.CONTEXT_LOST, StopReason.INTERRUPTED):
+                self._tell_trials_claimed()
             self.loop_s = time.monotonic() - self.started
             retiming = self._retime(reason)
         except KeyboardInterrupt:
@@ -284,6 +293,7 @@ class _Search:
                 if isinstance(step, StopReason):
                     return step
                 claimed = False
+                budget_claimed = False
                 if step is not None:
                     trial, config, chosen_by = step
                     if self.queue is not None and self.queue.take(trial):
@@ -295,14 +305,31 @@ class _Search:
                         self.ledger.in_flight[slot] = (trial.number, config)
                         if self.queue is not None:
                             self.queue.fill(self._claims_ahead(slot))
+                        budget_claimed = self._budget_claimed()
             if step is None:
                 time.sleep(WAIT_FOR_CLAIMS_S)
                 continue
+            if budget_claimed:
+                self._tell_trials_claimed()
             result = self._measure_and_store(trial, config, chosen_by, slot) if claimed else None
             with self.lock:
                 self.chain.tell(Told(config, chosen_by, result))
             if getattr(self.runners.get(slot), "context_lost", False):
                 return StopReason.CONTEXT_LOST
+
+    def _budget_claimed(self) -> bool:
+        """Whether every place of the budget is measured or claimed (here, queued, or by another
+        process): no further trial will be claimed unless one of those fails. Under the lock."""
+        ledger = self.ledger
+        return ledger.measured_total + ledger.in_flight_total + len(ledger.unclaimed_since) >= self.options.trials
+
+    def _tell_trials_claimed(self) -> None:
+        """Call on_trials_claimed, once, outside the lock (what it does must not hold the other slots)."""
+        with self.lock:
+            if self.on_trials_claimed is None or self.trials_claimed_told:
+                return
+            self.trials_claimed_told = True
+        self.on_trials_claimed()
 
     def _next_trial(self) -> StopReason | Claimed | None:
         """Why to stop, or the next asked trial, its config and who chose it; None to wait for

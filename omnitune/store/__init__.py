@@ -25,7 +25,7 @@ from omnitune.store._catalogue import (
     storage_url_for_driver,
 )
 from omnitune.store._migrations import SCHEMA_VERSION, open_db, schema_version, utc_now
-from omnitune.store._reading import DEVICE_COLUMNS, read_devices, read_table, read_trials
+from omnitune.store._reading import DEVICE_COLUMNS, read_devices, read_study_configs, read_table, read_trials
 from omnitune.store._records import (
     CALIBRATION_METRICS,
     TRIAL_COLUMNS,
@@ -66,6 +66,7 @@ __all__ = [
     "open_db",
     "open_optuna_storage",
     "read_devices",
+    "read_study_configs",
     "read_table",
     "read_trials",
     "rebuild_catalogue",

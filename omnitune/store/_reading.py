@@ -61,6 +61,28 @@ def read_trials(db_path: str | Path, kernel: str | None = None) -> pd.DataFrame:
     return read_table(db_path, "trials", TRIAL_COLUMNS, where="kernel", value=kernel)
 
 
+def read_study_configs(db_path: str | Path, study: str) -> dict[str, str]:
+    """The configs (as config_json) the catalogue holds for `study`, with the status of each: what
+    a resumed search has measured already. Empty when the file or the table is not there yet.
+    Its own read-only connection, so any thread may call it."""
+    db_path = Path(db_path)
+    if not db_path.is_file():
+        return {}
+    try:
+        con = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {db_path}: {exc}") from None
+    try:
+        if not _is_omnitune_database(con, db_path) or not con.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trials'").fetchone():
+            return {}
+        return dict(con.execute("SELECT config_json, status FROM trials WHERE study = ?", (study,)).fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
+    finally:
+        con.close()
+
+
 def read_devices(db_path: str | Path) -> pd.DataFrame:
     """The `devices` table: one row per GPU key, with DEVICE_COLUMNS."""
     return read_table(db_path, "devices", DEVICE_COLUMNS)
