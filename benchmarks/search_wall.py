@@ -1,0 +1,208 @@
+"""How long a whole model's search takes, and how busy it keeps the GPU (issue 20's figure).
+
+Runs `omnitune search --model MODEL -n TRIALS --precompile --timeout S --db DB` as a subprocess
+while a thread samples NVML every 100 ms: the GPU's utilization (the share of the sample period in
+which a kernel ran), its SM clock and its power. Afterwards reads each problem's row from the
+results database (search_runs: wall, setup and re-timing seconds, trials measured by this run;
+`omnitune report --format json`: best and default time, speedup) and puts beside it what the
+shipped table (tuned_configs/<kernel>/NVIDIA_H200*.json) holds for the same problem: its speedup
+over the default, config and time. Writes it all as JSON and prints a short summary.
+
+    python benchmarks/search_wall.py --out benchmarks/results/search_wall_h200.json
+
+Without NVML (no driver, no nvidia-ml-py) the search still runs; the busy fraction is then null
+and the JSON says why. Extra arguments after `--` go to omnitune search unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_PERIOD_S = 0.1
+# The device call that runs this is limited to 600 s: the search stops in time to leave margin
+# for its finalists, the report and the start of the interpreter.
+DEFAULT_TIMEOUT_S = 540.0
+
+
+class GpuSampler(threading.Thread):
+    """Samples NVML (utilization %, SM clock MHz, power W) of one GPU every `period_s` until
+    stopped; `unavailable` says why there are no samples when NVML cannot be used."""
+
+    def __init__(self, index: int = 0, period_s: float = SAMPLE_PERIOD_S):
+        super().__init__(daemon=True)
+        self.index, self.period_s = index, period_s
+        self.samples: list[dict] = []
+        self.unavailable: str | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception as exc:  # noqa: BLE001 — no module, no driver, no GPU: all mean no samples
+            self.unavailable = f"NVML not available: {type(exc).__name__}: {exc}"
+            return
+        try:
+            while not self.stopping.is_set():
+                at = time.monotonic()
+                try:
+                    self.samples.append({
+                        "t": at,
+                        "util": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                        "sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                        "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                    })
+                except Exception as exc:  # noqa: BLE001 — one failed read is a gap, not the end
+                    self.unavailable = f"an NVML read failed: {type(exc).__name__}: {exc}"
+                self.stopping.wait(max(0.0, self.period_s - (time.monotonic() - at)))
+        finally:
+            pynvml.nvmlShutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+
+
+def busy_fraction(samples: list[dict], start: float, end: float) -> float | None:
+    """The mean utilization (0–1) of the samples taken between `start` and `end` (monotonic);
+    None without any."""
+    within = [s["util"] for s in samples if start <= s["t"] <= end]
+    return sum(within) / (100.0 * len(within)) if within else None
+
+
+def _mean(samples: list[dict], field: str) -> float | None:
+    values = [s[field] for s in samples]
+    return sum(values) / len(values) if values else None
+
+
+def search_command(args: argparse.Namespace, db: str) -> list[str]:
+    command = [sys.executable, "-m", "omnitune", "search", "--model", args.model, "-n", str(args.trials),
+               "--precompile", "--db", db]
+    if args.timeout is not None:
+        command += ["--timeout", str(args.timeout)]
+    return command + list(args.extra)
+
+
+def search_runs_since(db: str, since_utc: str) -> list[dict]:
+    """The search_runs rows this run wrote (finished at or after `since_utc`), in order."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    con.row_factory = sqlite3.Row
+    try:
+        rows = con.execute("SELECT * FROM search_runs WHERE finished_at >= ? ORDER BY finished_at",
+                           (since_utc,)).fetchall()
+    finally:
+        con.close()
+    return [dict(r) for r in rows]
+
+
+def report_rows(db: str) -> dict[str, dict]:
+    """`omnitune report --format json`, by study name (kernel|problem|dtype|device key)."""
+    out = subprocess.run([sys.executable, "-m", "omnitune", "report", "--db", db, "--format", "json"],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    rows = json.loads(out) if out.strip() else []
+    return {"|".join((r["kernel"], r["problem_key"], r["dtype"], r["device_key"])): r for r in rows}
+
+
+def shipped_entry(kernel: str, problem_key: str, dtype: str, tables: Path = REPO / "tuned_configs") -> dict | None:
+    """The shipped H200 table's entry for the problem: its speedup over the default, config, time."""
+    for path in sorted(glob.glob(str(tables / kernel / "NVIDIA_H200*.json"))):
+        entry = json.loads(Path(path).read_text()).get("entries", {}).get(f"{dtype}|{problem_key}")
+        if entry is not None:
+            return {"table": Path(path).name, "speedup_vs_default": entry.get("speedup_vs_default"),
+                    "time_ms": entry.get("time_ms"), "default_time_ms": entry.get("default_time_ms"),
+                    "config": entry.get("config")}
+    return None
+
+
+def problem_rows(db: str, since_utc: str, tables: Path = REPO / "tuned_configs") -> list[dict]:
+    """One row per problem this run searched: its timings, its result, and the shipped table's."""
+    reported = report_rows(db)
+    rows = []
+    for run in search_runs_since(db, since_utc):
+        kernel, problem_key, dtype, _ = run["study"].split("|", 3)
+        best = reported.get(run["study"], {})
+        rows.append({
+            "kernel": kernel, "problem": problem_key, "dtype": dtype, "stop_reason": run["stop_reason"],
+            "wall_s": run["wall_s"], "setup_s": run["setup_s"], "retime_s": run["retime_s"],
+            "measured_this_run": run["measured"], "trials_total": best.get("trials"),
+            "best_ms": best.get("time_ms"), "default_ms": best.get("default_time_ms"),
+            "speedup_vs_default": best.get("speedup_vs_default"), "best_config": best.get("best_config"),
+            "shipped": shipped_entry(kernel, problem_key, dtype, tables),
+        })
+    return rows
+
+
+def summary(result: dict) -> str:
+    rows = result["problems"]
+    busy = result["gpu"]["busy_fraction"]
+    lines = [f"{len(rows)} problems in {result['wall_s']:.0f} s (exit {result['returncode']}); GPU busy "
+             + (f"{busy:.0%}" if busy is not None else f"unknown ({result['gpu']['unavailable']})")]
+    better = [r for r in rows if r["speedup_vs_default"] and r["shipped"] and r["shipped"]["speedup_vs_default"]]
+    if better:
+        ratio = sum(r["speedup_vs_default"] / r["shipped"]["speedup_vs_default"] for r in better) / len(better)
+        lines.append(f"speedup over default vs the shipped tables' (mean ratio over {len(better)} problems): {ratio:.2f}")
+    slowest = sorted(rows, key=lambda r: -(r["wall_s"] or 0))[:3]
+    for r in slowest:
+        lines.append(f"  slowest: {r['kernel']} {r['problem']}: {r['wall_s']:.1f} s (setup {r['setup_s']:.1f} s, "
+                     f"re-timing {r['retime_s']:.1f} s, {r['measured_this_run']} measured)")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="search_wall.json", help="where the JSON goes")
+    parser.add_argument("--model", default="qwen2.5-omni-7b", help="model preset to search")
+    parser.add_argument("--trials", type=int, default=50, help="configs per problem (-n)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="passed to omnitune search: no new trial after this many seconds")
+    parser.add_argument("--db", default=None, help="results database [default: a fresh one in a temporary folder]")
+    parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to sample")
+    parser.add_argument("extra", nargs="*", help="after --: more arguments for omnitune search")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    db = args.db or str(Path(tempfile.mkdtemp(prefix="search_wall_")) / "omnitune.db")
+    command = search_command(args, db)
+    since_utc = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+    sampler = GpuSampler(args.gpu)
+    sampler.start()
+    started = time.monotonic()
+    returncode = subprocess.run(command, cwd=REPO, env=os.environ.copy()).returncode
+    ended = time.monotonic()
+    sampler.stop()
+    within = [s for s in sampler.samples if started <= s["t"] <= ended]
+    result = {
+        "command": command, "db": db, "returncode": returncode, "wall_s": ended - started,
+        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+        "gpu": {"busy_fraction": busy_fraction(sampler.samples, started, ended), "samples": len(within),
+                "sample_period_s": SAMPLE_PERIOD_S, "mean_sm_mhz": _mean(within, "sm_mhz"),
+                "mean_power_w": _mean(within, "power_w"),
+                "unavailable": sampler.unavailable if not within else None},
+        "problems": problem_rows(db, since_utc) if Path(db).is_file() else [],
+        "shipped_note": "shipped: the entry of tuned_configs/<kernel>/NVIDIA_H200*.json for the same "
+                        "problem and dtype (speedup_vs_default as exported), or null when it has none",
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(summary(result))
+    print(f"written to {args.out}")
+    return returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

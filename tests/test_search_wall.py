@@ -1,0 +1,65 @@
+"""benchmarks/search_wall.py without a GPU: the busy fraction from samples, the per-problem rows
+read back from a small database a real interpreted search wrote, and a sampler without NVML."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "search_wall.py"
+_spec = importlib.util.spec_from_file_location("search_wall", _PATH)
+search_wall = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(search_wall)
+
+KEYS = ("t=9,hkv=2,d=16,block_size=4", "t=5,hkv=1,d=32,block_size=8")
+
+
+def test_the_busy_fraction_is_the_mean_utilization_within_the_search():
+    samples = [{"t": t, "util": u} for t, u in ((0.0, 100), (1.0, 50), (2.0, 100), (3.0, 0), (9.0, 100))]
+    assert search_wall.busy_fraction(samples, 1.0, 3.0) == pytest.approx(0.5)
+    assert search_wall.busy_fraction(samples, 4.0, 5.0) is None
+
+
+def test_without_nvml_the_sampler_says_why_and_takes_no_samples(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it fails, as where it is not installed
+    sampler = search_wall.GpuSampler(period_s=0.01)
+    sampler.start()
+    time.sleep(0.05)
+    sampler.stop()
+    assert sampler.samples == [] and sampler.unavailable.startswith("NVML not available")
+
+
+def test_the_rows_come_from_the_database_with_the_shipped_tables_beside_them(tmp_path):
+    db = str(tmp_path / "r.db")
+    since = "2000-01-01T00:00:00+00:00"
+    shapes = [arg for key in KEYS for arg in ("--shape", key)]
+    subprocess.run([sys.executable, "-m", "omnitune", "search", "kv_cache_write", *shapes, "-n", "3", "--interpret",
+                    "--dtype", "fp32", "--db", db], check=True, capture_output=True, cwd=search_wall.REPO)
+    tables = tmp_path / "tables"
+    (tables / "kv_cache_write").mkdir(parents=True)
+    (tables / "kv_cache_write" / "NVIDIA_H200.json").write_text(json.dumps({"entries": {
+        f"fp32|{KEYS[0]}": {"speedup_vs_default": 2.0, "time_ms": 0.01, "default_time_ms": 0.02,
+                            "config": {"BLOCK_T": 8}}}}))
+    rows = search_wall.problem_rows(db, since, tables)
+    assert [r["problem"] for r in rows] == list(KEYS)
+    first, second = rows
+    assert first["measured_this_run"] == 3 and first["trials_total"] == 3 and first["wall_s"] > 0
+    assert first["best_ms"] <= first["default_ms"] and first["speedup_vs_default"] >= 1
+    assert first["shipped"]["speedup_vs_default"] == 2.0 and second["shipped"] is None
+    assert search_wall.problem_rows(db, "2999-01-01T00:00:00+00:00", tables) == []  # not this run's
+    text = search_wall.summary({"problems": rows, "wall_s": 12.0, "returncode": 0,
+                                "gpu": {"busy_fraction": None, "unavailable": "NVML not available: no"}})
+    assert "2 problems in 12 s" in text and "unknown (NVML not available" in text and "mean ratio over 1" in text
+
+
+def test_the_command_is_the_model_search_with_its_timeout_and_the_extra_arguments():
+    args = search_wall.parse_args(["--trials", "7", "--", "--sampler", "random"])
+    command = search_wall.search_command(args, "x.db")
+    assert command[1:] == ["-m", "omnitune", "search", "--model", "qwen2.5-omni-7b", "-n", "7", "--precompile",
+                           "--db", "x.db", "--timeout", "540.0", "--sampler", "random"]
