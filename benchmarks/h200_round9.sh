@@ -6,6 +6,11 @@
 # 32k–128k contexts as users call it (the default split that fills one wave, beside more splits
 # and SDPA); the Hopper probe kernels launched and timed beside cuDNN (warp specialization,
 # descriptors, a persistent grid).
+# Part B: every GPU-marked test (the launch path of every op changed: constexprs bound once per
+# plan), four processes at once, failures re-run alone; the public ops as users call them
+# (benchmarks/ops_bench.py); long-context decode again (the runtime's nearest rung now adapts the
+# split count); the Hopper probes again (now with a watchdog: part A's run hung after compiling);
+# the fp8 problems the tables lack searched and exported (a copy of the tables in $OUT/tc).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -33,6 +38,28 @@ case $part in
       '{"NUM_SPLITS": 2, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PACK_GQA": true, "FUSED_REDUCE": false}'
     step 150 python benchmarks/long_decode_bench.py --out "$OUT/long_decode_h200.json"
     step 120 python benchmarks/hopper_probe_timing.py --out "$OUT/hopper_probe_timing_h200.json"
+    ;;
+  B)
+    step 260 python -m pytest -q -m gpu -n 4 -o cache_dir=/tmp/pytest_cache tests/
+    step 120 python -m pytest -q -m gpu --lf --lfnf=none -o cache_dir=/tmp/pytest_cache tests/
+    step 150 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200.json"
+    step 60 python benchmarks/long_decode_bench.py --out "$OUT/long_decode_adapted_h200.json"
+    step 100 python benchmarks/hopper_probe_timing.py --out "$OUT/hopper_probe_timing_h200.json"
+    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
+    step $(left 560) python -m omnitune search paged_decode_attention \
+      --shape b=4,h=32,hkv=4,lq=1,ctx=4096,d=128,block_size=16,cache_dtype=fp8_e4m3 \
+      --shape b=4,h=32,hkv=4,lq=1,ctx=16384,d=128,block_size=16,cache_dtype=fp8_e4m3 \
+      --shape b=64,h=32,hkv=4,lq=1,ctx=4096,d=128,block_size=16,cache_dtype=fp8_e4m3 \
+      --shape b=64,h=32,hkv=4,lq=1,ctx=16384,d=128,block_size=16,cache_dtype=fp8_e4m3 \
+      --shape b=64,h=16,hkv=2,lq=1,ctx=16384,d=128,block_size=16,cache_dtype=fp8_e4m3 \
+      -n 20 --timeout $(left 500) --db "$OUT/fp8.db"
+    step $(left 580) python -m omnitune search kv_cache_write \
+      --shape t=1024,hkv=2,d=128,block_size=16,cache_dtype=fp8_e4m3 \
+      --shape t=16384,hkv=2,d=128,block_size=16,cache_dtype=fp8_e4m3 \
+      -n 20 --timeout $(left 545) --db "$OUT/fp8.db"
+    step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel paged_decode_attention --out "$OUT/tc"
+    step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel kv_cache_write --out "$OUT/tc"
+    rm -f "$OUT"/*.db* "$OUT"/tc/*/.*.lock
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

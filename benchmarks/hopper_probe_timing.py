@@ -35,6 +35,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -51,6 +52,10 @@ LOG2E = 1.4426950408889634
 MAX_ABS_TOL = 2e-2
 REL_RMS_TOL = 2e-2
 ROUNDS = 5
+# A first launch that has not finished after this long is taken as hung (a warp-specialized
+# kernel whose barriers never complete spins forever): the results so far are written and the
+# process ends, since a hung kernel holds the GPU until it does.
+HANG_S = 20.0
 QUICK_ROUNDS = 3
 GRAPH_FLOPS = 4e12  # each graph holds enough launches for about this many flops (3 to 10 launches)
 REF_BYTES = 4 << 30  # the fp32 reference's score matrices, per chunk of heads
@@ -125,9 +130,10 @@ def _v(loads, bn, warps, stages, ws=False, mode=0, persistent=False):
 FULL_VARIANTS = [
     _v("ptr", 64, 8, 2), _v("ptr", 64, 8, 3), _v("ptr", 128, 8, 2), _v("ptr", 128, 8, 3),
     _v("kv", 64, 8, 2), _v("kv", 128, 8, 2),
-    _v("qkv", 64, 8, 2),
+    _v("qkv", 64, 8, 2), _v("qkv", 64, 8, 2, persistent=True),
+    # warp-specialized last: a hang there (see HANG_S) leaves every other row measured
     _v("qkv", 64, 4, 2, ws=True), _v("qkv", 64, 4, 3, ws=True), _v("qkv", 128, 4, 2, ws=True),
-    _v("qkv", 64, 8, 2, persistent=True), _v("qkv", 64, 4, 2, ws=True, persistent=True),
+    _v("qkv", 64, 4, 2, ws=True, persistent=True),
 ]
 # Causal: the two-loop form (omnitune's) and the one-loop form (the only one warp specialization
 # compiles), each without WS at 8 warps, so that "qkv_n64_w8_s2_1loop" → "qkv_ws_n64_w4_s2_1loop"
@@ -357,6 +363,34 @@ def _row(shape: Shape, name: str, **fields) -> dict:
                 variant=name, **fields)
 
 
+class _hang_watch:
+    """Ends the process if the block takes longer than HANG_S: writes the rows so far (this one
+    marked hung) through _PARTIAL's writer, prints why, and exits with status 3."""
+
+    def __init__(self, what: str, row: dict):
+        self.what, self.row = what, row
+        self.timer = threading.Timer(HANG_S, self._hung)
+        self.timer.daemon = True
+
+    def _hung(self) -> None:
+        self.row["status"] = f"hung: the first launch had not finished after {HANG_S:.0f} s"
+        print(f"{self.what}: {self.row['status']}; writing the results so far and exiting", flush=True)
+        if _PARTIAL["write"] is not None:
+            _PARTIAL["write"](_PARTIAL["rows"] + [self.row], partial=True)
+        os._exit(3)
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.cancel()
+
+
+# The rows of the shapes done so far and the function that writes them: what a hang leaves.
+_PARTIAL: dict = {"rows": [], "write": None}
+
+
 def run_shape(shape: Shape, variants: list[Variant], compile_failed: dict, num_sms: int, rounds: int,
               seed: int) -> list[dict]:
     from torch.nn.attention import SDPBackend
@@ -371,11 +405,13 @@ def run_shape(shape: Shape, variants: list[Variant], compile_failed: dict, num_s
         if binary_key(variant, shape) in compile_failed:
             row["status"] = compile_failed[binary_key(variant, shape)]
             continue
+        print(f"  {shape.name} {variant.name}: first launch", flush=True)
         try:
             out.fill_(float("nan"))
             started = time.perf_counter()
-            launch(variant, q, k, v, out, shape.causal, num_sms)
-            torch.cuda.synchronize()
+            with _hang_watch(f"{shape.name} {variant.name}", row):
+                launch(variant, q, k, v, out, shape.causal, num_sms)
+                torch.cuda.synchronize()
             row["first_launch_s"] = round(time.perf_counter() - started, 3)
         except Exception as exc:
             row["status"] = f"failed: {_one_line(exc)}"
@@ -509,6 +545,31 @@ def offline_compile(quick: bool, names: str | None) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 
 
+def _write(path: str, env: dict, quick: bool, rounds: int, compile_s: float, total_s: float, rows: list[dict],
+           partial: bool) -> None:
+    result = dict(
+        what="Triton 3.6 FlashAttention-forward probes (benchmarks/hopper_probe_kernels.py) launched and timed "
+             "beside SDPA cuDNN and flash: issue 15's ablation of warp specialization, host tensor "
+             "descriptors and a persistent grid",
+        environment=env, quick=quick, rounds=rounds, partial=partial,
+        notes=["bf16, head dim 128; no GQA in the probe: K/V have as many heads as Q (hkv = h)",
+               "flops: 4·b·h·L²·d, half of it under a causal mask",
+               f"correct: every element finite, max abs err <= {MAX_ABS_TOL}, relative RMS err <= "
+               f"{REL_RMS_TOL}, against SDPA in fp32 math on a fresh random input per shape, the output "
+               "poisoned with NaN before each variant's launch; a wrong variant is not timed",
+               "ms: median over rounds of a CUDA graph replay of launches_per_graph launches, divided by "
+               "them; every variant and SDPA once per round, the order rotated",
+               "vs_cudnn: SDPA cuDNN's ms / the row's ms (above 1: faster than cuDNN)",
+               "O is stored through pointers in every variant; descriptors are host TensorDescriptors",
+               f"partial: the run ended early (a first launch hung for {HANG_S:.0f} s, or shapes remain)"],
+        compile_s=compile_s, total_s=total_s, rows=rows)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write every row and the environment as JSON here")
@@ -540,7 +601,10 @@ def main(argv=None) -> int:
     print(f"compiled {len(jobs) - len(failed)}/{len(jobs)} binaries in {compile_s:.1f} s", flush=True)
     for key, why in failed.items():
         print(f"  {key[0].name}: {why}", flush=True)
-    rows = []
+    rows = _PARTIAL["rows"]
+    if args.out:
+        _PARTIAL["write"] = lambda done, partial=False: _write(args.out, env, args.quick, rounds, compile_s,
+                                                                time.perf_counter() - started, done, partial)
     for i, shape in enumerate(shapes):
         t = time.perf_counter()
         try:
@@ -548,6 +612,8 @@ def main(argv=None) -> int:
         except Exception as exc:  # e.g. out of memory for the reference: the shape is one failed row
             shape_rows = [_row(shape, "*", kind="shape", status=f"failed: {_one_line(exc)}")]
         rows += shape_rows
+        if _PARTIAL["write"] is not None:
+            _PARTIAL["write"](rows, partial=i + 1 < len(shapes))
         best = min((r for r in shape_rows if r.get("kind") == "triton" and r.get("ms")), key=lambda r: r["ms"],
                    default=None)
         cudnn = next((r for r in shape_rows if r["variant"] == "sdpa_cudnn" and r.get("ms")), None)
@@ -557,26 +623,6 @@ def main(argv=None) -> int:
     total_s = time.perf_counter() - started
     print(markdown(rows))
     print(f"\ntotal {total_s:.1f} s (compile {compile_s:.1f} s)")
-    if args.out:
-        result = dict(
-            what="Triton 3.6 FlashAttention-forward probes (benchmarks/hopper_probe_kernels.py) launched and timed "
-                 "beside SDPA cuDNN and flash: issue 15's ablation of warp specialization, host tensor "
-                 "descriptors and a persistent grid",
-            environment=env, quick=args.quick, rounds=rounds,
-            notes=["bf16, head dim 128; no GQA in the probe: K/V have as many heads as Q (hkv = h)",
-                   "flops: 4·b·h·L²·d, half of it under a causal mask",
-                   f"correct: every element finite, max abs err <= {MAX_ABS_TOL}, relative RMS err <= "
-                   f"{REL_RMS_TOL}, against SDPA in fp32 math on a fresh random input per shape, the output "
-                   "poisoned with NaN before each variant's launch; a wrong variant is not timed",
-                   "ms: median over rounds of a CUDA graph replay of launches_per_graph launches, divided by "
-                   "them; every variant and SDPA once per round, the order rotated",
-                   "vs_cudnn: SDPA cuDNN's ms / the row's ms (above 1: faster than cuDNN)",
-                   "O is stored through pointers in every variant; descriptors are host TensorDescriptors"],
-            compile_s=compile_s, total_s=total_s, rows=rows)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-            f.write("\n")
     return 0
 
 

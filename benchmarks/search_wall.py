@@ -1,6 +1,7 @@
 """How long a whole model's search takes, and how busy it keeps the GPU (issue 20's figure).
 
-Runs `omnitune search --model MODEL -n TRIALS --precompile --timeout S --db DB` as a subprocess
+Runs `omnitune search --model MODEL -n TRIALS --timeout S --db DB` (compiling ahead in the CPU
+cores less two, the default on a GPU) as a subprocess
 while a thread samples NVML every 100 ms: the GPU's utilization (the share of the sample period in
 which a kernel ran), its SM clock and its power. Afterwards reads each problem's row from the
 results database (search_runs: wall, setup and re-timing seconds, trials measured by this run;
@@ -91,7 +92,7 @@ def _mean(samples: list[dict], field: str) -> float | None:
 
 def search_command(args: argparse.Namespace, db: str) -> list[str]:
     command = [sys.executable, "-m", "omnitune", "search", "--model", args.model, "-n", str(args.trials),
-               "--precompile", "--db", db]
+               "--db", db]
     if args.timeout is not None:
         command += ["--timeout", str(args.timeout)]
     return command + list(args.extra)

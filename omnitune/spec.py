@@ -53,11 +53,17 @@ class Config(Mapping[str, ParamValue]):
     """An immutable, hashable launch config. Keys are the literal launch kwargs
     (`BLOCK_M`, `num_warps`, `num_stages`, ...)."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_hash")
 
     def __init__(self, values: Mapping[str, ParamValue] | None = None, /, **kwargs: ParamValue):
         merged = dict(values or {}, **kwargs)
         self._items: tuple[tuple[str, ParamValue], ...] = tuple(sorted(merged.items()))
+        # Hashed once: a config keys the ops' launch plans and memos on every call.
+        self._hash = hash(self._items)
+
+    def __reduce__(self):
+        # Rebuilt from its values in the receiving process, whose string hashes differ.
+        return (Config, (dict(self._items),))
 
     def __getitem__(self, key: str) -> ParamValue:
         for k, v in self._items:
@@ -72,7 +78,7 @@ class Config(Mapping[str, ParamValue]):
         return len(self._items)
 
     def __hash__(self) -> int:
-        return hash(self._items)
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Config):

@@ -61,5 +61,5 @@ def test_the_rows_come_from_the_database_with_the_shipped_tables_beside_them(tmp
 def test_the_command_is_the_model_search_with_its_timeout_and_the_extra_arguments():
     args = search_wall.parse_args(["--trials", "7", "--", "--sampler", "random"])
     command = search_wall.search_command(args, "x.db")
-    assert command[1:] == ["-m", "omnitune", "search", "--model", "qwen2.5-omni-7b", "-n", "7", "--precompile",
+    assert command[1:] == ["-m", "omnitune", "search", "--model", "qwen2.5-omni-7b", "-n", "7",
                            "--db", "x.db", "--timeout", "540.0", "--sampler", "random"]
