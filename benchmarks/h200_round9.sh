@@ -11,6 +11,11 @@
 # (benchmarks/ops_bench.py); long-context decode again (the runtime's nearest rung now adapts the
 # split count); the Hopper probes again (now with a watchdog: part A's run hung after compiling);
 # the fp8 problems the tables lack searched and exported (a copy of the tables in $OUT/tc).
+# Part C: the Hopper probes without the warp-specialized variants (they hung in B) and their GPU
+# test; the three long-context decode shapes below 85% of copy in B searched, exported beside
+# B's fp8 entries, and measured again with that table.
+# Part D: the whole Qwen2.5-Omni-7B preset searched, 50 trials per problem, from a cold database,
+# timed, with the GPU's busy fraction (benchmarks/search_wall.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -60,6 +65,24 @@ case $part in
     step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel paged_decode_attention --out "$OUT/tc"
     step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel kv_cache_write --out "$OUT/tc"
     rm -f "$OUT"/*.db* "$OUT"/tc/*/.*.lock
+    ;;
+  C)
+    step 120 python benchmarks/hopper_probe_timing.py --out "$OUT/hopper_probe_timing_h200.json"
+    step 90 python -m pytest -q -m gpu -p no:cacheprovider tests/test_hopper_probe_timing.py
+    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention "$OUT/tc/"  # with B's fp8 entries
+    step $(left 300) python -m omnitune search paged_decode_attention \
+      --shape b=1,h=28,hkv=4,lq=1,ctx=32768,d=128,block_size=16 \
+      --shape b=1,h=28,hkv=4,lq=1,ctx=65536,d=128,block_size=16 \
+      --shape b=2,h=28,hkv=4,lq=1,ctx=32768,d=128,block_size=16 \
+      -n 30 --timeout $(left 250) --db "$OUT/long.db"
+    step 30 python -m omnitune export --db "$OUT/long.db" --kernel paged_decode_attention --out "$OUT/tc"
+    rm -f "$OUT"/*.db* "$OUT"/tc/*/.*.lock
+    OMNITUNE_CONFIG_DIR="$OUT/tc" step $(left 380) python benchmarks/long_decode_bench.py \
+      --only "b1 h28/4 ctx32768,b1 h28/4 ctx65536,b2 h28/4 ctx32768" --out "$OUT/long_decode_tuned_h200.json"
+    ;;
+  D)
+    step 590 python benchmarks/search_wall.py --out "$OUT/search_wall_h200.json" --model qwen2.5-omni-7b \
+      --trials 50 --timeout 530 --db /tmp/search_wall.db
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

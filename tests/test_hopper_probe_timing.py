@@ -59,7 +59,7 @@ def test_variant_lists_keep_to_what_compiles_on_sm90():
     """docs/hopper.md: warp specialization only at 4 warps, BLOCK_M 128, Q/K/V through
     descriptors and one key loop; the persistent probe has no mask; at most 12 per shape."""
     for shape in timing.SHAPES:
-        chosen = timing.variants_for(shape, quick=False)
+        chosen = timing.variants_for(shape, quick=False, try_warp_spec=True)
         assert len(chosen) <= 12 and len({v.name for v in chosen}) == len(chosen)
         for v in chosen:
             assert shape.L % v.block_m == 0 and shape.L % v.block_n == 0
@@ -68,6 +68,16 @@ def test_variant_lists_keep_to_what_compiles_on_sm90():
                 assert v.num_warps == 4 and v.block_m == 128 and v.loads == "qkv" and v.causal_mode != 1
     assert {s.name for s in timing.select_shapes(False, "h24_L16384")} == {"b1_h24_L16384_causal",
                                                                             "b1_h24_L16384_full"}
+
+
+def test_warp_specialized_variants_are_left_out_unless_asked_for_and_reported_as_such():
+    # They hung on the H200 (timing.WARP_SPEC_HANGS): a default run launches none of them.
+    for shape in timing.SHAPES:
+        default = timing.variants_for(shape, quick=False)
+        assert not any(v.warp_spec for v in default)
+        assert timing.warp_spec_rows_skipped(shape, False) == [
+            v.name for v in timing.variants_for(shape, False, try_warp_spec=True) if v.warp_spec]
+        assert timing.warp_spec_rows_skipped(shape, False)
 
 
 def test_flops_halve_under_a_causal_mask():
@@ -101,9 +111,14 @@ def test_warp_specialized_variant_compiles_for_sm90_offline():
 
 @pytest.mark.gpu
 def test_quick_run_on_the_gpu(tmp_path):
+    # In a process of its own: a hung launch ends the process that made it (see HANG_S).
     out = tmp_path / "timing.json"
-    assert timing.main(["--quick", "--shapes", "b1_h32_L8192_causal", "--rounds", "1", "--out", str(out)]) == 0
+    script = Path(timing.__file__)
+    done = subprocess.run([sys.executable, str(script), "--quick", "--shapes", "b1_h32_L8192_causal", "--rounds", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
+    assert any(r["status"].startswith("skipped: not launched: the warp-specialized") for r in rows)
     timed = [r for r in rows if r.get("ms")]
     assert any(r["variant"] == "sdpa_cudnn" for r in timed)
     assert all(r["status"] in ("ok", "wrong") or r["status"].startswith(("failed", "skipped")) for r in rows)
