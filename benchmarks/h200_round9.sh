@@ -16,6 +16,8 @@
 # B's fp8 entries, and measured again with that table.
 # Part D: the whole Qwen2.5-Omni-7B preset searched, 50 trials per problem, from a cold database,
 # timed, with the GPU's busy fraction (benchmarks/search_wall.py).
+# Part E: the first chunk of the held-out evaluation (issue 14), paged decode, as long as the
+# device time left allowed.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -83,6 +85,10 @@ case $part in
   D)
     step 590 python benchmarks/search_wall.py --out "$OUT/search_wall_h200.json" --model qwen2.5-omni-7b \
       --trials 50 --timeout 530 --db /tmp/search_wall.db
+    ;;
+  E)
+    step 250 python benchmarks/coverage.py --kernel paged_decode_attention --out "$OUT/coverage_paged_decode_h200.json" \
+      --time-budget 190 --trials 40 --work-dir /tmp/cov
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -88,7 +88,12 @@ QUICK_SHAPES = [Shape(1, 32, 8192, True), Shape(1, 32, 8192, False)]
 # How the probe reads Q and K/V: (Q through a host descriptor, K/V through host descriptors).
 # O is always stored through pointers: a host descriptor of BLOCK_M rows does not compile under
 # warp specialization (each consumer stores 64 rows), and the others need no descriptor for it.
-LOADS = {"ptr": (False, False), "kv": (False, True), "qkv": (True, True)}
+LOADS = {"ptr": (False, False), "kv": (False, True), "qkv": (True, True), "dev": (True, True)}
+# "dev": Q/K/V through descriptors the kernel makes itself (tl.make_tensor_descriptor, MAKE_DESC),
+# whose scratch comes from triton.set_allocator. Triton's Hopper warp specialization partitions
+# the data only with such on-device descriptors, not host ones (triton-lang/triton PR 7658,
+# "Enable Warpspec for FA with non-causal and on-device TMA"), which may be why the host-descriptor
+# warp-specialized probes hung on the H200.
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ class Variant:
     def constexprs(self, num_sms: int) -> dict:
         q_desc, kv_desc = LOADS[self.loads]
         c = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=self.block_m, BLOCK_N=self.block_n, Q_DESC=q_desc, KV_DESC=kv_desc,
-                 O_DESC=False, MAKE_DESC=False)
+                 O_DESC=False, MAKE_DESC=self.loads == "dev")
         if self.persistent:
             c.update(NUM_SMS=num_sms, FLATTEN=False, WS_OUTER=self.warp_spec, WS_INNER=False)
         else:
@@ -134,6 +139,8 @@ FULL_VARIANTS = [
     # warp-specialized last: a hang there (see HANG_S) leaves every other row measured
     _v("qkv", 64, 4, 2, ws=True), _v("qkv", 64, 4, 3, ws=True), _v("qkv", 128, 4, 2, ws=True),
     _v("qkv", 64, 4, 2, ws=True, persistent=True),
+    # descriptors made in the kernel, without and with warp specialization (see LOADS)
+    _v("dev", 64, 8, 2), _v("dev", 64, 4, 2, ws=True), _v("dev", 128, 4, 2, ws=True),
 ]
 # Causal: the two-loop form (omnitune's) and the one-loop form (the only one warp specialization
 # compiles), each without WS at 8 warps, so that "qkv_n64_w8_s2_1loop" → "qkv_ws_n64_w4_s2_1loop"
@@ -200,9 +207,12 @@ def build_launch(v: Variant, q, k, v_, out, causal: bool, num_sms: int):
     q_desc, kv_desc = LOADS[v.loads]
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    qd = TensorDescriptor.from_tensor(q2, [v.block_m, d]) if q_desc else 0
-    kd = TensorDescriptor.from_tensor(k2, [v.block_n, d]) if kv_desc else 0
-    vd = TensorDescriptor.from_tensor(v2, [v.block_n, d]) if kv_desc else 0
+    on_host = v.loads != "dev"
+    if not on_host:
+        _allow_device_descriptors()
+    qd = TensorDescriptor.from_tensor(q2, [v.block_m, d]) if q_desc and on_host else 0
+    kd = TensorDescriptor.from_tensor(k2, [v.block_n, d]) if kv_desc and on_host else 0
+    vd = TensorDescriptor.from_tensor(v2, [v.block_n, d]) if kv_desc and on_host else 0
     qk_scale = (1.0 / math.sqrt(d)) * LOG2E  # the probe's softmax is in exp2
     strides = (q2.stride(0), k2.stride(0), v2.stride(0), o2.stride(0))
     if v.persistent:
@@ -214,6 +224,12 @@ def build_launch(v: Variant, q, k, v_, out, causal: bool, num_sms: int):
         args = (q2, k2, v2, o2, qd, kd, vd, 0, *strides, L, L, qk_scale)
     kwargs = dict(v.constexprs(num_sms), num_warps=v.num_warps, num_stages=v.num_stages)
     return kernel, grid, args, kwargs
+
+
+def _allow_device_descriptors() -> None:
+    """Descriptors made in a kernel need global scratch memory: Triton asks the allocator set here
+    (a CUDA-graph capture records the allocation's address, as for any tensor)."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
 def launch(v: Variant, q, k, v_, out, causal: bool, num_sms: int):

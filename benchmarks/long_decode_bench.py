@@ -18,13 +18,11 @@ kernel's byte model:
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-from benchmarks.ops_bench import Case, paged_decode_case, run_cases
+from benchmarks.ops_bench import Case, cases_main, paged_decode_case
 
 BATCHES = (1, 2, 4)
 CONTEXTS = (32768, 65536, 131072)
@@ -47,18 +45,12 @@ def long_decode_case(device, b: int, ctx: int) -> Case:
     return case
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", default="", help="comma-separated substrings of case names to run")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("long_decode_bench needs a CUDA GPU", file=sys.stderr)
-        return 2
-    device = torch.device("cuda")
-    makers = [lambda b=b, ctx=ctx: long_decode_case(device, b, ctx) for b in BATCHES for ctx in CONTEXTS]
-    return run_cases(makers, args.out, wanted=[w for w in args.only.split(",") if w])
+def cases(device) -> list:
+    return [lambda b=b, ctx=ctx: long_decode_case(device, b, ctx) for b in BATCHES for ctx in CONTEXTS]
 
+
+def main(argv=None) -> int:
+    return cases_main(__doc__.splitlines()[0], "long_decode_bench", cases, argv)
 
 if __name__ == "__main__":
     sys.exit(main())

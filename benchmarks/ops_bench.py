@@ -312,14 +312,19 @@ def cases(device) -> list[Callable[[], Case]]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return cases_main(__doc__.splitlines()[0], "ops_bench", cases, argv)
+
+
+def cases_main(description: str, name: str, makers_for: Callable[[torch.device], list], argv=None) -> int:
+    """The command line of a benchmark made of cases: --out FILE, --only SUBSTRINGS."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", default="", help="comma-separated substrings of case names to run")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("ops_bench needs a CUDA GPU", file=sys.stderr)
+        print(f"{name} needs a CUDA GPU", file=sys.stderr)
         return 2
-    return run_cases(cases(torch.device("cuda")), args.out, wanted=[w for w in args.only.split(",") if w])
+    return run_cases(makers_for(torch.device("cuda")), args.out, wanted=[w for w in args.only.split(",") if w])
 
 
 def run_cases(makers: list[Callable[[], Case]], out: Path, *, wanted=(), after: Callable[[dict], None] | None = None,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import omnitune
 import omnitune.runtime as runtime
 from omnitune.kernels import paged_decode_attention as pda
 from omnitune.profile.device import device_key
-from omnitune.runtime import Rung, _chain
+from omnitune.runtime import Rung, _adapt
 from omnitune.spec import Config
 
 GPU = "Test GPU X1"
@@ -88,8 +87,7 @@ def test_a_shape_with_the_tuned_grid_gets_the_tuned_config_unmarked(tables_dir):
 ])
 def test_a_rule_that_raises_or_leaves_the_space_adapts_nothing(rule):
     spec = dataclasses.replace(pda.SPEC, adapt=rule)
-    entry = SimpleNamespace(problem=TUNED_PROBLEM, config=TUNED)
-    assert _chain._adapted(spec, entry, dataclasses.replace(TUNED_PROBLEM, b=1)) is None
+    assert _adapt.carried_over(spec, TUNED_PROBLEM, dataclasses.replace(TUNED_PROBLEM, b=1), TUNED) is None
 
 
 def test_an_adapted_config_that_breaks_a_constraint_is_not_served(tables_dir, monkeypatch):

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from omnitune.runtime._adapt import carried_over, outside_space
 from omnitune.runtime._buckets import Bucketing
 from omnitune.runtime._format import entry_key, search_command
 from omnitune.runtime._predictor import Predictor, Ranking
@@ -151,7 +152,7 @@ def safe_default(spec: KernelSpec, problem: Any, dtype: torch.dtype, limits: Dev
     once per kernel and constraint; the config returned is still a valid one."""
     try:
         default = spec.default_config(problem, dtype)
-        broken = _outside_space(spec, default) or spec.violations(problem, default, dtype, limits)
+        broken = outside_space(spec, default) or spec.violations(problem, default, dtype, limits)
     except Exception as exc:  # noqa: BLE001 — a spec's default for an extreme problem: not this call's end
         default, broken = None, [("default_config", f"{type(exc).__name__}: {exc}")]
     if not broken:
@@ -196,7 +197,7 @@ def _shared_answer(
         default = spec.default_config(bound, check_dtype)
     except Exception:  # noqa: BLE001 — left to safe_default, problem by problem
         return None
-    if _outside_space(spec, default) or not _valid_at(spec, default, corners, check_dtype, limits):
+    if outside_space(spec, default) or not _valid_at(spec, default, corners, check_dtype, limits):
         return None
     return Lookup(default, Rung.DEFAULT)
 
@@ -257,21 +258,9 @@ def _default_ratio(
         default = spec.default_config(problem, dtype)
     except Exception:  # noqa: BLE001 — no default to beat: safe_default picks a valid config then
         return math.inf
-    if _outside_space(spec, default) or not _valid_at(spec, default, corners, dtype, limits):
+    if outside_space(spec, default) or not _valid_at(spec, default, corners, dtype, limits):
         return math.inf
     return ranking.estimate(default)
-
-
-def _outside_space(spec: KernelSpec, config: Config) -> list[tuple[str, str]]:
-    """[('the config space', why)] for a config that is not one of the space's, else []: a
-    default computed from the problem can land outside it (kv_cache_write's BLOCK_H=32 for
-    17..32 kv heads of a small head dim)."""
-    try:
-        if spec.coerce_config(config.as_dict(), strict=True) == config:
-            return []
-        return [("the config space", f"{config.label()} is not one of its configs")]
-    except Exception as exc:  # noqa: BLE001 — ConfigError naming the value, or a default that is no Config
-        return [("the config space", str(exc))]
 
 
 def _valid_at(spec: KernelSpec, config: Config, problems: Sequence[Any], dtype: torch.dtype, limits: DeviceLimits) -> bool:
@@ -290,27 +279,12 @@ def _nearest(
     is valid at every one of `corners`; else the config as tuned where that is valid for the
     caller's `problem` (checked first: a warning names it — a config tuned for one shape that
     breaks a constraint of its neighbour is worth knowing about) and at every corner; else None."""
-    adapted = _adapted(spec, entry, target)
+    adapted = carried_over(spec, entry.problem, target, entry.config)
     if adapted is not None and _valid_at(spec, adapted, corners, dtype, limits):
         return Lookup(adapted, Rung.NEAREST, table.path, entry.key, distance, tuned_config=entry.config)
     if _fits(spec, table, entry, problem, dtype, limits) and _valid_at(spec, entry.config, corners, dtype, limits):
         return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
     return None
-
-
-def _adapted(spec: KernelSpec, entry: TableEntry, problem: Any) -> Config | None:
-    """The entry's config carried over to `problem` by the kernel's rule, if it has one and the
-    rule changes something; None where it raises or leaves the config space (a table is
-    untrusted input, and so is what a rule makes of it)."""
-    if spec.adapt is None:
-        return None
-    try:
-        adapted = spec.adapt(entry.problem, problem, entry.config)
-    except Exception:  # noqa: BLE001 — the tuned config, as it is, answers instead
-        return None
-    if not isinstance(adapted, Config) or adapted == entry.config or _outside_space(spec, adapted):
-        return None
-    return adapted
 
 
 def _fits(

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from omnitune.coerce import describe
+from omnitune.runtime._adapt import carried_over
 from omnitune.runtime._keyed import keyed_problem
 from omnitune.spec import Config, KernelSpec, field_kind
 
@@ -73,20 +74,27 @@ class Ranking:
 
     neighbours: tuple[tuple[float, Point], ...]
     """(distance, point), nearest first."""
+    ratios: tuple[Mapping[Config, float], ...] = ()
+    """Per neighbour, its time ratios keyed by its configs as carried over to the ranked problem
+    by the kernel's rule (runtime._adapt: a paged-decode split count that filled the GPU on a
+    neighbour keeps filling it here); empty: the configs as measured."""
+
+    def _ratios_of(self, index: int) -> Mapping[Config, float]:
+        return self.ratios[index] if self.ratios else self.neighbours[index][1].ratios
 
     def estimate(self, config: Config) -> float:
         """The expected time ÷ best of `config` on these neighbours."""
         total = weights = 0.0
         nearest = self.neighbours[0][0]
-        for distance, point in self.neighbours:
+        for index, (distance, point) in enumerate(self.neighbours):
             weight = 4.0 ** (nearest - distance)  # relative to the nearest: never all underflowing to 0
-            total += weight * point.ratios.get(config, point.typical)
+            total += weight * self._ratios_of(index).get(config, point.typical)
             weights += weight
         return total / weights
 
     def candidates(self) -> list[tuple[float, Config]]:
         """Every config a neighbour measured, as (expected ratio, config), lowest first (ties: by label)."""
-        seen = {config for _, point in self.neighbours for config in point.ratios}
+        seen = {config for index in range(len(self.neighbours)) for config in self._ratios_of(index)}
         return sorted(((self.estimate(c), c) for c in seen), key=lambda sc: (sc[0], sc[1].label()))
 
     @property
@@ -118,7 +126,20 @@ class Predictor:
         )[: self.neighbours]
         if not near:
             return None
-        return Ranking(tuple((distance, point) for distance, _, point in near))
+        neighbours = tuple((distance, point) for distance, _, point in near)
+        if spec.adapt is None:
+            return Ranking(neighbours)
+        return Ranking(neighbours, tuple(_carried_over_ratios(spec, point, problem) for _, point in neighbours))
+
+
+def _carried_over_ratios(spec: KernelSpec, point: Point, problem: Any) -> dict[Config, float]:
+    """A point's time ratios keyed by its configs carried over to `problem`; where two configs
+    land on one, the better ratio stands for it."""
+    ratios: dict[Config, float] = {}
+    for config, ratio in point.ratios.items():
+        config = carried_over(spec, point.problem, problem, config) or config
+        ratios[config] = min(ratio, ratios.get(config, ratio))
+    return ratios
 
 
 def features_of(spec: KernelSpec, problem: Any, dtype: torch.dtype, names: tuple[str, ...]) -> tuple[float, ...]:
