@@ -97,3 +97,32 @@ def test_an_adapted_config_that_breaks_a_constraint_is_not_served(tables_dir, mo
     problem = dataclasses.replace(TUNED_PROBLEM, b=1, ctx=8192)
     answer = runtime.lookup(pda.SPEC.name, problem, torch.bfloat16, GPU)
     assert answer.rung is Rung.NEAREST and answer.config == TUNED and answer.tuned_config is None
+
+
+def _predictor_block(points):
+    from omnitune.runtime._predictor import KIND, default_features
+
+    features, match = default_features(pda.SPEC)
+    return {"kind": KIND, "neighbours": 4, "features": list(features), "match": list(match),
+            "points": {f"bf16|{pda.SPEC.problem_key(p)}": {"dtype": "bf16", "problem": dataclasses.asdict(p),
+                                                          "time_ratios": {c.label(): r for c, r in ratios.items()}}
+                       for p, ratios in points}}
+
+
+def test_the_predictor_ranks_its_neighbours_configs_as_carried_over_to_the_problem():
+    # Measured at batch 4: 32 splits best (512 programs), 8 splits 1.5x slower. Asked for batch 1
+    # with twice the kv heads: the 32 splits that filled the GPU there are 64 here, and they rank
+    # first; without the rule the ranking would offer the neighbour's own 32.
+    from omnitune.runtime._predictor import parse_predictor
+
+    fewer = TUNED.replace(NUM_SPLITS=8)
+    predictor, bad, _ = parse_predictor(_predictor_block([(TUNED_PROBLEM, {TUNED: 1.0, fewer: 1.5})]), pda.SPEC)
+    assert not bad
+    target = pda.PagedDecodeProblem(b=1, h=56, hkv=8, lq=1, ctx=32768, d=128, block_size=16)
+    ranking = predictor.rank(pda.SPEC, target, torch.bfloat16)
+    (best_ratio, best), (_, second) = ranking.candidates()
+    assert best == TUNED.replace(NUM_SPLITS=64) and best_ratio == 1.0
+    assert second == TUNED.replace(NUM_SPLITS=16)
+    assert ranking.estimate(TUNED) == ranking.neighbours[0][1].typical  # the as-measured 32: not a candidate here
+    plain = predictor.rank(dataclasses.replace(pda.SPEC, adapt=None), target, torch.bfloat16)
+    assert plain.candidates()[0] == (1.0, TUNED)
