@@ -186,4 +186,4 @@ def test_plan_estimates_from_the_searches_a_database_measured(tmp_path):
     result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write",
                                       "--db", str(empty)])
     assert result.exit_code == 0, result.output
-    assert "assumed 1.2 s per trial" in result.output and f"no searches on a GPU in {empty}" in result.output
+    assert "assumed 0.22 s per trial" in result.output and f"no searches on a GPU in {empty}" in result.output

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-# Seconds per measured trial, measured in this project's H200 searches (compile, reference check,
-# CUDA-event timing; the trials are in benchmarks/results/search_trials_h200.json).
-SECONDS_PER_TRIAL = 1.2
-# Seconds per problem besides its trials (an estimate): building inputs and the reference, opening
-# the study, and re-timing the finalists against each other.
-SETUP_S_PER_PROBLEM = 20.0
+# Seconds per measured trial and per problem besides its trials (inputs, reference, re-timing
+# the finalists), measured on the H200 by a whole-model search with compile-ahead workers:
+# `omnitune search --model qwen2.5-omni-7b -n 50`, 35 problems, 1,750 trials in 453 s
+# (benchmarks/results/search_wall_h200_round9_D.json: the problems' walls less their setup and
+# re-timing ÷ trials; their setup + re-timing, averaged).
+SECONDS_PER_TRIAL = 0.22
+SETUP_S_PER_PROBLEM = 1.5
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Rates:
 
 ASSUMED = Rates(SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM,
                 f"assumed {SECONDS_PER_TRIAL:g} s per trial (measured on the H200 in this project) + "
-                f"~{SETUP_S_PER_PROBLEM:g} s per problem (inputs, reference, finalists; an estimate)")
+                f"~{SETUP_S_PER_PROBLEM:g} s per problem (inputs, reference, finalists)")
 
 
 def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:

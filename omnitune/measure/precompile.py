@@ -1,7 +1,8 @@
 """Compile many candidate configs in parallel before they are measured one at a time.
 
-A search spends most of its time compiling: about 1.2 s per trial on the H200, of which the
-timing itself is a small part, while every CPU core but one sits idle. Triton keeps each compiled
+A search spends most of its time compiling: about 1.2 s per trial on the H200 when one process
+compiled and measured, of which the timing itself is a small part, while every CPU core but one sat
+idle (0.22 s per trial with the workers here, round 9). Triton keeps each compiled
 kernel in its on-disk cache (TRITON_CACHE_DIR, ~/.triton/cache by default), keyed by source,
 constexprs, specialization and options — not by process. So worker processes that launch each
 config once on the same problem fill the cache, and the measuring process then loads each binary
