@@ -81,7 +81,7 @@ def per_call_us(fn, calls: int, repeats: int = 5) -> float:
     return best * 1e6
 
 
-def _decode_case(cache_dtype: torch.dtype):
+def _decode_case(cache_dtype: torch.dtype, functional: bool = False):
     from omnitune.kernels import _fp8
     from omnitune.kernels import paged_decode_attention as pda
 
@@ -96,6 +96,9 @@ def _decode_case(cache_dtype: torch.dtype):
     tables = torch.zeros(b, pages, dtype=torch.int32)
     lens = torch.full((b,), ctx, dtype=torch.int32)
     scale = torch.ones(1, dtype=torch.float32) if fp8 else None
+    if functional:
+        return lambda: pda.paged_decode_attention(q, cache, cache, tables, lens, max_context_len=ctx,
+                                                  k_scale=scale, v_scale=scale, check=False)
     return lambda: plan.run(q, cache, cache, tables, lens, k_scale=scale, v_scale=scale, check=False)
 
 
@@ -126,6 +129,7 @@ def cases():
     return {
         "PagedDecodePlan.run bf16 cache": _decode_case(torch.bfloat16),
         "PagedDecodePlan.run fp8 cache": _decode_case(_fp8.FP8),
+        "paged_decode_attention bf16 cache": _decode_case(torch.bfloat16, functional=True),
         "write_kv_cache T256": _kv_write_case(),
         "attention causal": _attention_case(None),
         "attention causal + 2 image spans": _attention_case([(300, 556), (1200, 1456)]),

@@ -4,6 +4,7 @@ Under the interpreter on the CPU (fp32 and fp16), on the GPU when there is one."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -331,3 +332,32 @@ def test_gpu_real_shapes(shape, dtype):
         result = runner.measure(cfg)
         assert result.status in (TrialStatus.OK, TrialStatus.OUT_OF_RESOURCES), (cfg.label(), result.detail)
     assert runner.measure(SPEC.default_config(problem, dtype)).status is TrialStatus.OK
+
+
+def test_the_function_reuses_its_split_partials_per_thread_and_stream_and_stays_exact(device):
+    """The function's partials are kept per (device, stream, thread, shape, config): two calls of
+    one thread share them (a call's two launches finish with them before the next call's, in
+    stream order) and both results stay right; another thread gets its own."""
+    import threading
+
+    problem = SPEC.example_problem
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    inputs = SPEC.make_inputs(problem, dtype, device, 5)
+    config = next(c for c in SPEC.valid_configs(problem, dtype) if int(c["NUM_SPLITS"]) > 1)
+    pda._scratches.clear()
+
+    def call(q):
+        return pda.paged_decode_attention(q, inputs.key_cache, inputs.value_cache, inputs.block_tables,
+                                          inputs.context_lens, sm_scale=inputs.sm_scale, config=config)
+
+    first = call(inputs.q)
+    other_q = torch.randn_like(inputs.q)
+    second = call(other_q)
+    assert len(pda._scratches) == 1
+    assert SPEC.compare(first, SPEC.reference(inputs)) <= SPEC.tolerance[dtype]
+    other_inputs = dataclasses.replace(inputs, q=other_q)
+    assert SPEC.compare(second, SPEC.reference(other_inputs)) <= SPEC.tolerance[dtype]
+    elsewhere = threading.Thread(target=call, args=(inputs.q,))
+    elsewhere.start()
+    elsewhere.join()
+    assert len(pda._scratches) == 2

@@ -51,6 +51,7 @@ left out, so a config that splits too finely shows as lower TB/s.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -578,6 +579,39 @@ class _Scratch:
         return cls(part_m, part_l, part_acc, tickets)
 
 
+# The function's split partials, per (device, stream, thread, launch): a call's partials are
+# written by its split kernel and read by its combine kernel, in stream order, before the next
+# call on that stream writes them, so one buffer serves every call of one thread on one stream
+# (another thread's launches could fall between a call's two). Allocating them per call cost
+# the function a fresh allocation and three views on every decode step (28 → 18 µs of host time
+# with the launches stubbed, benchmarks/host_path_cpu.py). At most 16 sets are kept — 2 MiB each at
+# batch 64 with 28 heads and 2 splits; a batch that changes every step keeps replacing them.
+_scratches: dict[tuple, _Scratch | None] = {}
+_MAX_SCRATCHES = 16
+
+
+def _shared_scratch(b: int, h: int, lq: int, d: int, hkv: int, config: Config, device: torch.device) -> _Scratch | None:
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            # A CUDA graph gets partials of its own, as its tickets (replayed on any stream).
+            return _Scratch.make(b, h, lq, d, hkv, config, device)
+        stream = _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+    else:
+        stream = 0
+    key = (device, stream, threading.get_ident(), b, h, lq, d, hkv, config)
+    try:
+        return _scratches[key]
+    except KeyError:
+        pass
+    if len(_scratches) >= _MAX_SCRATCHES:
+        _scratches.clear()  # buffers still in flight stay valid: the allocator reuses them in stream order
+    scratch = _scratches[key] = _Scratch.make(b, h, lq, d, hkv, config, device)
+    return scratch
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _fused_reduce(config: Config, splits: int) -> bool:
     return bool(config["FUSED_REDUCE"]) and splits > 1
 
@@ -655,7 +689,7 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
     plan = (_launch_plans.get((config, b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0]))
             or _launch_plan(config, b, h, lq, d, hkv, block_size, dtype, cache_dtype))
     if plan.splits > 1 and scratch is None:
-        scratch = _Scratch.make(b, h, lq, d, hkv, config, q.device)
+        scratch = _shared_scratch(b, h, lq, d, hkv, config, q.device)
     _launch_planned(plan, q, key_cache, value_cache, block_tables, context_lens, sm_scale * LOG2E, out, scratch,
                     k_scale, v_scale)
 
