@@ -79,6 +79,40 @@ def test_keeps_k_candidates_compiling_within_the_budget_and_measures_nothing_twi
     assert not [t for t in _study(storage_url).trials if t.state is optuna.trial.TrialState.RUNNING]
 
 
+class SlowHeadPool(FakePool):
+    """Every submitted config compiles at once except every third one, which is still compiling
+    until nothing else is queued (a slow compile)."""
+
+    def __init__(self, runner, workers):
+        super().__init__(runner, workers)
+        self.slow: set[Config] = set()
+
+    def submit(self, configs):
+        super().submit(configs)
+        self.slow |= {c for i, c in enumerate(self.configs) if i % 3 == 0 and c in configs}
+
+    def compiled(self, config):
+        queued = [c for c in self.configs if c not in self.runner.calls and c != config]
+        return config not in self.slow or not any(c not in self.slow for c in queued)
+
+
+def test_compiled_configs_are_measured_before_one_still_compiling(storage_url):
+    runner = FakeRunner()
+    pool = SlowHeadPool(runner, workers=4)
+    budget = 12
+    outcome = search(runner, storage_url, trials=budget, sampler="random", seed=5, compile_ahead=pool)
+    assert outcome.measured_total == budget
+    assert_each_config_measured_once(runner.calls)
+    # A slow config queued behind compiled ones is measured after them, not in claiming order.
+    order = [c for c in pool.configs if c in runner.calls]
+    assert runner.calls != order
+    slow_queued_first = [c for c in runner.calls[1:] if c in pool.slow]
+    for config in slow_queued_first:
+        position = runner.calls.index(config)
+        later_claimed = [c for c in order[order.index(config) + 1:] if c not in pool.slow]
+        assert not later_claimed or any(runner.calls.index(c) < position for c in later_claimed)
+
+
 def test_pruned_configs_are_never_sent_to_compile(storage_url):
     runner = FakeRunner()
     pool = FakePool(runner, workers=4)

@@ -43,6 +43,9 @@ class CompilesAhead(Protocol):
     def ready(self, config: Config) -> None:
         """Return once `config` is compiled, if a worker has started it; else at once."""
 
+    # Optional: compiled(config) -> bool, whether a worker has finished compiling `config`
+    # (the queue then measures compiled configs first).
+
 
 class _SharedWorkers:
     """The one process pool the problems of this process's searches share."""
@@ -112,6 +115,12 @@ class PrecompilePool:
         if replaced:
             self.pool = _SHARED.get(self.workers)
         self.submit(lost)
+
+    def compiled(self, config: Config) -> bool:
+        """Whether a worker has finished with `config` (compiled, or failed to: either way
+        measuring it waits for nothing)."""
+        future = self.futures.get(config)
+        return future is not None and future.done() and not future.cancelled()
 
     def ready(self, config: Config) -> None:
         future = self.futures.get(config)

@@ -6,9 +6,13 @@ The driver says which trials to claim (omnitune.search.driver, _Search._claims_a
 (by TPE with Optuna's constant liar, so that a batch spreads out), asked and claimed, so that the
 budget and every process count them and a killed process leaves trials a rerun fails as abandoned;
 a proposal a constraint rejects is stored as pruned at once, never compiled. The queue keeps
-`pool.workers` of them waiting, marks them in the ledger as measured here, hands them out first
-in, first out (the driver then waits for the worker compiling the config, `ready`), and fails
-those left when the search stops: their configs stay measurable.
+`pool.workers` of them waiting, marks them in the ledger as measured here, hands out first the
+oldest one whose compile has finished — in order of claiming when the pool cannot say, or none
+has (the driver then waits for the worker compiling the config, `ready`) — and fails those left
+when the search stops: their configs stay measurable. Taking a compiled one first matters
+because compiles take from one to several seconds: in claiming order, one slow compile at the
+head kept the GPU waiting while configs behind it were ready, and a worker that had finished
+waited for the next proposal, which comes only when a trial is handed out.
 """
 
 from __future__ import annotations
@@ -61,7 +65,13 @@ class AheadQueue:
             self.pool.submit(fresh)
 
     def pop(self) -> Claimed:
-        """The trial queued first (claimed already: the ledger counts it in flight)."""
+        """The trial queued first whose config is compiled, else the one queued first (claimed
+        already: the ledger counts it in flight)."""
+        compiled = getattr(self.pool, "compiled", None)
+        if compiled is not None:
+            for index, (_, config, _) in enumerate(self.trials):
+                if compiled(config):
+                    return self.trials.pop(index)
         return self.trials.pop(0)
 
     def take(self, trial: optuna.Trial) -> bool:
