@@ -1,31 +1,35 @@
-"""Offline (no GPU): would paged decode over fp8 issue fewer instructions per key tile if each warp
-owned whole pages? Compiled for sm_90 with Triton's bundled ptxas, read with cuobjdump.
+"""Would paged decode over fp8 go faster if each warp owned whole pages? A probe kernel of that
+layout, compiled for sm_90 without a GPU (--offline), checked against the spec's reference under
+Triton's interpreter (tests/test_fp8_page_warps_probe.py), and on a GPU checked and timed beside
+the library's kernel.
 
 Nsight Compute found the fp8 split kernel issue-bound (round 9 part A,
 benchmarks/results/ncu_decode_stalls_h200_round9_A.txt): 760 SASS instructions and 8 CTA barriers
 per 64-key tile in its loop, four warps splitting each tile's keys, so every tile's row max and
-sum cross warps through shared memory. The kernel below is a sketch of the other layout: the tile
-is [W pages, 16 tokens, D], the dots are batched over pages (Triton places the warps along that
-dimension: warpsPerCTA [W, 1, 1]), each page keeps its own running max, sum and accumulator, and
-the W partials combine once after the loop. It writes the split partials as the production kernel
-does, but it is a probe, not a kernel of the library: nothing checks its results, and it knows
-one layout only (lq=1, GQA packed, pages of 16, fp8 K/V).
+sum cross warps through shared memory. Here the tile is [W pages, page size, D], the dots are
+batched over pages (Triton places the warps along that dimension: warpsPerCTA [W, 1, 1]), each
+page keeps its own running max, sum and accumulator, and the W partials combine once after the
+loop; the split partials then go through the library's combine kernel. One layout only: one query
+token, GQA packed (all query heads of a kv head in one program), fp8 K/V with per-cache scales,
+2 splits. A probe, not a kernel of the library.
 
-Prints, per (W, warps, stages): registers, shared memory, the loop's instructions and barriers,
-beside the production split kernel at its best fp8 config.
-
-    PYTHONPATH=$PWD python benchmarks/fp8_page_warps_offline.py
+    PYTHONPATH=$PWD python benchmarks/fp8_page_warps_probe.py --offline     # no GPU: registers, loop counts
+    PYTHONPATH=$PWD python benchmarks/fp8_page_warps_probe.py --out $OUT/fp8_page_warps_h200.json
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -35,6 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cubin import BIN, cubin_resources  # noqa: E402
 from decode_registers_offline import compile_split  # noqa: E402
 
+from omnitune.kernels import paged_decode_attention as pda  # noqa: E402
+
+LOG2E = 1.4426950408889634
+SPLITS = 2
+# (pages per iteration, warps, stages) of the probe; the library's best fp8 config beside them.
+PROBE_CONFIGS = ((4, 4, 2), (4, 4, 3), (2, 2, 3), (2, 2, 4))  # (4 pages, 2 warps) spills: 255 registers
+LIBRARY_CONFIG = dict(NUM_SPLITS=SPLITS, BLOCK_N=64, num_warps=4, num_stages=3, PACK_GQA=True, FUSED_REDUCE=False)
 
 
 @triton.jit
@@ -57,6 +68,8 @@ def _fp8_pages_split(
     p_end = tl.cdiv((split + 1) * pages, NUM_SPLITS)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+    # q in fp16 with sm_scale·log2(e) applied, k_scale on the scores, V through v_scale's
+    # significand and the accumulator through its power of two: as the library's kernel does.
     q = (q.to(tl.float32) * qk_scale).to(tl.float16)
     k_scale = tl.load(KScale)
     v_bits = tl.load(VScale).to(tl.int32, bitcast=True)
@@ -139,10 +152,35 @@ def loop_counts(kernel) -> dict:
     return {}
 
 
-def main() -> int:
+def launch_probe(inputs: pda.PagedDecodeInputs, pages: int, warps: int, stages: int) -> torch.Tensor:
+    """The probe's split kernel, then the library's combine kernel: the attention [B, H, 1, D]."""
+    q, kc, vc = inputs.q, inputs.key_cache, inputs.value_cache
+    b, h, lq, d = q.shape
+    block, hkv = kc.shape[1], kc.shape[2]
+    group = h // hkv
+    assert lq == 1 and kc.dtype == torch.float8_e4m3fn and inputs.k_scale.numel() == 1, "one layout only"
+    assert q.stride(3) == 1 and kc.stride(3) == 1 and vc.stride(3) == 1 and inputs.block_tables.stride(1) == 1
+    rows = b * h * SPLITS
+    flat = torch.empty(rows * (d + 2), dtype=torch.float32, device=q.device)
+    part_m, part_l, part_acc = flat[:rows], flat[rows:2 * rows], flat[2 * rows:]
+    _fp8_pages_split[(b, hkv, SPLITS)](
+        q, kc, vc, inputs.block_tables, inputs.context_lens, part_m, part_l, part_acc, inputs.k_scale, inputs.v_scale,
+        q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        inputs.block_tables.stride(0), h, inputs.sm_scale * LOG2E,
+        PAGE=block, D=d, GROUP=group, BLOCK_M=max(16, triton.next_power_of_2(group)), W=pages, NUM_SPLITS=SPLITS,
+        num_warps=warps, num_stages=stages)
+    out = torch.empty_like(q)
+    pda._paged_decode_combine[(b * h * lq,)](
+        part_m, part_l, part_acc, out, *out.stride(), h, lq,
+        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), NUM_SPLITS=SPLITS, BLOCK_S=triton.next_power_of_2(SPLITS),
+        num_warps=1)
+    return out
+
+
+def offline() -> int:
     production = compile_split(True, 64, 4, 3)
-    rows = [("production, 64-key tiles, 4 warps, 3 stages", production, 4, 64)]
-    for pages, warps, stages in ((4, 4, 2), (4, 4, 3), (2, 2, 3)):
+    rows = [("library, 64-key tiles, 4 warps, 3 stages", production, 4, 64)]
+    for pages, warps, stages in PROBE_CONFIGS:
         rows.append((f"pages per warp: {pages} pages, {warps} warps, {stages} stages",
                      compile_pages(pages, warps, stages), warps, 16 * pages))
     for name, kernel, warps, keys in rows:
@@ -153,6 +191,67 @@ def main() -> int:
               f"{65536 // (registers * warps * 32)} programs per SM by registers; loop per iteration "
               f"({keys} keys): {loop}; instructions per 64 keys, all warps: {per_64}")
     return 0
+
+
+def on_gpu(out_path: str, rounds: int = 7) -> int:
+    """Per context (b64 h28/4 d128, pages of 16, fp8 cache): each probe config checked against the
+    reference (poisoned output), then every correct one and the library's best fp8 config timed
+    as CUDA-graph replays, interleaved over `rounds` rounds, medians."""
+    from ops_bench import capture, graph_call_us  # noqa: E402 — benchmarks/ is on the path
+
+    config = pda.SPEC.coerce_config(LIBRARY_CONFIG)
+    report = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
+              "library_config": LIBRARY_CONFIG, "rows": []}
+    for ctx in (4096, 16384):
+        problem = pda.PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=ctx, d=128, block_size=16, cache_dtype="fp8_e4m3")
+        inputs = pda.SPEC.make_inputs(problem, torch.bfloat16, "cuda", 7)
+        expected = pda.SPEC.reference(inputs)
+        library_out = torch.full_like(inputs.q, float("nan"))
+        calls = {"library": lambda: pda.launch(inputs, library_out, config)}
+        rows = {"library": {"ctx": ctx, "impl": "library", "config": LIBRARY_CONFIG}}
+        calls["library"]()
+        rows["library"]["rel_error"] = float(pda.SPEC.compare(library_out, expected))
+        for pages, warps, stages in PROBE_CONFIGS:
+            name = f"pages{pages}_w{warps}_s{stages}"
+            row = rows[name] = {"ctx": ctx, "impl": name, "pages": pages, "warps": warps, "stages": stages}
+            try:
+                got = launch_probe(inputs, pages, warps, stages)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 — a config that does not compile is a row
+                row["status"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                continue
+            row["rel_error"] = float(pda.SPEC.compare(got, expected))
+            row["status"] = "ok" if row["rel_error"] <= pda.SPEC.tolerance[torch.bfloat16] else "wrong"
+            if row["status"] == "ok":
+                calls[name] = lambda p=pages, w=warps, s=stages: launch_probe(inputs, p, w, s)
+        graphs = {name: capture(fn) for name, fn in calls.items()}
+        samples = {name: [] for name in graphs}
+        for _ in range(rounds):
+            for name, graph in graphs.items():
+                samples[name].append(graph_call_us(graph))
+        for name, values in samples.items():
+            rows[name]["graph_us"] = statistics.median(values)
+            rows[name]["vs_library"] = statistics.median(samples["library"]) / rows[name]["graph_us"]
+        for row in rows.values():
+            print(json.dumps(row), flush=True)
+        report["rows"] += list(rows.values())
+        del graphs, inputs, expected
+        torch.cuda.empty_cache()
+    Path(out_path).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--offline", action="store_true", help="no GPU: compile for sm_90 and count")
+    parser.add_argument("--out", help="on a GPU: the results JSON")
+    args = parser.parse_args(argv)
+    if args.offline:
+        return offline()
+    if not torch.cuda.is_available() or not args.out:
+        print("needs a CUDA GPU and --out (or --offline)", file=sys.stderr)
+        return 2
+    return on_gpu(args.out)
 
 
 if __name__ == "__main__":
