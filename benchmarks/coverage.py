@@ -30,6 +30,8 @@ time: run it in chunks, each resuming the file (--resume skips the problems alre
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import gc
 import importlib
 import importlib.util
@@ -165,7 +167,10 @@ def judge_all(todo: Sequence[Item], doc: dict, setup, args: argparse.Namespace, 
     """Judge each problem in turn, storing its row as soon as it is done; an exit code when the run
     must stop early (the GPU lost), else None."""
     started, durations = time.monotonic(), []
-    with tables_in_effect(args.tables):
+    ahead = look_ahead(todo, setup)
+    if ahead is not None:
+        setup = dataclasses.replace(setup, ahead=ahead)
+    with tables_in_effect(args.tables), ahead or contextlib.nullcontext():
         doc["runs"].append(run_facts(command, setup))
         for place, item in enumerate(todo, 1):
             if args.time_budget is not None and time.monotonic() - started >= args.time_budget:
@@ -184,6 +189,22 @@ def judge_all(todo: Sequence[Item], doc: dict, setup, args: argparse.Namespace, 
                 return EXIT_GPU_LOST
         store_row(doc, None, args.out)
     return None
+
+
+def look_ahead(todo: Sequence[Item], setup):
+    """A look-ahead over the problems to judge, in order, when the searches compile ahead
+    (omnitune.search.prepare_next); None without compile-ahead workers, or when a problem's kernel
+    or dtype cannot be read here (its row will say why; the others then start cold)."""
+    if not setup.precompile_workers:
+        return None
+    from omnitune.registry import get_spec
+    from omnitune.search.prepare_next import ProblemsAhead
+
+    try:
+        order = [(get_spec(i.kernel), i.problem, problem_dtype(i.dtype_name, setup.interpret)) for i in todo]
+    except Exception:  # noqa: BLE001 — judging reports it, problem by problem
+        return None
+    return ProblemsAhead(order, workers=setup.precompile_workers, trials=setup.trials)
 
 
 def judge(item: Item, setup, run_index: int) -> dict:

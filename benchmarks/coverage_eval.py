@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -56,6 +57,10 @@ class Setup:
     precompile_workers: int = 0
     finalists: int = 3
     seed: int = 0
+    ahead: Any = None
+    """The run's look-ahead over its problems (omnitune.search.prepare_next.ProblemsAhead): once a
+    search has claimed its last trial, the next problem's first configs compile while this one's
+    last trials, finalists and final timing run. None: each problem starts cold."""
 
 
 @dataclass(frozen=True)
@@ -145,16 +150,25 @@ def tuned_search(spec: KernelSpec, problem: Any, dtype: torch.dtype, setup: Setu
         warm_start=tuple(warm),
     )
     storage = None if setup.storage_url else optuna.storages.InMemoryStorage()
+    prepare_next = None
+    if setup.ahead is not None and setup.precompile_workers:
+        prepare_next = partial(setup.ahead.prepare_after, spec, problem, dtype, limits=setup.limits,
+                               device_key=setup.device.key)
     with compile_pool(spec, problem, dtype, setup) as ahead:
         outcome = run_search(spec, problem, dtype, options, runner_factory=runner, storage=storage, db=setup.db,
-                             compile_ahead=ahead)
+                             compile_ahead=ahead, on_trials_claimed=prepare_next)
     return outcome, runner()
 
 
 def compile_pool(spec: KernelSpec, problem: Any, dtype: torch.dtype, setup: Setup):
-    """`omnitune search`'s compile-ahead pool: it only makes the search quicker, never its figures."""
+    """`omnitune search`'s compile-ahead pool — the one the look-ahead opened for this problem
+    while the one before it was measured, if it did: it only makes the search quicker, never its
+    figures."""
     if not setup.precompile_workers:
         return nullcontext()
+    if setup.ahead is not None:
+        pool, _ = setup.ahead.take(spec, problem, dtype)
+        return pool
     from omnitune.measure.ahead import PrecompilePool
 
     return PrecompilePool(spec, problem, dtype, workers=setup.precompile_workers)

@@ -164,3 +164,33 @@ def test_report_prints_a_table_per_kernel_and_plots(evaluated, tmp_path, capsys,
 
 def test_the_runtime_reads_what_it_read_before_the_run(evaluated, tables_dir):
     assert os.environ["OMNITUNE_CONFIG_DIR"] == str(tables_dir)  # --tables was put in front for the run only
+
+
+def test_with_compile_ahead_the_next_problem_compiles_before_this_one_ends(tables_dir, tmp_path, monkeypatch):
+    """With compile-ahead workers, the harness hands its searches the session's look-ahead: the
+    second problem's pool is opened and given its first configs while the first problem's pool is
+    still open (its search, finalists and final timing not done). Fake pools: nothing compiles."""
+    from omnitune.search.prepare_next import ProblemsAhead
+    from tests.test_prepare_next import LoggedPool
+
+    _write_table(tables_dir)
+    log: list = []
+
+    def make_pool(spec, problem, dtype):
+        log.append(("open", spec.problem_key(problem)))
+        return LoggedPool(log, spec.problem_key(problem))
+
+    def look_ahead(todo, setup):
+        order = [(SPEC, i.problem, harness.problem_dtype(i.dtype_name, setup.interpret)) for i in todo]
+        return ProblemsAhead(order, workers=2, trials=setup.trials, make_pool=make_pool)
+
+    monkeypatch.setattr(harness, "look_ahead", look_ahead)
+    monkeypatch.setattr(harness, "precompile_workers", lambda args: 2)  # the interpreter's runs have none
+    out = tmp_path / "coverage.json"
+    assert _run(out, tables_dir, "--limit", "2") == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    near, tuned = SPEC.problem_key(NEAR), SPEC.problem_key(TUNED)
+    submitted_next = next(i for i, e in enumerate(log) if e[0] == "submit" and e[1] == tuned)
+    assert log.index(("close", near)) > submitted_next
+    assert log.count(("open", tuned)) == 1  # the prepared pool is the one its search used
