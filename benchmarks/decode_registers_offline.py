@@ -40,6 +40,13 @@ def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int =
     constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP=7, BLOCK_M=16, BLOCK_N=block_n,
                       NUM_SPLITS=splits, PACK_GQA=True, FUSED_REDUCE=False, BLOCK_S=triton.next_power_of_2(splits),
                       IEEE_DOT=False, PAGE_GUARD=2, KV_FP8=kv_fp8, **{name: 1 for name in _UNIT})
+    return compile_sm90(fn, pointers, constexprs, warps, stages)
+
+
+def compile_sm90(fn, pointers: dict, constexprs: dict, warps: int, stages: int):
+    """A decode split kernel compiled for sm_90 as a real call specialises it: `pointers` typed as
+    given, `constexprs` fixed, qk_scale fp32 and every other argument i32; pointers, strides and
+    page counts divisible by 16."""
     names = fn.arg_names
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "qk_scale" else "i32")
                  for n in names}

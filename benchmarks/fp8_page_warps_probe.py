@@ -21,23 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cubin import BIN, cubin_resources  # noqa: E402
-from decode_registers_offline import compile_split  # noqa: E402
+from cubin import cubin_resources, cuobjdump  # noqa: E402
+from decode_registers_offline import compile_sm90, compile_split  # noqa: E402
 
 from omnitune.kernels import paged_decode_attention as pda  # noqa: E402
 
@@ -119,27 +114,16 @@ def _fp8_pages_split(
 
 
 def compile_pages(pages: int, warps: int, stages: int):
-    fn = _fp8_pages_split
     pointers = {"Q": "*bf16", "KeyCache": "*fp8e4nv", "ValueCache": "*fp8e4nv", "BlockTables": "*i32",
                 "ContextLens": "*i32", "PartM": "*fp32", "PartL": "*fp32", "PartAcc": "*fp32",
                 "KScale": "*fp32", "VScale": "*fp32"}
     constexprs = dict(PAGE=16, D=128, GROUP=7, BLOCK_M=16, W=pages, NUM_SPLITS=2)
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "qk_scale" else "i32")
-                 for n in names}
-    values = {(names.index(n),): v for n, v in constexprs.items()}
-    aligned = [n for n in names if signature[n] != "constexpr" and (n in pointers or n.startswith("stride_"))]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(fn=fn, signature=signature, constexprs=values, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    return compile_sm90(_fp8_pages_split, pointers, constexprs, warps, stages)
 
 
 def loop_counts(kernel) -> dict:
     """The innermost backward branch's body: instructions, CTA barriers, shuffles, shared loads/stores."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    sass = cuobjdump(kernel, "-sass")
     instructions = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     for address, text in instructions:
         target = re.search(r"BRA\s+(?:\S+\s+)?0x([0-9a-f]+)", text)
