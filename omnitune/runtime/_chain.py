@@ -282,7 +282,8 @@ def _nearest(
     adapted = carried_over(spec, entry.problem, target, entry.config)
     if adapted is not None and _valid_at(spec, adapted, corners, dtype, limits):
         return Lookup(adapted, Rung.NEAREST, table.path, entry.key, distance, tuned_config=entry.config)
-    if _fits(spec, table, entry, problem, dtype, limits) and _valid_at(spec, entry.config, corners, dtype, limits):
+    others = [corner for corner in corners if corner is not problem]  # `problem` itself: judged by _fits
+    if _fits(spec, table, entry, problem, dtype, limits) and _valid_at(spec, entry.config, others, dtype, limits):
         return Lookup(entry.config, Rung.NEAREST, table.path, entry.key, distance)
     return None
 
