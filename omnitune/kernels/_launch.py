@@ -113,9 +113,7 @@ class DirectLauncher:
 
 def _store(compiled: dict, lock: threading.Lock, key, entry) -> None:
     with lock:
-        if len(compiled) >= _ENTRIES:
-            compiled.clear()
-        compiled[key] = entry
+        bounded_put(compiled, key, entry, _ENTRIES)
 
 
 _Tensor = torch.Tensor
@@ -244,12 +242,16 @@ class PlanCache:
         plan = self._by_value.get((config, key))
         if plan is None:
             plan = self._make(config, *key)
-            _bounded_put(self._by_value, (config, key), plan, self._entries)
-        _bounded_put(self._by_id, (id(config), key), (config, plan), self._entries)
+            bounded_put(self._by_value, (config, key), plan, self._entries)
+        bounded_put(self._by_id, (id(config), key), (config, plan), self._entries)
         return plan
 
 
-def _bounded_put(table: dict, key, value, entries: int) -> None:
+def bounded_put(table: dict, key, value, entries: int):
+    """table[key] = value, the table emptied first when it holds `entries` already: the host
+    path's caches stay bounded whatever callers pass, at the cost of rebuilding what was dropped.
+    Returns value."""
     if len(table) >= entries:
         table.clear()
     table[key] = value
+    return value

@@ -40,7 +40,7 @@ from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (kv_cache_scale: public)
 from omnitune.kernels._host import seeded_rand
-from omnitune.kernels._launch import DirectLauncher, PlanCache
+from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.spec import (
     Config,
     Constraint,
@@ -349,10 +349,7 @@ _token_buckets: dict[int, int] = {}
 
 
 def _token_bucket(t: int) -> int:
-    if len(_token_buckets) >= 4096:
-        _token_buckets.clear()
-    bucket = _token_buckets[t] = _dispatch.bucket_up(t)
-    return bucket
+    return bounded_put(_token_buckets, t, _dispatch.bucket_up(t), 4096)
 
 
 def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_scale=None, v_scale=None) -> None:

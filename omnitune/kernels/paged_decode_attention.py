@@ -61,7 +61,8 @@ import triton.language as tl
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._host import LOG2E, seeded_rand
-from omnitune.kernels._launch import BoundLauncher, DirectLauncher
+from omnitune.kernels._launch import BoundLauncher, DirectLauncher, PlanCache, bounded_put
+from omnitune.kernels._launch import _current_device, _raw_stream
 from omnitune.spec import (
     Config,
     Constraint,
@@ -533,12 +534,22 @@ def _block_m(rows: int) -> int:
 _tickets: dict[tuple[str, int], torch.Tensor] = {}
 
 
+def _stream_of(device: torch.device) -> int | None:
+    """The current stream's handle on `device` (0 off the GPU), which the per-stream buffers are
+    kept by; None while a CUDA graph is being captured there: the graph then gets buffers of its
+    own (filled by nodes of the graph), so that a graph replayed on any stream never shares them
+    with eager calls."""
+    if device.type != "cuda":
+        return 0
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return _raw_stream(device.index if device.index is not None else _current_device())
+
+
 def _ticket_buffer(device: torch.device, count: int) -> torch.Tensor:
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # Inside a CUDA graph capture: tickets of the graph's own (a memset node in the graph),
-        # so that a graph replayed on any stream never shares them with eager calls.
+    stream = _stream_of(device)
+    if stream is None:
         return torch.zeros(count, dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _tickets.get(key)
     if buf is None or buf.numel() < count:
@@ -591,25 +602,16 @@ _MAX_SCRATCHES = 16
 
 
 def _shared_scratch(b: int, h: int, lq: int, d: int, hkv: int, config: Config, device: torch.device) -> _Scratch | None:
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            # A CUDA graph gets partials of its own, as its tickets (replayed on any stream).
-            return _Scratch.make(b, h, lq, d, hkv, config, device)
-        stream = _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
-    else:
-        stream = 0
+    stream = _stream_of(device)
+    if stream is None:
+        return _Scratch.make(b, h, lq, d, hkv, config, device)
     key = (device, stream, threading.get_ident(), b, h, lq, d, hkv, config)
     try:
         return _scratches[key]
     except KeyError:
-        pass
-    if len(_scratches) >= _MAX_SCRATCHES:
-        _scratches.clear()  # buffers still in flight stay valid: the allocator reuses them in stream order
-    scratch = _scratches[key] = _Scratch.make(b, h, lq, d, hkv, config, device)
-    return scratch
-
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        # Emptying the table frees buffers still in flight safely: the allocator reuses them in
+        # stream order.
+        return bounded_put(_scratches, key, _Scratch.make(b, h, lq, d, hkv, config, device), _MAX_SCRATCHES)
 
 
 def _fused_reduce(config: Config, splits: int) -> bool:
@@ -647,11 +649,8 @@ class _LaunchPlan:
         return None if self.combine is None else self.combine.constexprs
 
 
-_launch_plans: dict[tuple, _LaunchPlan] = {}
-
-
 def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, block_size: int,
-                 dtype: torch.dtype, cache_dtype: torch.dtype) -> _LaunchPlan:
+                 dtype: torch.dtype, cache_dtype: torch.dtype, page_guard: int) -> _LaunchPlan:
     group = h // hkv
     pack = bool(config["PACK_GQA"]) and group > 1
     splits = int(config["NUM_SPLITS"])
@@ -662,7 +661,7 @@ def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, bloc
     split_constexprs = dict(
         PAGE_SIZE=block_size, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=_block_m(rows),
         BLOCK_N=int(config["BLOCK_N"]), NUM_SPLITS=splits, PACK_GQA=pack, FUSED_REDUCE=fused,
-        BLOCK_S=block_s, IEEE_DOT=dtype == torch.float32, PAGE_GUARD=PAGE_GUARD[0],
+        BLOCK_S=block_s, IEEE_DOT=dtype == torch.float32, PAGE_GUARD=page_guard,
         KV_FP8=cache_dtype == _fp8.FP8,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )
@@ -673,11 +672,12 @@ def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, bloc
         combine = _COMBINE.bind(dict(HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=block_s,
                                      num_warps=min(4, max(1, block_s * block_d // 1024))), 4)
     plan = _LaunchPlan((b, hkv if pack else h, splits), _SPLIT.bind(split_constexprs, 12), fused, splits,
-                       combine_grid, combine, PAGE_GUARD[0])
-    if len(_launch_plans) >= 4096:
-        _launch_plans.clear()
-    _launch_plans[(config, b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0])] = plan
+                       combine_grid, combine, page_guard)
     return plan
+
+
+# (config, shapes, dtypes, page guard) → the launch plan: what a repeated call would otherwise recompute.
+_launch_plans = PlanCache(_launch_plan)
 
 
 def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
@@ -686,8 +686,7 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
     b, h, lq, d = q.shape
     block_size, hkv = key_cache.shape[1], key_cache.shape[2]
     dtype, cache_dtype = q.dtype, key_cache.dtype
-    plan = (_launch_plans.get((config, b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0]))
-            or _launch_plan(config, b, h, lq, d, hkv, block_size, dtype, cache_dtype))
+    plan = _launch_plans.get(config, (b, h, lq, d, hkv, block_size, dtype, cache_dtype, PAGE_GUARD[0]))
     if plan.splits > 1 and scratch is None:
         scratch = _shared_scratch(b, h, lq, d, hkv, config, q.device)
     _launch_planned(plan, q, key_cache, value_cache, block_tables, context_lens, sm_scale * LOG2E, out, scratch,
@@ -882,8 +881,8 @@ class PagedDecodePlan:
 
     def _launch_plan(self) -> _LaunchPlan:
         b, h, lq, d = self.q_shape
-        return _launch_plan(self.config, b, h, lq, d, self.num_kv_heads, self.block_size, self.dtype,
-                            self.cache_dtype)
+        return _launch_plans.get(self.config, (b, h, lq, d, self.num_kv_heads, self.block_size, self.dtype,
+                                               self.cache_dtype, PAGE_GUARD[0]))
 
     def run(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
             block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor | None = None,
