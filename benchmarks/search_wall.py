@@ -49,29 +49,21 @@ class GpuSampler(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        try:
-            import pynvml
+        from omnitune.profile import telemetry
 
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
-        except Exception as exc:  # noqa: BLE001 — no module, no driver, no GPU: all mean no samples
-            self.unavailable = f"NVML not available: {type(exc).__name__}: {exc}"
+        device = telemetry._open(self.index)  # the project's one NVML reader, opened once per process
+        if device is None:
+            self.unavailable = "NVML not available: no pynvml, no driver, or no such GPU"
             return
-        try:
-            while not self.stopping.is_set():
-                at = time.monotonic()
-                try:
-                    self.samples.append({
-                        "t": at,
-                        "util": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-                        "sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                        "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-                    })
-                except Exception as exc:  # noqa: BLE001 — one failed read is a gap, not the end
-                    self.unavailable = f"an NVML read failed: {type(exc).__name__}: {exc}"
-                self.stopping.wait(max(0.0, self.period_s - (time.monotonic() - at)))
-        finally:
-            pynvml.nvmlShutdown()
+        while not self.stopping.is_set():
+            at = time.monotonic()
+            sample = device.sample()
+            if sample.utilization_pct is None:  # one failed read is a gap, not the end
+                self.unavailable = "an NVML read gave no utilization"
+            else:
+                self.samples.append({"t": at, "util": sample.utilization_pct, "sm_mhz": sample.sm_clock_mhz,
+                                     "power_w": sample.power_w})
+            self.stopping.wait(max(0.0, self.period_s - (time.monotonic() - at)))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -86,7 +78,7 @@ def busy_fraction(samples: list[dict], start: float, end: float) -> float | None
 
 
 def _mean(samples: list[dict], field: str) -> float | None:
-    values = [s[field] for s in samples]
+    values = [s[field] for s in samples if s[field] is not None]  # a field this GPU does not report
     return sum(values) / len(values) if values else None
 
 

@@ -27,7 +27,10 @@ def test_the_busy_fraction_is_the_mean_utilization_within_the_search():
 
 
 def test_without_nvml_the_sampler_says_why_and_takes_no_samples(monkeypatch):
+    from omnitune.profile import telemetry
+
     monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it fails, as where it is not installed
+    monkeypatch.setattr(telemetry, "_opened", {})  # NVML is opened once per process: not from a cache here
     sampler = search_wall.GpuSampler(period_s=0.01)
     sampler.start()
     time.sleep(0.05)
