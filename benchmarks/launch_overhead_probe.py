@@ -1,7 +1,8 @@
 """Where a Triton launch's host time goes (triton 3.6): the JIT's full launch path against its
 parts — the argument binder (specialisation), the cache-key computation, and the compiled
 kernel's C launcher called directly — on the KV-cache write kernel, one decode step's worth;
-then our layers on top: DirectLauncher, the op's internal launch, the public op; and the
+the C launcher given the tensors' addresses as ints, and its C function without the Python
+wrapper; then our layers on top: DirectLauncher, the op's internal launch, the public op; and the
 attention op with and without TMA descriptors (host-side descriptors are built per call).
 
     PYTHONPATH=$PWD python benchmarks/launch_overhead_probe.py --out $OUT/launch_overhead_h200.json
@@ -56,12 +57,21 @@ def main() -> int:
     stream = triton.runtime.driver.active.get_current_stream(device)
     values = tuple(bound.values())
     run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+    addressed = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
     results = {
         "full_jit_launch_us": per_call_us(lambda: jit[grid](*pos, **kw)),
         "binder_only_us": per_call_us(lambda: binder(*pos, **kw)),
         "compute_cache_key_us": per_call_us(lambda: triton_jit.compute_cache_key(kernel_key_cache, specialization,
                                                                                  options)),
         "direct_c_launcher_us": per_call_us(lambda: run(t, 1, 1, stream, function, packed, None, None, None, *values)),
+        # The same launch with each tensor passed as its address (the C launcher then neither
+        # calls data_ptr() nor asks the driver about the pointer), through the Python wrapper
+        # and through the C function itself.
+        "direct_c_launcher_int_pointers_us": per_call_us(
+            lambda: run(t, 1, 1, stream, function, packed, None, None, None, *addressed)),
+        "c_launch_function_int_pointers_us": per_call_us(
+            lambda: run.launch(t, 1, 1, stream, function, bool(run.launch_cooperative_grid), bool(run.launch_pdl),
+                               None, None, packed, None, None, None, *addressed)),
         "current_stream_query_us": per_call_us(lambda: triton.runtime.driver.active.get_current_stream(device)),
         "torch_empty_us": per_call_us(lambda: torch.empty((64, 28, 1, 128), device="cuda", dtype=torch.bfloat16)),
         "index_copy_us": per_call_us(lambda: kc.view(-1, hkv, d).index_copy_(0, slots, key)),

@@ -112,6 +112,49 @@ def test_missing_constexprs_keep_every_call_on_the_jit(monkeypatch):
     assert _kinds(jit) == ["jit", "jit"]
 
 
+class _CudaLauncherLike:
+    """Triton's CudaLauncher as the direct path sees it: a Python wrapper (__call__) around a C
+    function (launch), with the scratch sizes that decide whether the wrapper is needed."""
+
+    launch_cooperative_grid = launch_pdl = False
+    num_ctas = 1
+
+    def __init__(self, log, global_scratch_size):
+        self._log = log
+        self.global_scratch_size, self.profile_scratch_size = global_scratch_size, 0
+
+    def __call__(self, *args):
+        self._log.append(("wrapper", args[9:]))
+
+    def launch(self, *args):
+        self._log.append(("c", args[13:]))
+
+
+@pytest.mark.parametrize("scratch", [0, 256])
+def test_the_direct_path_passes_addresses_and_skips_a_wrapper_with_nothing_to_allocate(monkeypatch, scratch):
+    bound, jit = _bound(monkeypatch)
+    kernel = _RecordingKernel(jit.log)
+    kernel.run = _CudaLauncherLike(jit.log, scratch)
+    jit.__class__ = type("_Jit", (_RecordingJit,), {"__getitem__": lambda self, grid: lambda *a, **k: kernel})
+    a, b = torch.randn(64), torch.randn(64)
+    bound((1, 1, 1), (a, b, 7, 8))  # the JIT's path: remembers the kernel
+    bound((1, 1, 1), (a, b, 7, 8))
+    kind, args = jit.log[-1]
+    assert kind == ("c" if scratch == 0 else "wrapper")
+    # The tensors as their addresses, the ints as they are, then the bound constexprs.
+    assert args == (a.data_ptr(), b.data_ptr(), 7, 8, 1, 1)
+
+
+def test_a_misaligned_tensor_is_keyed_apart_from_an_aligned_one(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.zeros(64), torch.zeros(64)
+    bound((1, 1, 1), (a, b, 7, 8))
+    bound((1, 1, 1), (a, b[2:], 7, 8))   # 8 bytes off
+    bound((1, 1, 1), (a, b[1:], 7, 8))   # 4 bytes off: another residue, another entry
+    bound((1, 1, 1), (a, b[2:], 7, 8))
+    assert _kinds(jit) == ["jit", "jit", "jit", "direct"]
+
+
 def test_launch_plans_are_found_by_identity_and_by_value():
     made = []
     plans = _launch.PlanCache(lambda config, *key: made.append(key) or object())

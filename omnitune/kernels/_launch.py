@@ -19,6 +19,14 @@ new key: its first call takes the JIT's path (a prefill of a new length pays tha
 another kind, a launch hook such as a profiler's, a Triton without this launcher interface, the
 interpreter) takes the JIT's path.
 
+Two costs inside Triton's launcher are avoidable too. Its C launcher asks each tensor argument
+for `data_ptr()` (a Python call from C) and then the driver whether that pointer is device memory
+(`cuPointerGetAttribute`, one driver call per tensor, per launch); an int argument takes neither.
+The launch key already reads each tensor's address, so the direct path passes the addresses as
+ints: the ops have checked every tensor's device on the host before they launch. And its Python
+wrapper (CudaLauncher.__call__) only allocates the kernel's global and profiling scratch, which
+most kernels do not use: for those the direct path calls the C function itself.
+
 `bind(constexprs, objects)` fixes the constexprs and launch options once, for a caller whose
 config and shapes are fixed (a launch plan): the bound launcher's key is then only the per-call
 part — each tensor's dtype and address mod 16, every plain argument's value — and it keeps the
@@ -27,6 +35,8 @@ constexpr values in the order the C launcher takes them, so a call hashes no dic
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
 from typing import Any
 
@@ -35,6 +45,7 @@ import torch
 # Compiled kernels kept per launcher before it starts over (each entry: one specialisation).
 _ENTRIES = 1024
 _INT32 = (-(2 ** 31), 2 ** 31)
+_reduce, _or = functools.reduce, operator.or_
 
 
 _PLAIN = (int, float, bool, type(None))
@@ -94,21 +105,34 @@ class DirectLauncher:
             kernel = self.jit[grid](*args, **constexprs)
             self._remember(key, kernel, args, constexprs)
             return
-        run, function, packed, constexpr_values = entry
+        launch, before_args, constexpr_values = entry
         grid_1 = grid[1] if len(grid) > 1 else 1
         grid_2 = grid[2] if len(grid) > 2 else 1
-        run(grid[0], grid_1, grid_2, _raw_stream(_current_device()), function, packed, None, None, None,
-            *args, *constexpr_values)
+        launch(grid[0], grid_1, grid_2, _raw_stream(_current_device()), *before_args,
+               *[a.data_ptr() if type(a) is _Tensor else a for a in args[:objects]], *args[objects:],
+               *constexpr_values)
 
     def _remember(self, key, kernel, args, constexprs) -> None:
         if len(args) != self._runtime_count or kernel is None:
             return  # arguments not as this launcher expects: keep using the JIT's path
         try:
-            entry = (kernel.run, kernel.function, kernel.packed_metadata,
-                     tuple(constexprs[name] for name in self._constexpr_names))
+            entry = (*_c_launch(kernel), tuple(constexprs[name] for name in self._constexpr_names))
         except (AttributeError, KeyError):
             return
         _store(self._compiled, self._lock, key, entry)
+
+
+def _c_launch(kernel) -> tuple:
+    """(callable, the arguments it takes between the stream and the kernel's own): the compiled
+    kernel's C launch function where its Python wrapper would only pass None for scratch it does
+    not need, else the wrapper (CudaLauncher.__call__), which allocates that scratch per call."""
+    run = kernel.run
+    launch = getattr(run, "launch", None)
+    if (callable(launch) and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0 and getattr(run, "num_ctas", 1) == 1):
+        return launch, (kernel.function, bool(run.launch_cooperative_grid), bool(run.launch_pdl), None, None,
+                        kernel.packed_metadata, None, None, None)
+    return run, (kernel.function, kernel.packed_metadata, None, None, None)
 
 
 def _store(compiled: dict, lock: threading.Lock, key, entry) -> None:
@@ -117,6 +141,8 @@ def _store(compiled: dict, lock: threading.Lock, key, entry) -> None:
 
 
 _Tensor = torch.Tensor
+_data_ptr = torch.Tensor.data_ptr  # raises TypeError on anything but a tensor
+_dtype_of = operator.attrgetter("dtype")
 
 
 class BoundLauncher:
@@ -147,9 +173,19 @@ class BoundLauncher:
             launcher.jit[grid](*args, **self.constexprs)
             return
         objects = self._objects
+        head, plain = args[:objects], args[objects:]
         try:
-            key = (tuple([(a.dtype, a.data_ptr() & 15) if type(a) is _Tensor else _arg_key(a)
-                          for a in args[:objects]]), args[objects:])
+            try:
+                # Every object a tensor (the common case): each address read once — its low bits
+                # key the binary, and the C launcher takes it as an int (see the module's
+                # docstring). One OR says whether all are 16-byte aligned; only a call with one
+                # that is not keys them one by one.
+                addresses = list(map(_data_ptr, head))
+                misaligned = _reduce(_or, addresses, 0) & 15
+                key = (tuple(map(_dtype_of, head)), misaligned and tuple([p & 15 for p in addresses]), plain)
+            except TypeError:  # a tensor descriptor among them: it goes to the launcher as it is
+                addresses = [a.data_ptr() if isinstance(a, _Tensor) else a for a in head]
+                key = (tuple([_arg_key(a) for a in head]), plain)
             entry = self._compiled.get(key)
         except TypeError:  # an argument kind the key does not cover: the JIT's path
             launcher.jit[grid](*args, **self.constexprs)
@@ -158,16 +194,16 @@ class BoundLauncher:
             kernel = launcher.jit[grid](*args, **self.constexprs)
             self._remember(key, kernel, args)
             return
-        run, function, packed = entry
-        run(grid[0], grid[1], grid[2], _raw_stream(_current_device()), function, packed, None, None, None,
-            *args, *self._constexpr_values)
+        launch, before_args = entry
+        launch(grid[0], grid[1], grid[2], _raw_stream(_current_device()), *before_args, *addresses, *plain,
+               *self._constexpr_values)
 
     def _remember(self, key, kernel, args) -> None:
         launcher = self._launcher
         if len(args) != launcher._runtime_count or kernel is None:
             return  # arguments not as this launcher expects: keep using the JIT's path
         try:
-            entry = (kernel.run, kernel.function, kernel.packed_metadata)
+            entry = _c_launch(kernel)
         except AttributeError:
             return
         _store(self._compiled, launcher._lock, key, entry)

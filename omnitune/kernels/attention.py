@@ -424,7 +424,9 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
     constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
                       MASK_MODE=mask_mode, PACK_GQA=pack, USE_TMA=use_tma, IEEE_DOT=dtype == torch.float32,
                       num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-    return grid, _ATTENTION.bind(constexprs, 7), [1, 1, block_n, block_d] if use_tma else None
+    # Without TMA the two descriptor arguments are plain zeros, keyed with the other ints, so the
+    # bound launcher's objects are all tensors (its fast key).
+    return grid, _ATTENTION.bind(constexprs, 7 if use_tma else 5), [1, 1, block_n, block_d] if use_tma else None
 
 
 # (config, shapes, mask mode, dtype) → grid, bound kernel and TMA block: what a repeated call

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Tenth H200 round, one H200:
+#   OUT=dir bash benchmarks/h200_round10.sh A|B|C
+# Part A: every GPU-marked test (the direct launch now hands the C launcher each tensor's address
+# as an int and skips Triton's Python wrapper where it allocates nothing; the decode function's
+# shared partials and the compile queue's order are new since round 9's tests), four processes,
+# failures re-run alone; where a launch's host time goes now (benchmarks/launch_overhead_probe.py);
+# the public ops as users call them (benchmarks/ops_bench.py); the pages-per-warp fp8 decode probe
+# checked and timed beside the library's kernel; the warp-specialized attention probes whose
+# descriptors are made in the kernel (a hang ends them after 20 s).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 COLUMNS=160
+part=${1:?part A|B|C}
+started=$(date +%s)
+source "$(dirname "$0")/device_steps.sh"
+
+case $part in
+  A)
+    step 270 python -m pytest -q -m gpu -n 4 -o cache_dir=/tmp/pytest_cache tests/
+    step 100 python -m pytest -q -m gpu --lf --lfnf=none -o cache_dir=/tmp/pytest_cache tests/
+    step 40 python benchmarks/launch_overhead_probe.py --out "$OUT/launch_overhead_h200_round10.json"
+    step 60 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200_round10.json"
+    step 60 python benchmarks/fp8_page_warps_probe.py --out "$OUT/fp8_page_warps_probe_h200.json"
+    step $(left 585) python benchmarks/hopper_probe_timing.py --try-warp-spec --shapes b1_h32_L8192_full \
+      --out "$OUT/hopper_probe_timing_ws_h200_round10.json"
+    ;;
+  *) echo "unknown part $part"; exit 2 ;;
+esac
