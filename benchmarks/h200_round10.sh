@@ -8,6 +8,10 @@
 # the public ops as users call them (benchmarks/ops_bench.py); the pages-per-warp fp8 decode probe
 # checked and timed beside the library's kernel; the warp-specialized attention probes whose
 # descriptors are made in the kernel (a hang ends them after 20 s).
+# Part B: the GPU-marked tests again, one line per test with the slowest listed (part A's run
+# reached its limit with 92 of 93 done); the launch probe (it had not followed the KV write
+# kernel's new arguments); the Hopper probes on every shape, warp specialization over in-kernel
+# descriptors now among them (it ran in part A; over host descriptors it hung again).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -23,6 +27,11 @@ case $part in
     step 60 python benchmarks/fp8_page_warps_probe.py --out "$OUT/fp8_page_warps_probe_h200.json"
     step $(left 585) python benchmarks/hopper_probe_timing.py --try-warp-spec --shapes b1_h32_L8192_full \
       --out "$OUT/hopper_probe_timing_ws_h200_round10.json"
+    ;;
+  B)
+    step 360 python -m pytest -v -m gpu -n 4 --durations=20 -p no:cacheprovider tests/
+    step 40 python benchmarks/launch_overhead_probe.py --out "$OUT/launch_overhead_h200_round10.json"
+    step $(left 590) python benchmarks/hopper_probe_timing.py --out "$OUT/hopper_probe_timing_h200_round10.json"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -47,9 +47,11 @@ def main() -> int:
     cfg = dict(BLOCK_T=1, BLOCK_H=4, num_warps=1)
     grid = (t, 1)
     jit = kvw._kv_cache_write
-    pos = (key, value, kc, vc, slots, *key.stride(), *value.stride(), *kc.stride(), *vc.stride(), t, hkv, 16,
-           4096 * 16)
-    kw = dict(HEAD_DIM=d, BLOCK_D=d, BLOCK_T=1, BLOCK_H=4, num_warps=1)
+    # The kernel's arguments as kv_cache_write._launch passes them (no fp8 scales: the key
+    # stands in for the two scale pointers, never read).
+    pos = (key, value, kc, vc, slots, key, key, *key.stride(), *value.stride(), *kc.stride(), *vc.stride(), 0, 0,
+           t, hkv, 16, 4096 * 16)
+    kw = dict(HEAD_DIM=d, BLOCK_D=d, BLOCK_T=1, BLOCK_H=4, QUANTIZE=False, EXACT_ROUNDING=False, num_warps=1)
     kernel = jit[grid](*pos, **kw)
     device = triton.runtime.driver.active.get_current_device()
     kernel_cache, kernel_key_cache, target, backend, binder = jit.device_caches[device]
@@ -75,7 +77,7 @@ def main() -> int:
         "current_stream_query_us": per_call_us(lambda: triton.runtime.driver.active.get_current_stream(device)),
         "torch_empty_us": per_call_us(lambda: torch.empty((64, 28, 1, 128), device="cuda", dtype=torch.bfloat16)),
         "index_copy_us": per_call_us(lambda: kc.view(-1, hkv, d).index_copy_(0, slots, key)),
-        "direct_launcher_us": per_call_us(lambda: kvw._WRITE(grid, pos, kw, 5)),
+        "direct_launcher_us": per_call_us(lambda: kvw._WRITE(grid, pos, kw, 7)),
         "internal_launch_us": per_call_us(lambda: kvw._launch(key, value, kc, vc, slots, kvw.Config(cfg))),
         "public_write_kv_cache_us": per_call_us(lambda: kvw.write_kv_cache(key, value, kc, vc, slots, check=False)),
         "specialization": [str(s) for s in specialization],
