@@ -12,6 +12,11 @@
 # reached its limit with 92 of 93 done); the launch probe (it had not followed the KV write
 # kernel's new arguments); the Hopper probes on every shape, warp specialization over in-kernel
 # descriptors now among them (it ran in part A; over host descriptors it hung again).
+# Part C: the attention kernel's warp-specialized form (WARP_SPEC configs, from part B's probe)
+# checked on the GPU; issue 15's eight prefill shapes searched with it in the space (isolated
+# workers: a hang costs one trial), exported beside the shipped attention table; that table
+# revalidated for the kernel source the new form changed (verify --fix); the public op with it
+# beside cuDNN (benchmarks/prefill_bench.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -32,6 +37,22 @@ case $part in
     step 360 python -m pytest -v -m gpu -n 4 --durations=20 -p no:cacheprovider tests/
     step 40 python benchmarks/launch_overhead_probe.py --out "$OUT/launch_overhead_h200_round10.json"
     step $(left 590) python benchmarks/hopper_probe_timing.py --out "$OUT/hopper_probe_timing_h200_round10.json"
+    ;;
+  C)
+    step 90 python -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/test_attention_warp_spec.py
+    mkdir -p "$OUT/tc" && cp -r tuned_configs/attention "$OUT/tc/"
+    shapes=""
+    for hh in "h=32,hkv=4" "h=24,hkv=24"; do for l in 8192 16384; do for c in 1 0; do
+      shapes="$shapes --shape b=1,$hh,lq=$l,lk=$l,d=128,causal=$c"; done; done; done
+    step $(left 300) python -m omnitune search attention $shapes -n 24 --isolate --trial-timeout 60 \
+      --timeout $(left 260) --db "$OUT/prefill.db"
+    step 40 python -m omnitune export --db "$OUT/prefill.db" --kernel attention --out "$OUT/tc"
+    rm -f "$OUT"/*.db* "$OUT"/tc/*/.*.lock
+    step $(left 470) python -m omnitune verify --kernels attention --tables "$OUT/tc" --fix \
+      --json "$OUT/verify_attention_h200_round10.json"
+    rm -f "$OUT"/tc/*/.*.lock
+    OMNITUNE_CONFIG_DIR="$OUT/tc" step $(left 585) python benchmarks/prefill_bench.py \
+      --out "$OUT/prefill_bench_h200_round10.json"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -52,6 +52,9 @@ class Case:
     results: dict = field(default_factory=dict)
     impl_bytes: dict[str, float] = field(default_factory=dict)
     """Bytes moved per implementation where they differ from bytes_moved (an fp8 cache's)."""
+    calls: int = CALLS
+    """Eager calls per round (fewer for calls of milliseconds)."""
+    graph_replays: int = GRAPH_REPLAYS
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -121,12 +124,12 @@ def measure(case: Case, copy_tbps: float) -> dict:
                                                   for n in case.impls}
     for _ in range(ROUNDS):
         for name, fn in case.impls.items():
-            host, wall, gpu = _eager(fn, CALLS)
+            host, wall, gpu = _eager(fn, case.calls)
             samples[name]["host_us"].append(host)
             samples[name]["wall_us"].append(wall)
             samples[name]["gpu_us"].append(gpu)
             if name in graphs:
-                samples[name]["graph_us"].append(graph_call_us(graphs[name]))
+                samples[name]["graph_us"].append(graph_call_us(graphs[name], replays=case.graph_replays))
     result = {"notes": case.notes, "bytes_moved": case.bytes_moved, "flops": case.flops,
               "max_rel_error_vs_baseline": errors, "impls": {}}
     for name, s in samples.items():
@@ -235,7 +238,8 @@ def _bucket(n):
     return bucket_up(n)
 
 
-def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None) -> Case:
+def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None, causal=True, calls=CALLS,
+                   graph_replays=GRAPH_REPLAYS) -> Case:
     from omnitune.kernels import attention as attn
 
     gen = torch.Generator().manual_seed(0)
@@ -246,16 +250,17 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None) -> Case:
     if spans is None:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        impls["sdpa_default"] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        gqa = h != hkv
+        impls["sdpa_default"] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
         def cudnn():
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
         impls["sdpa_cudnn"] = cudnn
-        impls["omnitune"] = lambda: attn.attention(q, k, v, causal=True)
-        pairs = l * (l + 1) // 2
-        name = f"attention b{b} h{h}/{hkv} l{l} d{d} causal"
+        impls["omnitune"] = lambda: attn.attention(q, k, v, causal=causal)
+        pairs = l * (l + 1) // 2 if causal else l * l
+        name = f"attention b{b} h{h}/{hkv} l{l} d{d} {'causal' if causal else 'no mask'}"
     else:
         span_t = torch.tensor([spans] * b, dtype=torch.int32, device=device)
         limits = attn.row_limits(span_t, l, l)
@@ -270,7 +275,11 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None) -> Case:
         base = next(iter(outs.values()))
         return {n: _rel(o, base) for n, o in list(outs.items())[1:]}
 
-    return Case(name, impls, check, flops=4.0 * b * h * d * pairs)
+    problem = attn.AttentionProblem(b=b, h=h, hkv=hkv, lq=l, lk=l, d=d, causal=causal)
+    picked = attn._memo.get((b, h, hkv, l, l, d, causal), None, lambda: problem, torch.bfloat16) \
+        if spans is None else None
+    return Case(name, impls, check, flops=4.0 * b * h * d * pairs, calls=calls, graph_replays=graph_replays,
+                notes=f"config {picked.label()}" if picked is not None else "")
 
 
 def layer_case(device, b=8, lq=1, lk=4096, hidden=3584, h=28, hkv=4, d=128) -> Case:
