@@ -17,6 +17,11 @@
 # workers: a hang costs one trial), exported beside the shipped attention table; that table
 # revalidated for the kernel source the new form changed (verify --fix); the public op with it
 # beside cuDNN (benchmarks/prefill_bench.py).
+# Part D (the warp-specialized form taken back out of the library: wrong at 3 stages and at some
+# 16k shapes in part C): the probes again, every output of five more launches checked (a race
+# shows on some launches only), 3-stage warp specialization among them; the held-out fp16
+# problems of the KV write and paged decode (issue 14), which the runtime now answers from bf16's
+# entries where fp16 has none.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -53,6 +58,13 @@ case $part in
     rm -f "$OUT"/tc/*/.*.lock
     OMNITUNE_CONFIG_DIR="$OUT/tc" step $(left 585) python benchmarks/prefill_bench.py \
       --out "$OUT/prefill_bench_h200_round10.json"
+    ;;
+  D)
+    step 60 python -m pytest -q -m gpu -p no:cacheprovider tests/test_hopper_probe_timing.py
+    step 120 python benchmarks/hopper_probe_timing.py --out "$OUT/hopper_probe_timing_rechecked_h200_round10.json"
+    step $(left 560) python benchmarks/coverage.py --problems coverage_set:FP16_HELD_OUT --kernel kv_cache_write \
+      --kernel paged_decode_attention --out "$OUT/coverage_fp16_h200_round10.json" --time-budget $(left 420) \
+      --trials 40 --work-dir /tmp/cov
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

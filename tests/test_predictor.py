@@ -11,6 +11,7 @@ import logging
 import random
 
 import pytest
+import torch
 
 import omnitune.runtime as runtime
 from omnitune import export, predict
@@ -155,6 +156,17 @@ def test_export_writes_the_block_and_a_far_problem_is_predicted(exported, warnin
     assert len(answer.neighbours) == 3 and answer.neighbours[0] == answer.matched_key
     assert 1.0 <= answer.expected_ratio < 1.3
     assert warnings_seen() == []
+
+
+def test_a_far_bf16_problem_is_predicted_from_the_fp16_points(exported):
+    # The sweep tuned fp16 only: a bf16 call with no entry near borrows fp16's predictor points,
+    # and says so; the config still meets every constraint in bf16.
+    far = problem(1024, hkv=8)
+    answer = runtime.lookup("kv_cache_write", far, torch.bfloat16, H200)
+    assert answer.rung is Rung.PREDICTOR and answer.matched_key.startswith("fp16|")
+    assert answer.config["BLOCK_T"] == best_block_t(1024) and not SPEC.violations(far, answer.config, torch.bfloat16)
+    why = runtime.explain("kv_cache_write", far, torch.bfloat16, H200).why
+    assert "nearest fp16 tuned shapes" in why and "tables hold no bf16 entry" in why
 
 
 def test_the_nearest_rung_comes_before_the_predictor(exported):

@@ -28,12 +28,9 @@ from omnitune.spec import Config, DeviceLimits
 GPU = "Test GPU X1"  # a device no shipped table is for
 PREFILL = AttentionProblem(b=1, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
 DECODE = AttentionProblem(b=1, h=8, hkv=2, lq=1, lk=512, d=64, causal=True)
-# BACKEND and WARP_SPEC are written out: the runtime fills them in ("triton", False) for entries
-# that lack them.
-TUNED = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True,
-               WARP_SPEC=False)
-OTHER = Config(BACKEND="triton", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4, PACK_GQA=True, USE_TMA=False,
-               WARP_SPEC=False)
+# BACKEND is written out: the runtime fills it in ("triton") for entries that lack it.
+TUNED = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
+OTHER = Config(BACKEND="triton", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4, PACK_GQA=True, USE_TMA=False)
 
 
 def _entry(problem, config, dtype="fp16"):
@@ -166,11 +163,26 @@ def test_decode_never_snaps_to_a_prefill_entry(config_dir):
     assert answer.source is None and answer.matched_key is None and answer.distance is None
 
 
-def test_entries_of_another_dtype_do_not_match(config_dir):
+def test_an_fp16_entry_serves_bf16_and_back_but_never_fp32(config_dir):
+    # fp16 and bf16: the same bytes and tensor-core rate, so a config tuned in one serves the
+    # other (the nearest rung, saying whose entry answered); fp32 takes neither.
     _write(config_dir, _document([_entry(PREFILL, TUNED, dtype="fp16")]))
     answer = runtime.lookup("attention", PREFILL, torch.bfloat16, GPU)
+    assert (answer.rung, answer.config) == (Rung.NEAREST, TUNED)
+    assert answer.matched_key.startswith("fp16|")
+    why = runtime.explain("attention", PREFILL, torch.bfloat16, GPU).why
+    assert "not tuned in bf16" in why and "fp16" in why
+    answer = runtime.lookup("attention", PREFILL, torch.float32, GPU)
     assert answer.rung is Rung.DEFAULT
-    assert answer.config == SPEC.default_config(PREFILL, torch.bfloat16)
+    assert answer.config == SPEC.default_config(PREFILL, torch.float32)
+
+
+def test_a_dtype_s_own_nearby_entry_wins_over_its_sibling_s_exact_one(config_dir):
+    nearby = dataclasses.replace(PREFILL, lq=2 * PREFILL.lq, lk=2 * PREFILL.lk)
+    _write(config_dir, _document([_entry(PREFILL, TUNED, dtype="fp16"), _entry(nearby, OTHER, dtype="bf16")]))
+    answer = runtime.lookup("attention", PREFILL, torch.bfloat16, GPU)
+    assert (answer.rung, answer.config) == (Rung.NEAREST, OTHER)
+    assert answer.matched_key.startswith("bf16|")
 
 
 def test_a_missing_table_warns_once_per_kernel_and_device(config_dir, warnings_seen):
@@ -311,7 +323,7 @@ def test_config_dir_takes_precedence_over_shipped_tables(tmp_path, config_dir, m
     repo_tables = package_dir.parent / "tuned_configs"
     wheel_tables = package_dir / "tuned_configs"
     third = Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False,
-                   USE_TMA=False, WARP_SPEC=False)
+                   USE_TMA=False)
     _write(config_dir, _document([_entry(PREFILL, TUNED)]))
     repo_file = _write(repo_tables, _document([_entry(PREFILL, OTHER)]))
     _write(wheel_tables, _document([_entry(PREFILL, third)]))

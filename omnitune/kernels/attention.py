@@ -227,81 +227,6 @@ def _attention_fwd(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
 
 
-@triton.jit
-def _attention_fwd_ws(
-    Q, K, V, Out,
-    stride_ob, stride_oh, stride_om, stride_od,
-    H, HKV, LQ, LK,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_K: tl.constexpr,
-):
-    """The same attention (no spans) in Hopper's warp-specialized form, the WARP_SPEC config:
-    one key loop under `tl.range(..., warp_specialize=True)`, which Triton 3.6 splits into a
-    producer warp feeding TMA loads and two consumer warpgroups (BLOCK_M 128, 4 warps each). Q,
-    K and V are contiguous [B·H·L, D] and read through descriptors the kernel makes
-    (tl.make_tensor_descriptor): on the H200 the same loop over host descriptors never finished
-    (docs/hopper.md). Two loops (unmasked, then the diagonal) do not compile with it, so under a
-    causal mask every tile is masked; without one, only when LK is not a multiple of BLOCK_N
-    (EVEN_K false). Rows past a head's LQ read the next head's queries (or TMA's zeros past the
-    tensor) and are not stored; keys past LK are masked."""
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest blocks first
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    kv_row = (b * HKV + h // GROUP) * LK
-    bh_rows = tl.num_programs(1)
-    q_desc = tl.make_tensor_descriptor(Q, shape=[bh_rows * LQ, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K, shape=[(bh_rows // GROUP) * LK, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V, shape=[(bh_rows // GROUP) * LK, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    qpos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q = q_desc.load([pid_bh * LQ + pid_m * BLOCK_M, 0])
-    if CAUSAL:
-        limit = tl.minimum(tl.maximum(qpos + 1 + LK - LQ, 0), LK)
-        hi = tl.minimum(tl.maximum((pid_m + 1) * BLOCK_M + LK - LQ, 0), LK)  # the block's last row's limit
-    else:
-        limit = qpos * 0 + LK
-        hi = LK
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
-        k = k_desc.load([kv_row + start_n, 0])
-        v = v_desc.load([kv_row + start_n, 0])
-        qk = tl.dot(q, tl.trans(k))
-        if CAUSAL or not EVEN_K:
-            qk = tl.where((start_n + offs_n)[None, :] < limit[:, None], qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            # A row that has seen no key yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            qk = qk * qk_scale
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = m_new
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # rows that saw no key (LQ > LK, causal) write zeros
-    out = acc / l_safe[:, None]
-    o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-              + qpos[:, None] * stride_om + offs_d[None, :] * stride_od)
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(qpos < LQ)[:, None])
-
-
 # ------------------------------------------------------------------------------------------------
 # Problem, inputs, launcher
 # ------------------------------------------------------------------------------------------------
@@ -481,7 +406,6 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 
 _ATTENTION = DirectLauncher(_attention_fwd)
-_ATTENTION_WS = DirectLauncher(_attention_fwd_ws)
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
 except ImportError:  # a Triton without host tensor descriptors: USE_TMA configs fail to launch
@@ -489,15 +413,8 @@ except ImportError:  # a Triton without host tensor descriptors: USE_TMA configs
 
 
 def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask_mode: int,
-                 dtype: torch.dtype, lk_residue: int) -> tuple:
-    """(grid, bound kernel, TMA block or None, warp-specialized); lk_residue: LK mod 128, which
-    tells the warp-specialized kernel whether its last key tile needs a mask."""
+                 dtype: torch.dtype) -> tuple:
     group = h // hkv
-    if config.get("WARP_SPEC", False):
-        block_n = int(config["BLOCK_N"])
-        constexprs = dict(HEAD_DIM=d, GROUP=group, BLOCK_M=128, BLOCK_N=block_n, CAUSAL=mask_mode == 1,
-                          EVEN_K=lk_residue % block_n == 0, num_warps=4, num_stages=int(config["num_stages"]))
-        return (triton.cdiv(lq, 128), b * h, 1), _ATTENTION_WS.bind(constexprs, 4), None, True
     block_d = triton.next_power_of_2(d)
     block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
     pack = bool(config["PACK_GQA"]) and group > 1
@@ -509,11 +426,11 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
                       num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
     # Without TMA the two descriptor arguments are plain zeros, keyed with the other ints, so the
     # bound launcher's objects are all tensors (its fast key).
-    return grid, _ATTENTION.bind(constexprs, 7 if use_tma else 5), [1, 1, block_n, block_d] if use_tma else None, False
+    return grid, _ATTENTION.bind(constexprs, 7 if use_tma else 5), [1, 1, block_n, block_d] if use_tma else None
 
 
-# (config, shapes, mask mode, dtype, LK mod 128) → grid, bound kernel, TMA block and kernel
-# form: what a repeated call would otherwise recompute.
+# (config, shapes, mask mode, dtype) → grid, bound kernel and TMA block: what a repeated call
+# would otherwise recompute.
 _launch_plans = PlanCache(_launch_plan)
 
 
@@ -536,38 +453,6 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_sca
     return _F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def _launch_ws(q, k, v, out, sm_scale: float, grid: tuple, kernel) -> None:
-    """The warp-specialized kernel: its descriptors flatten Q, K and V to [B·H·L, D], so each
-    must be contiguous (a view that is not is copied) from a 16-byte aligned address; its
-    descriptors live in global scratch that Triton asks an allocator for at launch."""
-    if not (q.is_contiguous() and q.data_ptr() & 15 == 0):
-        q = q.contiguous()
-    if not (k.is_contiguous() and k.data_ptr() & 15 == 0):
-        k = k.contiguous()
-    if not (v.is_contiguous() and v.data_ptr() & 15 == 0):
-        v = v.contiguous()
-    _ensure_scratch_allocator()
-    kernel(grid, (q, k, v, out, *out.stride(), q.shape[1], k.shape[1], q.shape[2], k.shape[2], sm_scale * LOG2E))
-
-
-def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    # From the caching allocator on the current stream (and, during a CUDA graph capture, from
-    # the graph's pool): Triton keeps no reference past the launch.
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_scratch_allocator() -> None:
-    """Kernels that make tensor descriptors need Triton's allocator; Triton's default raises. It
-    is a context variable, so each thread (a new thread starts from the default) gets ours once;
-    an allocator the caller set is left alone."""
-    try:
-        from triton.runtime import _allocation
-    except ImportError:  # pragma: no cover — a Triton without it allocates its own way
-        return
-    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
-        triton.set_allocator(_scratch)
-
-
 def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> torch.Tensor | None:
     """Run the config's backend: the kernel writes into `out` [B, H, Lq, D]; an SDPA backend
     returns its own output (copying it into `out` would charge the search a copy the op never
@@ -588,10 +473,7 @@ def _launch(q, k, v, causal: bool, sm_scale: float, spans: torch.Tensor | None, 
     else:
         # q is a placeholder pointer, never read
         mask_mode, span_arg, span_strides, num_spans = (1 if causal else 0), q, (0, 0, 0), 0
-    grid, kernel, tma_block, warp_spec = _launch_plans.get(config, (b, h, hkv, lq, d, mask_mode, q.dtype, lk & 127))
-    if warp_spec:
-        _launch_ws(q, k, v, out, sm_scale, grid, kernel)
-        return
+    grid, kernel, tma_block = _launch_plans.get(config, (b, h, hkv, lq, d, mask_mode, q.dtype))
     if tma_block is not None:
         # TMA needs a contiguous last dim and 16-byte aligned strides; copy views that are not.
         if not _tma_ok(k):
@@ -820,7 +702,7 @@ def _shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch
 # by the search like any config, so a table records per problem whichever was fastest, and the
 # op dispatches to it. An SDPA config ignores the kernel's parameters: they are parked.
 BACKENDS = ("triton", "sdpa", "sdpa_cudnn")
-PARKED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False, WARP_SPEC=False)
+PARKED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
 
 
 def _triton_only(check):
@@ -880,38 +762,6 @@ def _check_pack(problem, config, dtype, limits):
     return None
 
 
-# The warp-specialized kernel's one form that compiled and ran on sm_90 (docs/hopper.md): BLOCK_M
-# 128 over 4 warps per consumer warpgroup, K/V tiles of 64 or 128 keys, 2–3 stages; it makes its
-# own descriptors, so USE_TMA and PACK_GQA stay off. Its producer/consumer barriers take shared
-# memory beyond the tiles' (~20 KiB measured offline: 180 KiB compiled for 128-key tiles at 2
-# stages, against 160 KiB of tiles).
-_WS_FORM = dict(BLOCK_M=128, num_warps=4, PACK_GQA=False, USE_TMA=False)
-_WS_SHARED_EXTRA = 20 * 1024
-
-
-def _check_warp_spec(problem, config, dtype, limits):
-    if not config.get("WARP_SPEC", False):
-        return None
-    off = [f"{k}={v}" for k, v in _WS_FORM.items() if config[k] != v]
-    if off:
-        return f"WARP_SPEC takes {', '.join(off)}"
-    if int(config["BLOCK_N"]) not in (64, 128) or int(config["num_stages"]) not in (2, 3):
-        return "WARP_SPEC takes BLOCK_N 64 or 128 and 2 or 3 stages"
-    if not (9, 0) <= tuple(limits.compute_capability) < (10, 0):
-        return "WARP_SPEC is Hopper's (compute capability 9.x)"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return "WARP_SPEC runs fp16 and bf16 only"
-    if problem.d not in (64, 128):
-        return "WARP_SPEC needs head dim 64 or 128 (its tiles are the whole head)"
-    if problem.spans:
-        return "WARP_SPEC has no image spans (one masked key loop, causal or none)"
-    need = _shared_memory_bytes(problem, config, dtype) + _WS_SHARED_EXTRA
-    if need > limits.shared_memory_per_block_bytes:
-        return f"needs ~{need // 1024} KiB of shared memory warp-specialized, the device has " \
-               f"{limits.shared_memory_per_block_bytes // 1024} KiB"
-    return None
-
-
 def _check_tma(problem, config, dtype, limits):
     if config["USE_TMA"] and tuple(limits.compute_capability) < (9, 0):
         return "USE_TMA needs compute capability 9.0 (Hopper) or newer"
@@ -927,8 +777,6 @@ PARAMS = (
     Param("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
     Param("PACK_GQA", (False, True), "one program serves all query heads of a kv head"),
     Param("USE_TMA", (False, True), "load K/V tiles through tensor descriptors (Hopper TMA)"),
-    Param("WARP_SPEC", (False, True), "Hopper warp specialization: a producer warp feeds TMA loads to two "
-          "consumer warpgroups, one key loop (BLOCK_M 128, 4 warps)", missing=False),
 )
 
 CONSTRAINTS = (
@@ -940,8 +788,6 @@ CONSTRAINTS = (
     Constraint("block_m_exceeds_rows", _triton_only(_check_block_m), "no block larger than the query rows it serves"),
     Constraint("pack_gqa_needs_groups", _triton_only(_check_pack), "PACK_GQA only when h > hkv"),
     Constraint("tma_needs_hopper", _triton_only(_check_tma), "tensor descriptors need sm_90+"),
-    Constraint("warp_spec_form", _triton_only(_check_warp_spec),
-               "WARP_SPEC: its one form (BLOCK_M 128, 4 warps), sm_90, fp16/bf16, head dim 64/128, no spans"),
 )
 
 
@@ -953,11 +799,10 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     for block_m in (64, 32, 16):
         for stages in (3, 2, 1):
             cfg = Config(BACKEND="triton", BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages,
-                         PACK_GQA=pack, USE_TMA=False, WARP_SPEC=False)
+                         PACK_GQA=pack, USE_TMA=False)
             if not SPEC.violations(problem, cfg, dtype):
                 return cfg
-    return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False,
-                  WARP_SPEC=False)
+    return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
 
 
 def _sdpa_baselines(problem: AttentionProblem):
@@ -1036,10 +881,6 @@ SPEC = KernelSpec(
         {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
-        # warp-specialized: 1.02× cuDNN at b1 h32 16k non-causal as a probe on the H200
-        # (benchmarks/results/hopper_probe_timing_h200_round10.json)
-        {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "WARP_SPEC": True},
-        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "WARP_SPEC": True},
     ),
     example_problem=AttentionProblem(b=2, h=4, hkv=2, lq=33, lk=47, d=64, causal=True),
     sample_problems=(

@@ -49,7 +49,16 @@ from omnitune.coerce import describe
 from omnitune.errors import InputError, ShapeError, UnknownKernelError
 from omnitune.runtime import _tables
 from omnitune.runtime._buckets import Bucketing
-from omnitune.runtime._chain import Bucket, Impossible, Lookup, Rung, ranked_entries, resolve_bucket, resolve_problem
+from omnitune.runtime._chain import (
+    Bucket,
+    Impossible,
+    Lookup,
+    Rung,
+    dtypes_to_borrow,
+    ranked_entries,
+    resolve_bucket,
+    resolve_problem,
+)
 from omnitune.runtime._explain import Explanation
 from omnitune.runtime._explain import explain as _explain
 from omnitune.runtime._format import CONFIG_DIR_ENV, SCHEMA_VERSION, search_command, table_path
@@ -190,16 +199,18 @@ def nearest_configs(
     spec: KernelSpec, problem: Any, dtype: torch.dtype, device_key: str, limits: DeviceLimits | None = None,
     *, most: int = 3,
 ) -> list[Config]:
-    """The tuned configs of the exported problems nearest to `problem` (same kernel, dtype and
-    device, within the spec's MatchPolicy, the exact problem included), nearest first: at most
-    `most` distinct configs, each valid for `problem`. What a search warm-starts from."""
+    """The tuned configs of the exported problems nearest to `problem` (same kernel and device,
+    within the spec's MatchPolicy, the exact problem included), nearest first — of the same dtype,
+    then of its sibling (fp16 for bf16 and back, as the runtime's chain borrows): at most `most`
+    distinct configs, each valid for `problem`. What a search warm-starts from."""
     chosen: list[Config] = []
     tables = _tables_at(spec, problem, dtype, device_key, config_dirs())
-    for _, _, entry in ranked_entries(spec, problem, dtype, tables):
-        if len(chosen) >= most:
-            break
-        if entry.config not in chosen and not spec.violations(problem, entry.config, dtype, limits):
-            chosen.append(entry.config)
+    for source in dtypes_to_borrow(dtype):
+        for _, _, entry in ranked_entries(spec, problem, source, tables):
+            if len(chosen) >= most:
+                return chosen
+            if entry.config not in chosen and not spec.violations(problem, entry.config, dtype, limits):
+                chosen.append(entry.config)
     return chosen
 
 

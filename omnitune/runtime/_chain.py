@@ -1,7 +1,9 @@
 """The lookup chain: exact key → nearest tuned problem → a config predicted from the tuned problems
 nearest to it (a table's predictor block, _predictor.py) → the kernel's default config, resolved
 once per bucket of problems (see _buckets.py) and, where one answer cannot serve a whole bucket,
-once per problem. Nothing here returns a config that breaks a constraint of the problem asked."""
+once per problem. The nearest and predictor rungs read bf16 entries for fp16 and back where a
+dtype's own have nothing near (SIBLING_DTYPES). Nothing here returns a config that breaks a
+constraint of the problem asked."""
 
 from __future__ import annotations
 
@@ -110,20 +112,50 @@ def resolve_bucket(
     return Bucket(exact, shared, bucketing.values)
 
 
+# The 16-bit float formats stand in for each other where a problem's own dtype has no tuned shape
+# near it: fp16 and bf16 take the same bytes per element and the same tensor-core instructions at
+# the same rate on every GPU that has both, and the kernels compute softmax and accumulate in fp32
+# either way — a config's speed follows the shape, not which of the two formats it reads. A
+# borrowed config is still judged by every constraint at the dtype asked.
+SIBLING_DTYPES = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}
+
+
+def dtypes_to_borrow(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """The dtypes whose entries may answer a lookup in `dtype`, its own first."""
+    sibling = SIBLING_DTYPES.get(dtype)
+    return (dtype,) if sibling is None else (dtype, sibling)
+
+
 def resolve_problem(
     spec: KernelSpec, problem: Any, dtype: torch.dtype | None, check_dtype: torch.dtype,
     tables: Sequence[Table], limits: DeviceLimits,
 ) -> Lookup | Impossible:
     """The chain for one problem whose bucket has no shared answer (and that was not tuned)."""
     if dtype is not None:
-        for distance, table, entry in ranked_entries(spec, problem, dtype, tables, include_exact=False):
-            found = _nearest(spec, table, entry, problem, problem, (problem,), dtype, limits, distance)
+        found = _nearest_or_predicted(spec, problem, problem, (problem,), dtype, tables, limits, own_exact=False)
+        if found is not None:
+            return found
+    return safe_default(spec, problem, check_dtype, limits)
+
+
+def _nearest_or_predicted(
+    spec: KernelSpec, target: Any, problem: Any, corners: Sequence[Any], dtype: torch.dtype, tables: Sequence[Table],
+    limits: DeviceLimits, *, own_exact: bool,
+) -> Lookup | None:
+    """The nearest rung, then the predictor, for `target` (a problem, or its bucket's bound):
+    from the entries of `dtype` itself, then of its sibling (SIBLING_DTYPES). own_exact: whether
+    the entry of target itself in `dtype` may answer (a bucket's bound, not a problem's own)."""
+    for source in dtypes_to_borrow(dtype):
+        include = own_exact or source is not dtype
+        for distance, table, entry in ranked_entries(spec, target, source, tables, include_exact=include):
+            found = _nearest(spec, table, entry, target, problem, corners, dtype, limits, distance)
             if found is not None:
                 return found
-        predicted = predict(spec, problem, dtype, tables, (problem,), limits).lookup
-        if predicted is not None:
+    for source in dtypes_to_borrow(dtype):
+        predicted = predict(spec, target, source, tables, corners, limits).lookup
+        if predicted is not None and (source is dtype or _valid_at(spec, predicted.config, corners, dtype, limits)):
             return predicted
-    return safe_default(spec, problem, check_dtype, limits)
+    return None
 
 
 def ranked_entries(
@@ -186,13 +218,9 @@ def _shared_answer(
     except Exception:  # noqa: BLE001 — a corner the problem type rejects (e.g. lq > ctx there)
         return None
     if dtype is not None:
-        for distance, table, entry in ranked_entries(spec, bound, dtype, tables):
-            found = _nearest(spec, table, entry, bound, problem, corners, dtype, limits, distance)
-            if found is not None:
-                return found
-        predicted = predict(spec, bound, dtype, tables, corners, limits).lookup
-        if predicted is not None:
-            return predicted
+        found = _nearest_or_predicted(spec, bound, problem, corners, dtype, tables, limits, own_exact=True)
+        if found is not None:
+            return found
     try:
         default = spec.default_config(bound, check_dtype)
     except Exception:  # noqa: BLE001 — left to safe_default, problem by problem

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from omnitune.runtime._buckets import Bucketing
-from omnitune.runtime._chain import Lookup, Rung, predict, ranked_entries
+from omnitune.runtime._chain import Lookup, Rung, dtypes_to_borrow, predict, ranked_entries
 from omnitune.runtime._tables import Table
 from omnitune.spec import DeviceLimits, KernelSpec, MatchPolicy, dtype_name, field_kind
 
@@ -55,24 +55,43 @@ def explain(
         bound, corners = bucketing.bound(problem), bucketing.corners(problem)
     except Exception:  # noqa: BLE001 — as the chain: the problem answered on its own
         bound, corners = problem, [problem]
-    predicted = predict(spec, bound, dtype, tables, corners, limits)
+    source = _answering_dtype(answer, dtype)  # the sibling's, for a borrowed answer
+    predicted = predict(spec, bound, source, tables, corners, limits)
     ranking = predicted.ranking
     expected = ranking.estimate(answer.config) if ranking is not None else None
     keys = ranking.keys if ranking is not None else ()
+    borrowed = source is not dtype
+    of = f" {dtype_name(source)}" if borrowed else ""
+    lent = (f" ({dtype_name(source)} and {dtype_name(dtype)} take the same bytes and tensor-core rate: a config "
+            "tuned in one serves the other)") if borrowed else ""
     if answer.rung is Rung.NEAREST:
-        why = (f"not tuned itself: the nearest tuned shape that {_policy(spec)} allows and whose config is "
-               "valid here answers")
+        why = (f"not tuned {'in ' + dtype_name(dtype) if borrowed else 'itself'}: the nearest{of} tuned shape that "
+               f"{_policy(spec)} allows and whose config is valid here answers{lent}")
         if answer.tuned_config is not None:
             why += f", adapted by {spec.name}'s rule from its tuned config {answer.tuned_config.label()}"
         return Explanation(answer, why, expected, keys)
     missed, closest = _missed(spec, problem, dtype, tables)
     if answer.rung is Rung.PREDICTOR:
         bar = "" if math.isinf(predicted.default_ratio) else f", the default config {predicted.default_ratio:.2f}×"
-        why = (f"{missed}; predicted from the {len(answer.neighbours)} nearest tuned shapes: expected "
+        why = (f"{missed}; predicted from the {len(answer.neighbours)} nearest{of} tuned shapes{lent}: expected "
                f"{answer.expected_ratio:.2f}× their best{bar}")
         return Explanation(answer, why, answer.expected_ratio, answer.neighbours, closest)
     why_not = predicted.why_not if ranking is None else f"the predictor's nearest tuned shapes: {predicted.why_not}"
+    for sibling in dtypes_to_borrow(dtype)[1:]:  # what the borrowed rung found too
+        lent = predict(spec, bound, sibling, tables, corners, limits)
+        why_not += f"; from {dtype_name(sibling)}'s: " + (
+            lent.why_not if lent.ranking is None else f"its nearest tuned shapes: {lent.why_not}")
     return Explanation(answer, f"{missed}; {why_not}", expected, keys, closest)
+
+
+def _answering_dtype(answer: Lookup, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the entry that answered (its key's prefix): `dtype` itself unless the chain
+    borrowed its sibling's (SIBLING_DTYPES)."""
+    prefix = (answer.matched_key or "").partition("|")[0]
+    for candidate in dtypes_to_borrow(dtype):
+        if dtype_name(candidate) == prefix:
+            return candidate
+    return dtype
 
 
 def _policy(spec: KernelSpec) -> str:
@@ -91,7 +110,10 @@ def _missed(spec: KernelSpec, problem: Any, dtype: torch.dtype, tables: Sequence
                 "here (or elsewhere in this shape's cache bucket)"), None
     entries = [e for t in tables for e in t.entries.values() if e.dtype == dtype]
     if not entries:
-        return f"the tables hold no {dtype_name(dtype)} entry", None
+        sibling = dtypes_to_borrow(dtype)[1:]
+        nor = f" (nor any {dtype_name(sibling[0])} one near)" if sibling and any(
+            e.dtype == sibling[0] for t in tables for e in t.entries.values()) else ""
+        return f"the tables hold no {dtype_name(dtype)} entry{nor}", None
     closest = min(entries, key=lambda e: (_shape_distance(problem, e.problem), e.key))
     return (f"no tuned shape within {_policy(spec)}: the closest "
             f"{blocking(spec.match, spec, problem, closest.problem)}"), closest.key
