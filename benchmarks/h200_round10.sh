@@ -22,6 +22,8 @@
 # shows on some launches only), 3-stage warp specialization among them; the held-out fp16
 # problems of the KV write and paged decode (issue 14), which the runtime now answers from bf16's
 # entries where fp16 has none.
+# Part E: the held-out evaluation from fresh results files (the runtime changed since round 9):
+# every KV-write problem, then paged decode for as long as the device time left allows.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 part=${1:?part A|B|C}
@@ -65,6 +67,12 @@ case $part in
     step $(left 560) python benchmarks/coverage.py --problems coverage_set:FP16_HELD_OUT --kernel kv_cache_write \
       --kernel paged_decode_attention --out "$OUT/coverage_fp16_h200_round10.json" --time-budget $(left 420) \
       --trials 40 --work-dir /tmp/cov
+    ;;
+  E)
+    step 200 python benchmarks/coverage.py --kernel kv_cache_write --out "$OUT/coverage_kv_cache_write_h200_round10.json" \
+      --time-budget 170 --trials 40 --work-dir /tmp/cov
+    step $(left 300) python benchmarks/coverage.py --kernel paged_decode_attention \
+      --out "$OUT/coverage_paged_decode_h200_round10.json" --time-budget $(left 270) --trials 40 --work-dir /tmp/cov
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
