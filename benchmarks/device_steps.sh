@@ -1,8 +1,13 @@
-# Shared by the H200 round scripts (source it after setting `started=$(date +%s)`).
+# Shared by the H200 round scripts (source it first thing; older ones set `started` before).
+# It sets the shell options and output settings every round runs under, and `started` if unset.
 # step LIMIT CMD...: run CMD under a time limit, framed by "###" lines (command, exit code, seconds)
 # that the committed logs are read by; left BUDGET: seconds of BUDGET not yet spent since $started;
 # fp8_shapes KERNEL: the fp8 problems of the Qwen presets (7B and VL-7B share their shapes) as
 # --shape arguments.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 COLUMNS=160
+started=${started:-$(date +%s)}
+
 step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
 left() { echo $(( $1 - ($(date +%s) - started) )); }
 

@@ -24,11 +24,8 @@
 # entries where fp16 has none.
 # Part E: the held-out evaluation from fresh results files (the runtime changed since round 9):
 # every KV-write problem, then paged decode for as long as the device time left allows.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 COLUMNS=160
-part=${1:?part A|B|C}
-started=$(date +%s)
-source "$(dirname "$0")/device_steps.sh"
+part=${1:?part A|B|C|D|E}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
   A)
