@@ -3,7 +3,7 @@
 `kernel[grid](*args, **constexprs)` rebinds and re-specialises every argument, rebuilds the
 kernel cache key (stringifying the options) and walks hooks on every call; measured on the H200
 (benchmarks/launch_overhead_probe.py) that is most of a public op's host time. A serving engine
-calls the same kernel with arguments of the same kinds millions of times, so DirectLauncher
+calls the same kernel with arguments of the same kinds millions of times, so a launcher here
 launches once through the JIT (which compiles, or loads from the cache, and returns the compiled
 kernel), remembers the compiled kernel under a key of its own, and from then on calls the
 kernel's C launcher directly.
@@ -44,7 +44,6 @@ import torch
 
 # Compiled kernels kept per launcher before it starts over (each entry: one specialisation).
 _ENTRIES = 1024
-_INT32 = (-(2 ** 31), 2 ** 31)
 _reduce, _or = functools.reduce, operator.or_
 
 
@@ -70,14 +69,13 @@ def _arg_key(value: Any) -> Any:
 
 
 class DirectLauncher:
-    """Launches one @triton.jit kernel: `launcher(grid, args, constexprs)`, where args are the
-    kernel's runtime arguments in signature order and constexprs a dict of its constexprs and
-    launch options (num_warps, num_stages). The constexprs must follow the runtime arguments in
-    the kernel's signature (true of every kernel here)."""
+    """One @triton.jit kernel, launched through the bound launchers `bind` makes: what they share
+    (the JIT function, whether the direct path applies, the order of its constexprs, a lock).
+    The constexprs must follow the runtime arguments in the kernel's signature (true of every
+    kernel here)."""
 
     def __init__(self, jit_fn):
         self.jit = jit_fn
-        self._compiled: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         self._direct = _supports_direct_launch(jit_fn)
         names = list(getattr(jit_fn, "arg_names", ()))
@@ -88,38 +86,6 @@ class DirectLauncher:
     def bind(self, constexprs: dict, objects: int) -> BoundLauncher:
         """This kernel with its constexprs and launch options fixed (see BoundLauncher)."""
         return BoundLauncher(self, constexprs, objects)
-
-    def __call__(self, grid: tuple, args: tuple, constexprs: dict, objects: int) -> None:
-        """objects: how many leading arguments are tensors (or descriptors); the rest must be
-        plain ints and floats, which key the binary by their values at no cost."""
-        if not self._direct or _hooked():
-            self.jit[grid](*args, **constexprs)
-            return
-        try:
-            key = (tuple([_arg_key(a) for a in args[:objects]]), args[objects:], tuple(constexprs.items()))
-            entry = self._compiled.get(key)
-        except TypeError:  # an argument kind the key does not cover: the JIT's path
-            self.jit[grid](*args, **constexprs)
-            return
-        if entry is None:
-            kernel = self.jit[grid](*args, **constexprs)
-            self._remember(key, kernel, args, constexprs)
-            return
-        launch, before_args, constexpr_values = entry
-        grid_1 = grid[1] if len(grid) > 1 else 1
-        grid_2 = grid[2] if len(grid) > 2 else 1
-        launch(grid[0], grid_1, grid_2, _raw_stream(_current_device()), *before_args,
-               *[a.data_ptr() if type(a) is _Tensor else a for a in args[:objects]], *args[objects:],
-               *constexpr_values)
-
-    def _remember(self, key, kernel, args, constexprs) -> None:
-        if len(args) != self._runtime_count or kernel is None:
-            return  # arguments not as this launcher expects: keep using the JIT's path
-        try:
-            entry = (*_c_launch(kernel), tuple(constexprs[name] for name in self._constexpr_names))
-        except (AttributeError, KeyError):
-            return
-        _store(self._compiled, self._lock, key, entry)
 
 
 def _c_launch(kernel) -> tuple:
@@ -135,11 +101,6 @@ def _c_launch(kernel) -> tuple:
     return run, (kernel.function, kernel.packed_metadata, None, None, None)
 
 
-def _store(compiled: dict, lock: threading.Lock, key, entry) -> None:
-    with lock:
-        bounded_put(compiled, key, entry, _ENTRIES)
-
-
 _Tensor = torch.Tensor
 _data_ptr = torch.Tensor.data_ptr  # raises TypeError on anything but a tensor
 _dtype_of = operator.attrgetter("dtype")
@@ -152,7 +113,8 @@ class BoundLauncher:
 
     Its compiled kernels are keyed by (each object's key, the plain arguments): a tensor's key is
     its dtype and its address mod 16 (finer than Triton's aligned-or-not), anything else's is
-    DirectLauncher's. The constexprs are fixed, so the key is as fine as DirectLauncher's."""
+    _arg_key's; the constexprs and launch options are fixed, so the key is as fine as the
+    module's docstring requires."""
 
     __slots__ = ("_launcher", "constexprs", "_objects", "_constexpr_values", "_compiled")
 
@@ -206,7 +168,8 @@ class BoundLauncher:
             entry = _c_launch(kernel)
         except AttributeError:
             return
-        _store(self._compiled, launcher._lock, key, entry)
+        with launcher._lock:
+            bounded_put(self._compiled, key, entry, _ENTRIES)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
