@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from omnitune import runtime
+from omnitune.kernels._launch import bounded_put
 from omnitune.runtime._buckets import bucket_bound
 from omnitune.errors import ConfigError
 from omnitune.spec import Config, KernelSpec
@@ -67,11 +68,21 @@ def checking(check: bool | None) -> bool:
     return _check_env() not in (None, "", "0")
 
 
+# Length → its bucket, remembered: the ops bucket a length on every call, a serving loop's
+# lengths repeat, and the rule is fixed (a dict hit is a tenth of recomputing it).
+_buckets: dict[int, int] = {}
+
+
 def bucket_up(n: int) -> int:
     """n rounded up to a bucket of four per octave (…, 1024, 1280, 1536, 1792, 2048, …), the
     runtime's own rule (omnitune.runtime._buckets): lengths that grow by one token per decode step
     share one config lookup for a long stretch, and a bucket overshoots by at most 25%."""
-    return bucket_bound(max(int(n), 1))
+    if type(n) is not int:  # a symbolic size under torch.compile, say: not kept
+        return bucket_bound(max(int(n), 1))
+    found = _buckets.get(n)
+    if found is None:
+        found = bounded_put(_buckets, n, bucket_bound(max(n, 1)), MEMO_ENTRIES)
+    return found
 
 
 class ConfigMemo:
@@ -104,10 +115,7 @@ class ConfigMemo:
             return found
         cfg = default() if default is not None else self._resolve(config, make_problem(), dtype)
         with self._lock:
-            if len(self._configs) >= MEMO_ENTRIES:
-                self._configs.clear()
-            self._configs[memo_key] = cfg
-        return cfg
+            return bounded_put(self._configs, memo_key, cfg, MEMO_ENTRIES)
 
     def _resolve(self, config: Any, problem: Any, dtype: torch.dtype) -> Config:
         from omnitune.registry import get_spec

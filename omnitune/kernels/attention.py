@@ -48,7 +48,7 @@ from torch.nn.attention.bias import causal_lower_right as _causal_lower_right
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
 from omnitune.kernels._host import LOG2E, seeded_rand
-from omnitune.kernels._launch import DirectLauncher, PlanCache
+from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.spec import (
     Config,
     Constraint,
@@ -327,11 +327,7 @@ def span_tensor(spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, b: in
     for i, seq in enumerate(key[0]):
         if seq:
             host[i, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
-    tensor = host.to(device)
-    if len(_span_tensors) >= _SPAN_TENSORS_KEPT:
-        _span_tensors.clear()
-    _span_tensors[key] = tensor
-    return tensor
+    return bounded_put(_span_tensors, key, host.to(device), _SPAN_TENSORS_KEPT)
 
 
 def row_limits(spans: torch.Tensor, lq: int, lk: int) -> torch.Tensor:

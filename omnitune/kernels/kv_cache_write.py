@@ -40,7 +40,7 @@ from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (kv_cache_scale: public)
 from omnitune.kernels._host import seeded_rand
-from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
+from omnitune.kernels._launch import DirectLauncher, PlanCache
 from omnitune.spec import (
     Config,
     Constraint,
@@ -344,12 +344,6 @@ def write_kv_cache(
 
 
 _memo = _dispatch.ConfigMemo("kv_cache_write")
-# Token count → its bucket, remembered: a serving loop's counts repeat, and the rule is fixed.
-_token_buckets: dict[int, int] = {}
-
-
-def _token_bucket(t: int) -> int:
-    return bounded_put(_token_buckets, t, _dispatch.bucket_up(t), 4096)
 
 
 def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_scale=None, v_scale=None) -> None:
@@ -363,7 +357,7 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_sc
     cache_dtype = _fp8.cache_dtype_name(key_cache.dtype, key.dtype)
     # Token counts are bucketed for the tables (a decode step's count moves with the batch); a
     # caller's own config is validated against the real count.
-    tokens = t if config is not None else (_token_buckets.get(t) or _token_bucket(t))
+    tokens = t if config is not None else _dispatch.bucket_up(t)
     cfg = _memo.get(
         (tokens, hkv, d, block_size, cache_dtype), config,
         lambda: KVCacheWriteProblem(t=tokens, hkv=hkv, d=d, block_size=block_size, cache_dtype=cache_dtype),
