@@ -640,14 +640,6 @@ class _LaunchPlan:
     combine: BoundLauncher | None
     page_guard: int
 
-    @property
-    def split_constexprs(self) -> dict:
-        return self.split.constexprs
-
-    @property
-    def combine_constexprs(self) -> dict | None:
-        return None if self.combine is None else self.combine.constexprs
-
 
 def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, block_size: int,
                  dtype: torch.dtype, cache_dtype: torch.dtype, page_guard: int) -> _LaunchPlan:
@@ -671,9 +663,8 @@ def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, bloc
         combine_grid = (b * h * lq, 1, 1)
         combine = _COMBINE.bind(dict(HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=block_s,
                                      num_warps=min(4, max(1, block_s * block_d // 1024))), 4)
-    plan = _LaunchPlan((b, hkv if pack else h, splits), _SPLIT.bind(split_constexprs, 12), fused, splits,
+    return _LaunchPlan((b, hkv if pack else h, splits), _SPLIT.bind(split_constexprs, 12), fused, splits,
                        combine_grid, combine, page_guard)
-    return plan
 
 
 # (config, shapes, dtypes, page guard) → the launch plan: what a repeated call would otherwise recompute.

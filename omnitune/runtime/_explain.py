@@ -78,9 +78,10 @@ def explain(
         return Explanation(answer, why, answer.expected_ratio, answer.neighbours, closest)
     why_not = predicted.why_not if ranking is None else f"the predictor's nearest tuned shapes: {predicted.why_not}"
     for sibling in dtypes_to_borrow(dtype)[1:]:  # what the borrowed rung found too
-        lent = predict(spec, bound, sibling, tables, corners, limits)
+        borrowed_prediction = predict(spec, bound, sibling, tables, corners, limits)
         why_not += f"; from {dtype_name(sibling)}'s: " + (
-            lent.why_not if lent.ranking is None else f"its nearest tuned shapes: {lent.why_not}")
+            borrowed_prediction.why_not if borrowed_prediction.ranking is None
+            else f"its nearest tuned shapes: {borrowed_prediction.why_not}")
     return Explanation(answer, f"{missed}; {why_not}", expected, keys, closest)
 
 
