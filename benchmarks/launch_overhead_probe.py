@@ -3,7 +3,8 @@ parts — the argument binder (specialisation), the cache-key computation, and t
 kernel's C launcher called directly — on the KV-cache write kernel, one decode step's worth;
 the C launcher given the tensors' addresses as ints, and its C function without the Python
 wrapper; then our layers on top: the bound launcher, the op's internal launch, the public op; and the
-attention op with and without TMA descriptors (host-side descriptors are built per call).
+attention op with and without TMA descriptors (host-side descriptors are built per call); and
+PagedDecodePlan.run with its two launches taken apart.
 
     PYTHONPATH=$PWD python benchmarks/launch_overhead_probe.py --out $OUT/launch_overhead_h200.json
 """
@@ -95,12 +96,49 @@ def main() -> int:
         results[f"attention_launch_tma{int(use_tma)}_us"] = per_call_us(lambda c=c: attn.launch(inputs, out, c),
                                                                           calls=500)
     results["attention_public_us"] = per_call_us(lambda: attn.attention(q, k, k, causal=True, check=False), calls=500)
+    results.update(_decode_plan_parts())
     for k_, v in results.items():
-        if k_ == "specialization":
+        if k_ in ("specialization", "decode_config"):
             continue
         print(f"{k_:28s} {v:.2f}")
     args.out.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _decode_plan_parts() -> dict:
+    """PagedDecodePlan.run's host time and its parts, at batch 64 with h28/4 and the config the
+    table gives for a 4k context, over a 256-token context (a short GPU time, so 200 calls never
+    fill the launch queue and block the host): the split kernel's launch through the bound
+    launcher, the same launch with its C arguments built once (the floor: the C launcher and the
+    driver), the combine's fixed launch, and run with the plan's own output and with the caller's."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    b, h, hkv, ctx = 64, 28, 4, 256
+    plan_config = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=128, block_size=16,
+                                      max_blocks=256, max_context_len=4096, dtype=torch.bfloat16,
+                                      device="cuda").config
+    problem = pda.PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=1, ctx=ctx, d=128, block_size=16)
+    inputs = pda.SPEC.make_inputs(problem, torch.bfloat16, "cuda", seed=0)
+    tensors = (inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens)
+    plan = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=128, block_size=16,
+                               max_blocks=problem.pages_per_sequence, max_context_len=ctx, dtype=torch.bfloat16,
+                               device="cuda", config=plan_config)
+    plan.run(*tensors)
+    launch = plan._plan
+    split_args = pda._split_args(*tensors, plan._scale_log2, plan.out, plan._scratch, launch.fused, None, None)
+    fixed_split = launch.split.fixed(launch.split_grid, split_args)
+    own_out = torch.empty_like(plan.out)
+    parts = {
+        "decode_config": plan_config.label(),
+        "decode_plan_run_us": per_call_us(lambda: plan.run(*tensors), calls=200),
+        "decode_plan_run_caller_out_us": per_call_us(lambda: plan.run(*tensors, out=own_out), calls=200),
+        "decode_split_bound_launch_us": per_call_us(
+            lambda: launch.split(launch.split_grid, split_args, plan._split_dtypes), calls=200),
+        "decode_split_fixed_launch_us": per_call_us(fixed_split, calls=200),
+    }
+    if plan._fixed_combine is not None:
+        parts["decode_combine_fixed_launch_us"] = per_call_us(plan._fixed_combine, calls=200)
+    return parts
 
 
 if __name__ == "__main__":

@@ -200,3 +200,96 @@ def test_a_decode_plan_checks_each_call_and_follows_a_changed_page_guard(monkeyp
     monkeypatch.setattr(pda, "PAGE_GUARD", [1])
     plan.run(q, cache, cache, tables, lens, check=False)
     assert plan._plan.split.constexprs["PAGE_GUARD"] == 1
+
+
+def test_a_fixed_launch_builds_its_c_arguments_once(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.randn(64), torch.randn(64)
+    fixed = bound.fixed((1, 1, 1), (a, b, 7, 8))
+    for _ in range(3):
+        fixed()
+    assert _kinds(jit) == ["jit", "direct", "direct"]
+    assert jit.log[-1][1] == (a.data_ptr(), b.data_ptr(), 7, 8, 1, 1)
+    assert fixed._tail is not None
+
+
+def test_a_fixed_launch_under_a_hook_or_off_the_direct_path_takes_the_jit(monkeypatch):
+    from triton import knobs
+
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.randn(64), torch.randn(64)
+    fixed = bound.fixed((1, 1, 1), (a, b, 7, 8))
+    fixed()
+    hook = lambda *args, **kwargs: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        fixed()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    fixed()
+    assert _kinds(jit) == ["jit", "jit", "direct"]
+    bound._launcher._direct = False  # the interpreter's case: nothing to bind to
+    undirected = bound.fixed((1, 1, 1), (a, b, 7, 9))
+    undirected()
+    undirected()
+    assert _kinds(jit)[-2:] == ["jit", "jit"] and undirected._tail is None
+
+
+def test_dtypes_given_by_the_caller_key_the_binary(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.zeros(64), torch.zeros(64)
+    bound((1, 1, 1), (a, b, 7, 8))
+    bound((1, 1, 1), (a, b, 7, 8), (torch.float32, torch.float32))  # what the tensors hold: same entry
+    bound((1, 1, 1), (a, b, 7, 8), (torch.float16, torch.float32))  # another key, another entry
+    assert _kinds(jit) == ["jit", "direct", "jit"]
+
+
+def _split_plan(monkeypatch, out_given=False):
+    """A two-split decode plan on the CPU, its launchers recording and keeping direct entries."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    jit = _RecordingJit()
+    # Runtime arguments as the kernels' signatures have them, the constexprs all in the plan's
+    # dicts (under the interpreter the jit functions do not list their parameters).
+    for launcher, runtime in ((pda._SPLIT, 37), (pda._COMBINE, 10)):
+        monkeypatch.setattr(launcher, "jit", jit)
+        monkeypatch.setattr(launcher, "_direct", True)
+        monkeypatch.setattr(launcher, "_runtime_count", runtime)
+        monkeypatch.setattr(launcher, "_constexpr_names", [])
+    monkeypatch.setattr(pda, "_launch_plans", _launch.PlanCache(pda._launch_plan))  # bound afresh
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(pda, "require_runnable_device", lambda t: None)
+    b, h, hkv, d, block, pages = 2, 4, 2, 32, 8, 4
+    config = pda.Config(NUM_SPLITS=2, BLOCK_N=16, num_warps=4, num_stages=2, PACK_GQA=True, FUSED_REDUCE=False)
+    plan = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=d, block_size=block,
+                               max_blocks=pages, max_context_len=block * pages, dtype=torch.float32, device="cpu",
+                               config=config)
+    inputs = (torch.randn(b, h, 1, d), torch.randn(b * pages, block, hkv, d), torch.randn(b * pages, block, hkv, d),
+              torch.zeros(b, pages, dtype=torch.int32), torch.full((b,), block * pages, dtype=torch.int32))
+    return plan, inputs, jit
+
+
+def test_a_decode_plan_launches_its_combine_with_arguments_fixed_at_planning(monkeypatch):
+    plan, inputs, jit = _split_plan(monkeypatch)
+    for _ in range(3):
+        assert plan.run(*inputs, check=False) is plan.out
+    # split, combine through the JIT first; then both direct, the combine's arguments the plan's own.
+    assert _kinds(jit) == ["jit", "jit", "direct", "direct", "direct", "direct"]
+    scratch = plan._scratch
+    combine_args = jit.log[-1][1]
+    assert combine_args[:4] == (scratch.part_m.data_ptr(), scratch.part_l.data_ptr(), scratch.part_acc.data_ptr(),
+                                plan.out.data_ptr())
+    own = torch.empty_like(plan.out)
+    assert plan.run(*inputs, out=own, check=False) is own
+    assert jit.log[-1][1][3] == own.data_ptr()  # a caller's out goes through the bound path
+
+
+def test_a_decode_plan_refuses_an_output_buffer_resized_since_planning(monkeypatch):
+    plan, inputs, jit = _split_plan(monkeypatch)
+    plan.run(*inputs, check=False)
+    plan.out.resize_(1)
+    launched = len(jit.log)
+    with pytest.raises(InputError, match="output buffer was resized"):
+        plan.run(*inputs, check=False)
+    assert len(jit.log) == launched  # nothing launched

@@ -619,6 +619,7 @@ def _fused_reduce(config: Config, splits: int) -> bool:
 
 
 _SPLIT = DirectLauncher(_paged_decode_split)
+_SPLIT_TENSORS = 12  # the split kernel's tensor arguments, ahead of its plain ones
 # How block numbers outside the cache are kept from being followed: 2 (the default) clamps them
 # into the cache, 1 masks their keys out; 0 trusts the table — only for
 # benchmarks/paged_decode_guard_study.py, which measures what each costs.
@@ -663,7 +664,7 @@ def _launch_plan(config: Config, b: int, h: int, lq: int, d: int, hkv: int, bloc
         combine_grid = (b * h * lq, 1, 1)
         combine = _COMBINE.bind(dict(HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=block_s,
                                      num_warps=min(4, max(1, block_s * block_d // 1024))), 4)
-    return _LaunchPlan((b, hkv if pack else h, splits), _SPLIT.bind(split_constexprs, 12), fused, splits,
+    return _LaunchPlan((b, hkv if pack else h, splits), _SPLIT.bind(split_constexprs, _SPLIT_TENSORS), fused, splits,
                        combine_grid, combine, page_guard)
 
 
@@ -688,26 +689,37 @@ def _launch_planned(plan: _LaunchPlan, q, key_cache, value_cache, block_tables, 
                     out: torch.Tensor, scratch: _Scratch | None, k_scale, v_scale) -> None:
     """The launches themselves, everything derived from shapes and config already in `plan`;
     scratch: the split partials, needed when the plan has more than one split."""
-    if plan.splits > 1:
+    plan.split(plan.split_grid, _split_args(q, key_cache, value_cache, block_tables, context_lens, scale_log2, out,
+                                            scratch, plan.fused, k_scale, v_scale))
+    if plan.combine is not None:
+        plan.combine(plan.combine_grid, _combine_args(scratch, out))
+
+
+def _split_args(q, key_cache, value_cache, block_tables, context_lens, scale_log2: float, out: torch.Tensor,
+                scratch: _Scratch | None, fused: bool, k_scale, v_scale) -> tuple:
+    """The split kernel's runtime arguments, in its signature's order (the first 12 tensors)."""
+    if scratch is not None:
         part_m, part_l, part_acc = scratch.part_m, scratch.part_l, scratch.part_acc
     else:
         part_m = part_l = part_acc = out  # placeholders, never touched
-    tickets = scratch.tickets if plan.fused else context_lens  # a placeholder pointer if unused
+    tickets = scratch.tickets if fused else context_lens  # a placeholder pointer if unused
     if k_scale is not None:
         scales = (k_scale, v_scale, _fp8.scale_stride(k_scale), _fp8.scale_stride(v_scale))
     else:
         scales = (context_lens, context_lens, 0, 0)  # placeholders, never read
-    out_strides = out.stride()
-    plan.split(plan.split_grid, (
+    return (
         q, key_cache, value_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc, tickets, scales[0], scales[1],
-        *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out_strides,
+        *q.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride(),
         scales[2], scales[3],
         q.shape[1], q.shape[2], key_cache.shape[0], block_tables.shape[1],
         scale_log2,
-    ))
-    if plan.combine is not None:
-        plan.combine(plan.combine_grid, (part_m, part_l, part_acc, out, *out_strides, q.shape[1], q.shape[2]))
+    )
+
+
+def _combine_args(scratch: _Scratch, out: torch.Tensor) -> tuple:
+    """The combine kernel's runtime arguments (the first 4 tensors)."""
+    return (scratch.part_m, scratch.part_l, scratch.part_acc, out, *out.stride(), out.shape[1], out.shape[2])
 
 
 def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None:
@@ -868,7 +880,9 @@ class PagedDecodePlan:
         # every call takes the checks one by one) for a device that is neither a GPU nor the CPU.
         self._device_index = {"cuda": self.device.index, "cpu": -1}.get(self.device.type)
         self._fp8 = cache_dtype == _fp8.FP8
-        self._plan = self._launch_plan()
+        self._out_strides, self._out_address = self.out.stride(), self.out.data_ptr()
+        self._split_dtypes: tuple | None = None
+        self._replan()
 
     def _launch_plan(self) -> _LaunchPlan:
         b, h, lq, d = self.q_shape
@@ -895,14 +909,40 @@ class PagedDecodePlan:
             require_runnable_device(q)  # CPU tensors run only under the interpreter
         if _dispatch.checking(check):
             _check_values(q, key_cache, block_tables, context_lens, self.max_context_len)
-        if out is None:
+        own_out = out is None
+        if own_out:
             out = self.out
+            if not self._out_as_planned():
+                raise InputError("the plan's output buffer was resized or re-pointed since planning; "
+                                 "pass an out tensor of your own, or make a new plan")
         plan = self._plan
         if plan.page_guard != PAGE_GUARD[0]:  # changed since planning (a study of the guards' cost)
-            plan = self._plan = self._launch_plan()
-        _launch_planned(plan, q, key_cache, value_cache, block_tables, context_lens, self._scale_log2, out,
-                        self._scratch, k_scale, v_scale)
+            plan = self._replan()
+        args = _split_args(q, key_cache, value_cache, block_tables, context_lens, self._scale_log2, out,
+                           self._scratch, plan.fused, k_scale, v_scale)
+        # _fits fixed every tensor's dtype (the scratch is the plan's own), so the launch key's
+        # dtypes are read once, from the first call's arguments.
+        dtypes = self._split_dtypes
+        if dtypes is None:
+            dtypes = self._split_dtypes = tuple(arg.dtype for arg in args[:_SPLIT_TENSORS])
+        plan.split(plan.split_grid, args, dtypes)
+        if plan.combine is not None:
+            # Over the plan's own partials and output, the combine's arguments never change.
+            if own_out:
+                self._fixed_combine()
+            else:
+                plan.combine(plan.combine_grid, _combine_args(self._scratch, out))
         return out
+
+    def _out_as_planned(self) -> bool:
+        out = self.out
+        return out.shape == self.q_shape and out.stride() == self._out_strides and out.data_ptr() == self._out_address
+
+    def _replan(self) -> _LaunchPlan:
+        plan = self._plan = self._launch_plan()
+        self._fixed_combine = (plan.combine.fixed(plan.combine_grid, _combine_args(self._scratch, self.out))
+                               if plan.combine is not None else None)
+        return plan
 
     def _fits(self, q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale) -> bool:
         """Whether the tensors are as planned, in one predicate (it runs on every decode step):
