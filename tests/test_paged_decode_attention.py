@@ -40,16 +40,32 @@ def test_registered_with_valid_default_configs():
 
 
 def test_the_default_split_fills_one_wave_of_the_gpu_at_any_batch():
-    """A few long sequences split until 4 programs per SM are busy (one wave of the default
-    tile), not 2 per SM with at most 32 splits: batch 1 at 128k got 128 programs that way and read
-    45% of copy bandwidth on the H200. Batch 64 keeps its 2 splits."""
+    """A few long sequences split until the SMs hold one wave of the default tile — 3 programs
+    an SM over 3 stages at head dim 128 — not 2 an SM with at most 32 splits: batch 1 at 128k got
+    128 programs that way and read 45% of copy bandwidth on the H200. Batch 64 takes one split."""
     sms = DeviceLimits().multiprocessors
-    for b, hkv, ctx, expected in ((1, 4, 131072, 128), (2, 4, 65536, 64), (4, 4, 32768, 32),
-                                  (1, 4, 32768, 128), (64, 4, 4096, 2), (1, 4, 2048, 8)):
+    for b, hkv, ctx, expected in ((1, 4, 131072, 64), (2, 4, 65536, 32), (4, 4, 32768, 16),
+                                  (1, 4, 32768, 64), (64, 4, 4096, 1), (1, 4, 2048, 8)):
         cfg = SPEC.default_config(PagedDecodeProblem(b=b, h=7 * hkv, hkv=hkv, lq=1, ctx=ctx, d=128), torch.bfloat16)
         assert cfg["NUM_SPLITS"] == expected, (b, ctx)
-        assert b * hkv * cfg["NUM_SPLITS"] <= 4 * sms
+        assert cfg["num_stages"] == 3 and cfg["BLOCK_N"] == 64 and cfg["num_warps"] == 4
+        assert b * hkv * cfg["NUM_SPLITS"] <= 3 * sms
         assert ctx >= cfg["NUM_SPLITS"] * 256  # every split keeps enough keys to pay its partials
+
+
+def test_the_default_takes_smaller_tiles_where_one_split_overfills_the_wave_and_keeps_its_rules_per_dtype():
+    sms = DeviceLimits().multiprocessors
+    crowded = PagedDecodeProblem(b=128, h=28, hkv=4, lq=1, ctx=1024, d=128)  # 512 programs > 3 an SM
+    cfg = SPEC.default_config(crowded, torch.bfloat16)
+    assert (cfg["NUM_SPLITS"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]) == (1, 32, 2, 3)
+    # Head dim 64 and fp8 tiles: 4 programs an SM over 3 stages; fp32 keeps 2 stages.
+    small = SPEC.default_config(PagedDecodeProblem(b=8, h=16, hkv=2, lq=1, ctx=30000, d=64), torch.float16)
+    assert small["NUM_SPLITS"] * 16 <= 4 * sms < small["NUM_SPLITS"] * 2 * 16 and small["num_stages"] == 3
+    fp8 = SPEC.default_config(PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=4096, d=128, cache_dtype="fp8_e4m3"),
+                              torch.bfloat16)
+    assert (fp8["NUM_SPLITS"], fp8["num_stages"]) == (2, 3)
+    exact = SPEC.default_config(PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=4096, d=128), torch.float32)
+    assert (exact["NUM_SPLITS"], exact["num_stages"]) == (2, 2)
 
 
 def test_problem_parses_from_its_key_and_rejects_impossible_shapes():

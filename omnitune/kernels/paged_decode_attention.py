@@ -1194,42 +1194,69 @@ CONSTRAINTS = (
 # The default split keeps at least this many keys per program, so that the partials' round trip
 # (≈ (D + 2)·4 bytes per row and split) stays small next to the K/V read.
 _MIN_KEYS_PER_SPLIT = 256
-# Programs of the default tile that fit an SM at once (registers and shared memory, compiled for
-# sm_90), and the most splits the default takes (the search space's largest).
-_DEFAULT_PROGRAMS_PER_SM = 4
+# Programs of a default tile that fit an SM at once (registers and shared memory, compiled for
+# sm_90): 3 for the 16-bit tile of head dim 128 over 3 stages; 4 for head dim ≤ 64, for the fp8
+# tile over 3 stages (96 registers, 54 KiB: benchmarks/decode_registers_sweep_offline.py) and for
+# any tile over 2 stages. And the
+# most splits the default takes (the search space's largest).
+_PROGRAMS_PER_SM_3_STAGES = 3
+_PROGRAMS_PER_SM_FP8_OR_2_STAGES = 4
 _MAX_DEFAULT_SPLITS = 128
 
 
+def _default_splits(problem: PagedDecodeProblem, programs: int, one_wave: int) -> int:
+    """Splits doubled while the grid stays within one wave, up to 128, each keeping ≥ 256 keys."""
+    splits = 1
+    while splits * 2 <= _MAX_DEFAULT_SPLITS and programs * splits * 2 <= one_wave \
+            and problem.ctx >= splits * 2 * _MIN_KEYS_PER_SPLIT:
+        splits *= 2
+    return splits
+
+
 def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
-    """The untuned starting point (reasoned from measurements, not itself measured): GQA packing
-    whenever h > hkv; 64-key tiles (smaller only for short contexts); splits doubled while the
-    grid stays within one wave of 4 programs per SM (what the default tile fits: 126 registers
-    over bf16, 100 over fp8, 38 KiB), up to 128 splits, each keeping ≥ 256 keys — on the H200 a
-    128-program grid (batch 1, 128k context, 32 splits) read 45% of copy bandwidth, where
-    512-program grids read 79–98% (benchmarks/results/paged_decode_guard_h200.json); the splits
-    combined by the second kernel, not in
-    the same launch (FUSED_REDUCE saves that launch, but compiled for sm_90 it raises the split
-    kernel from ~116 to ~155–168 registers per thread at 4 warps: 3 programs per SM instead of 4,
-    so a 512-program grid no longer fits one wave; whether it pays is for the search to measure);
-    4 warps, 2 stages. More warps, fewer stages or no packing only where a constraint demands it."""
+    """The untuned starting point, chosen by measurement on problems that are not held out
+    (benchmarks/decode_default_study.py, results/decode_default_study_h200_round11.json): GQA
+    packing whenever h > hkv; 64-key tiles (smaller only for short contexts); 3 stages; the
+    splits doubled while the grid stays within one wave of the programs an SM holds at once —
+    3 of the 16-bit tile of head dim 128 over 3 stages, 4 of a head dim ≤ 64 one or of the fp8
+    one — up to 128 splits, each keeping ≥ 256 keys; where even one split per sequence overfills
+    that wave (batch 64 × 8 kv heads), 32-key tiles over 2 warps, which an SM holds more of. On
+    the study's 20 problems on the H200 this rule picks a candidate within 5% of the fastest on
+    19 (worst 1.13x, geometric mean 1.01x), where the earlier default (2 stages, 4 programs an
+    SM) was within 5% on 8 (worst 1.44x, mean 1.18x). A 128-program grid (batch 1, 128k, 32
+    splits) read 45% of copy bandwidth there, 512-program grids 79–98%
+    (benchmarks/results/paged_decode_guard_h200.json): a grid must fill the wave. The splits are
+    combined by the second kernel, not in the same launch (FUSED_REDUCE saves that launch, but
+    compiled for sm_90 it raises the split kernel's registers so that fewer programs fit an SM;
+    whether it pays is for the search). fp32 (the checking path) keeps 2 stages and 4 programs an
+    SM; more warps, fewer stages or no packing wherever a constraint demands it."""
     p = problem
     pack = p.group > 1
     block_n = 64
     while block_n > 16 and block_n > p.ctx:
         block_n //= 2
     programs = p.b * (p.hkv if pack else p.h)
-    one_wave = _DEFAULT_PROGRAMS_PER_SM * DeviceLimits().multiprocessors
-    splits = 1
-    while splits * 2 <= _MAX_DEFAULT_SPLITS and programs * splits * 2 <= one_wave \
-            and p.ctx >= splits * 2 * _MIN_KEYS_PER_SPLIT:
-        splits *= 2
+    sms = DeviceLimits().multiprocessors
+    fp8 = p.cache_dtype != "auto"
+    # (splits, BLOCK_N, num_warps, num_stages) in order of preference; then the 2-stage fallback.
+    preferred: list[tuple[int, int, int, int]] = []
+    if fp8:
+        preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_FP8_OR_2_STAGES * sms), block_n, 4, 3))
+    elif dtype != torch.float32:
+        # Tiles of head dim ≤ 64 take half the shared memory: 4 fit an SM over 3 stages too.
+        wave = (_PROGRAMS_PER_SM_3_STAGES if p.d > 64 else _PROGRAMS_PER_SM_FP8_OR_2_STAGES) * sms
+        splits = _default_splits(p, programs, wave)
+        if programs * splits > wave:
+            preferred.append((splits, min(32, block_n), 2, 3))
+        preferred.append((splits, block_n, 4, 3))
+    fallback_splits = _default_splits(p, programs, _PROGRAMS_PER_SM_FP8_OR_2_STAGES * sms)
+    preferred += [(fallback_splits, block_n, warps, stages) for warps in (4, 8) for stages in (2, 1)]
     for pack_gqa in ((True, False) if pack else (False,)):
-        for warps in (4, 8):
-            for stages in (2, 1):
-                cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
-                             PACK_GQA=pack_gqa, FUSED_REDUCE=False)
-                if not SPEC.violations(p, cfg, dtype):
-                    return cfg
+        for splits, tile, warps, stages in preferred:
+            cfg = Config(NUM_SPLITS=splits, BLOCK_N=tile, num_warps=warps, num_stages=stages,
+                         PACK_GQA=pack_gqa, FUSED_REDUCE=False)
+            if not SPEC.violations(p, cfg, dtype):
+                return cfg
     return Config(NUM_SPLITS=1, BLOCK_N=16, num_warps=8, num_stages=1, PACK_GQA=False, FUSED_REDUCE=False)
 
 
