@@ -238,7 +238,8 @@ class Predicted:
     why_not: str = ""
     ranking: Ranking | None = None
     default_ratio: float = math.inf
-    """The default config's expected time ÷ best on the neighbours (inf: not valid throughout)."""
+    """The default config's expected time ÷ best on the neighbours that measured it (inf: not
+    valid throughout; nan: none measured it)."""
 
 
 def predict(
@@ -264,6 +265,9 @@ def predict_with(
         if ranking is None:
             continue
         bar = _default_ratio(spec, ranking, problem, dtype, corners, limits)
+        if bar is None:
+            return Predicted(None, "none of them measured this problem's default config or their own, so "
+                                   "no config measured on them is known to beat it", ranking, math.nan)
         for ratio, config in ranking.candidates():
             if ratio >= bar:
                 return Predicted(None, f"no config measured on them is expected to beat the default config "
@@ -281,14 +285,18 @@ def predict_with(
 
 def _default_ratio(
     spec: KernelSpec, ranking: Ranking, problem: Any, dtype: torch.dtype, corners: Sequence[Any], limits: DeviceLimits,
-) -> float:
+) -> float | None:
+    """The default config's expected ratio over the neighbours that measured it, else the ratio
+    their own defaults ran at; inf where it is not valid throughout (any valid prediction beats
+    it), None where neither is known."""
     try:
         default = spec.default_config(problem, dtype)
     except Exception:  # noqa: BLE001 — no default to beat: safe_default picks a valid config then
         return math.inf
     if outside_space(spec, default) or not _valid_at(spec, default, corners, dtype, limits):
         return math.inf
-    return ranking.estimate(default)
+    measured = ranking.measured_estimate(default)
+    return measured if measured is not None else ranking.own_defaults_estimate(spec, dtype)
 
 
 def _valid_at(spec: KernelSpec, config: Config, problems: Sequence[Any], dtype: torch.dtype, limits: DeviceLimits) -> bool:

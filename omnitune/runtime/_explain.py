@@ -72,7 +72,7 @@ def explain(
         return Explanation(answer, why, expected, keys)
     missed, closest = _missed(spec, problem, dtype, tables)
     if answer.rung is Rung.PREDICTOR:
-        bar = "" if math.isinf(predicted.default_ratio) else f", the default config {predicted.default_ratio:.2f}×"
+        bar = "" if not math.isfinite(predicted.default_ratio) else f", the default config {predicted.default_ratio:.2f}×"
         why = (f"{missed}; predicted from the {len(answer.neighbours)} nearest{of} tuned shapes{lent}: expected "
                f"{answer.expected_ratio:.2f}× their best{bar}")
         return Explanation(answer, why, answer.expected_ratio, answer.neighbours, closest)

@@ -13,7 +13,13 @@ measured on a neighbour) gets an expected time ratio, the mean over the neighbou
 decide and the others break ties), a neighbour that did not measure it counting the median ratio
 of its own configs. The chain takes the lowest expected
 ratio whose config is valid for the problem, and only if it is lower than the expected ratio of
-the problem's own default config: otherwise the default answers.
+the problem's own default config — over the neighbours that measured that config; where none
+did, how far from their best their own defaults ran (the default rule's record nearby) — and
+otherwise the default answers; where neither is known, the default answers too. (Counting the
+default at the neighbours' median where they did not measure it let any of their configs beat a
+default they never ran: after the paged-decode default changed, the predictor then answered 20 of
+30 held-out problems, most of them slower than the default,
+benchmarks/results/coverage_paged_decode_h200_round11.json.)
 
 Plain data, nothing executed: the block is validated like entries (strict values, configs of the
 kernel's space, keys that match their problems); a block that cannot be used whole is ignored
@@ -91,6 +97,36 @@ class Ranking:
             total += weight * self._ratios_of(index).get(config, point.typical)
             weights += weight
         return total / weights
+
+    def measured_estimate(self, config: Config) -> float | None:
+        """The expected time ÷ best of `config` over the neighbours that measured it (weighted as
+        in estimate), or None where none did."""
+        total = weights = 0.0
+        nearest = self.neighbours[0][0]
+        for index, (distance, _) in enumerate(self.neighbours):
+            ratio = self._ratios_of(index).get(config)
+            if ratio is not None:
+                weight = 4.0 ** (nearest - distance)
+                total += weight * ratio
+                weights += weight
+        return total / weights if weights else None
+
+    def own_defaults_estimate(self, spec: KernelSpec, dtype: torch.dtype) -> float | None:
+        """How far from their best the neighbours' own default configs (the kernel's default rule
+        as it stands, applied to each neighbour's problem) ran, weighted as in estimate, over the
+        neighbours that measured theirs; None where none did."""
+        total = weights = 0.0
+        nearest = self.neighbours[0][0]
+        for distance, point in self.neighbours:
+            try:
+                ratio = point.ratios.get(spec.default_config(point.problem, dtype))
+            except Exception:  # noqa: BLE001 — a default rule that cannot judge the point: it tells nothing
+                ratio = None
+            if ratio is not None:
+                weight = 4.0 ** (nearest - distance)
+                total += weight * ratio
+                weights += weight
+        return total / weights if weights else None
 
     def candidates(self) -> list[tuple[float, Config]]:
         """Every config a neighbour measured, as (expected ratio, config), lowest first (ties: by label)."""
