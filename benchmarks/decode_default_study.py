@@ -11,7 +11,10 @@ pages of 16/32/64, head dims 64/128, GQA groups 1–8, bf16 and fp16) and choose
 
 Per problem, each candidate verified against the reference and timed (omnitune.profile.bench.
 run_bench: CUDA events, L2 flushed before each repetition, the median of 50):
-  - default: SPEC.default_config as it stands;
+  - default: SPEC.default_config as it stands (in the committed results of round 11, the rule
+    before this study: 2 stages, splits for 4 programs an SM; the study's verdict is the rule
+    now in default_config, so a rerun compares that rule with variants of it — every row of
+    the results file records each candidate's config);
   - stages3: the default with 3 stages;
   - stages3_half_splits: with 3 stages and half the splits (3 stages take more shared memory: 3
     programs an SM, where the default's split rule counts 4);

@@ -52,3 +52,18 @@ def test_the_spread_the_evaluation_promises():
     assert {16, 32, 64} <= {p.block_size for p in decode}
     assert min(p.b for p in decode) == 1 and max(p.b for p in decode) >= 128
     assert max(p.ctx for p in decode) >= 128000
+
+
+def test_the_decode_default_study_picks_its_rule_on_problems_that_are_not_held_out():
+    """benchmarks/decode_default_study.py chose paged decode's default: none of its problems may
+    be one the held-out evaluation judges that default on; each candidate it times is valid."""
+    from decode_default_study import TRAINING, DTYPES, candidates
+
+    spec = get_spec("paged_decode_attention")
+    held = {(spec.problem_key(p), dtype) for p, dtype in HELD_OUT["paged_decode_attention"]}
+    assert len(TRAINING) >= 20
+    assert not {(spec.problem_key(p), dtype) for p, dtype in TRAINING} & held
+    for problem, dtype in TRAINING:
+        chosen = candidates(problem, DTYPES[dtype])
+        assert "default" in chosen and len(set(chosen.values())) == len(chosen)
+        assert all(not spec.violations(problem, c, DTYPES[dtype]) for c in chosen.values())
