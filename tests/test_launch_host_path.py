@@ -175,6 +175,7 @@ def _stub_decode_launchers(monkeypatch):
         monkeypatch.setattr(launcher, "jit", jit)
         monkeypatch.setattr(launcher, "_direct", True)
         monkeypatch.setattr(launcher, "_runtime_count", None)  # no entry kept: every call logged as "jit"
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
     return jit
 
 
@@ -293,3 +294,28 @@ def test_a_decode_plan_refuses_an_output_buffer_resized_since_planning(monkeypat
     with pytest.raises(InputError, match="output buffer was resized"):
         plan.run(*inputs, check=False)
     assert len(jit.log) == launched  # nothing launched
+
+
+def test_another_current_device_takes_a_binary_of_its_own(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.randn(64), torch.randn(64)
+    bound((1, 1, 1), (a, b, 7, 8))
+    bound((1, 1, 1), (a, b, 7, 8))
+    monkeypatch.setattr(_launch, "_current_device", lambda: 1)  # a binary of device 0 must not run here
+    bound((1, 1, 1), (a, b, 7, 8))
+    bound((1, 1, 1), (a, b, 7, 8))
+    assert _kinds(jit) == ["jit", "direct", "jit", "direct"]
+
+
+def test_a_fixed_launch_bound_on_one_device_leaves_another_to_the_bound_launcher(monkeypatch):
+    bound, jit = _bound(monkeypatch)
+    a, b = torch.randn(64), torch.randn(64)
+    fixed = bound.fixed((1, 1, 1), (a, b, 7, 8))
+    fixed()
+    fixed()
+    monkeypatch.setattr(_launch, "_current_device", lambda: 1)
+    fixed()
+    fixed()
+    # device 1's calls: the bound launcher's (its JIT first, then its own entry), never device 0's binary
+    assert _kinds(jit) == ["jit", "direct", "jit", "direct"]
+    assert fixed._device == 0

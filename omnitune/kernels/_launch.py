@@ -12,9 +12,10 @@ Correctness rests on the key: it must change whenever Triton's specialisation of
 would. Triton 3.x specialises a tensor on its dtype and on whether its address is 16-byte
 aligned, an int on whether it is 1, whether it is divisible by 16 and on its width (i32 / i64 /
 u64), a tensor descriptor on its dtype and block shape; floats, None and constexprs as values.
-The key holds each tensor's dtype and alignment, every other argument's exact value (finer than
-Triton's classes, and free to compute) and the constexprs and launch options as given, so it is
-at least as fine as Triton's own — two calls with one key get the same binary. A new shape is a
+The key holds the current device (Triton keeps a cache per device: a binary is loaded in one
+device's context), each tensor's dtype and alignment, every other argument's exact value (finer
+than Triton's classes, and free to compute) and the constexprs and launch options as given, so it
+is at least as fine as Triton's own — two calls with one key get the same binary. A new shape is a
 new key: its first call takes the JIT's path (a prefill of a new length pays that once). Anything else (an argument of
 another kind, a launch hook such as a profiler's, a Triton without this launcher interface, the
 interpreter) takes the JIT's path.
@@ -136,8 +137,11 @@ class BoundLauncher:
         if not launcher._direct or _hooked() or self._constexpr_values is None:
             launcher.jit[grid](*args, **self.constexprs)
             return
+        # The current device keys the binary too: a compiled kernel belongs to one device's
+        # context, and Triton's JIT keeps one cache per device.
+        device = _current_device()
         try:
-            key, addresses = self._key(args, dtypes)
+            key, addresses = self._key(args, dtypes, device)
             entry = self._compiled.get(key)
         except TypeError:  # an argument kind the key does not cover: the JIT's path
             launcher.jit[grid](*args, **self.constexprs)
@@ -147,12 +151,12 @@ class BoundLauncher:
             self._remember(key, kernel, args)
             return
         launch, before_args = entry
-        launch(grid[0], grid[1], grid[2], _raw_stream(_current_device()), *before_args, *addresses,
+        launch(grid[0], grid[1], grid[2], _raw_stream(device), *before_args, *addresses,
                *args[self._objects:], *self._constexpr_values)
 
-    def _key(self, args: tuple, dtypes: tuple | None = None) -> tuple[tuple, list]:
-        """(the compiled kernel's key, the objects as the C launcher takes them); TypeError for an
-        argument kind the key does not cover."""
+    def _key(self, args: tuple, dtypes: tuple | None, device: int) -> tuple[tuple, list]:
+        """(the compiled kernel's key on the current `device`, the objects as the C launcher takes
+        them); TypeError for an argument kind the key does not cover."""
         objects = self._objects
         head, plain = args[:objects], args[objects:]
         try:
@@ -162,11 +166,11 @@ class BoundLauncher:
             # that is not keys them one by one.
             addresses = list(map(_data_ptr, head))
             misaligned = _reduce(_or, addresses, 0) & 15
-            return ((dtypes or tuple(map(_dtype_of, head)), misaligned and tuple([p & 15 for p in addresses]), plain),
-                    addresses)
+            return ((device, dtypes or tuple(map(_dtype_of, head)), misaligned and tuple([p & 15 for p in addresses]),
+                     plain), addresses)
         except TypeError:  # a tensor descriptor among them: it goes to the launcher as it is
             addresses = [a.data_ptr() if isinstance(a, _Tensor) else a for a in head]
-            return (tuple([_arg_key(a) for a in head]), plain), addresses
+            return (device, tuple([_arg_key(a) for a in head]), plain), addresses
 
     def fixed(self, grid: tuple, args: tuple) -> FixedLaunch:
         """This launch with these very arguments, for a caller that owns every tensor among them
@@ -195,34 +199,37 @@ class FixedLaunch:
     addresses are read once. Where the direct path does not apply (the interpreter, a launch
     hook), every call takes the bound launcher's path."""
 
-    __slots__ = ("_bound", "_grid", "_args", "_launch", "_tail")
+    __slots__ = ("_bound", "_grid", "_args", "_launch", "_tail", "_device")
 
     def __init__(self, bound: BoundLauncher, grid: tuple, args: tuple):
         self._bound, self._grid, self._args = bound, grid, args
-        self._launch = self._tail = None
+        self._launch = self._tail = self._device = None
 
     def __call__(self) -> None:
-        if self._launch is None or _hooked():
+        device = _current_device() if self._launch is not None else None
+        if self._launch is None or device != self._device or _hooked():
+            # (another current device than the one bound to: the bound launcher's path, as for a hook)
             self._bound(self._grid, self._args)
             if self._launch is None:
                 self._bind_c_launch()
             return
         grid = self._grid
-        self._launch(grid[0], grid[1], grid[2], _raw_stream(_current_device()), *self._tail)
+        self._launch(grid[0], grid[1], grid[2], _raw_stream(device), *self._tail)
 
     def _bind_c_launch(self) -> None:
         bound = self._bound
         if not bound._launcher._direct or bound._constexpr_values is None:
             return
+        device = _current_device()
         try:
-            key, addresses = bound._key(self._args)
+            key, addresses = bound._key(self._args, None, device)
         except TypeError:
             return
         entry = bound._compiled.get(key)
         if entry is not None:
             launch, before_args = entry
             self._tail = (*before_args, *addresses, *self._args[bound._objects:], *bound._constexpr_values)
-            self._launch = launch
+            self._launch, self._device = launch, device
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
