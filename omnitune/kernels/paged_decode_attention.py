@@ -1195,12 +1195,11 @@ CONSTRAINTS = (
 # (≈ (D + 2)·4 bytes per row and split) stays small next to the K/V read.
 _MIN_KEYS_PER_SPLIT = 256
 # Programs of a default tile that fit an SM at once (registers and shared memory, compiled for
-# sm_90): 3 for the 16-bit tile of head dim 128 over 3 stages; 4 for head dim ≤ 64, for the fp8
-# tile over 3 stages (96 registers, 54 KiB: benchmarks/decode_registers_sweep_offline.py) and for
-# any tile over 2 stages. And the
-# most splits the default takes (the search space's largest).
+# sm_90): 3 of the 16-bit tile of head dim 128 over 3 stages; 4 of a smaller one — head dim ≤ 64,
+# the fp8 tile over 3 stages (96 registers, 54 KiB: benchmarks/decode_registers_sweep_offline.py),
+# any tile over 2 stages. And the most splits the default takes (the search space's largest).
 _PROGRAMS_PER_SM_3_STAGES = 3
-_PROGRAMS_PER_SM_FP8_OR_2_STAGES = 4
+_PROGRAMS_PER_SM_SMALLER_TILE = 4
 _MAX_DEFAULT_SPLITS = 128
 
 
@@ -1228,8 +1227,11 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     (benchmarks/results/paged_decode_guard_h200.json): a grid must fill the wave. The splits are
     combined by the second kernel, not in the same launch (FUSED_REDUCE saves that launch, but
     compiled for sm_90 it raises the split kernel's registers so that fewer programs fit an SM;
-    whether it pays is for the search). fp32 (the checking path) keeps 2 stages and 4 programs an
-    SM; more warps, fewer stages or no packing wherever a constraint demands it."""
+    whether it pays is for the search). The study held no fp8 problem: over fp8 the 3 stages and
+    4 programs an SM follow the fp8 entries the searches chose (10 of the H200 table's 12 have 3
+    stages).
+    fp32 (the checking path) keeps 2 stages and 4 programs an SM; more warps, fewer stages or no
+    packing wherever a constraint demands it."""
     p = problem
     pack = p.group > 1
     block_n = 64
@@ -1241,15 +1243,15 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     # (splits, BLOCK_N, num_warps, num_stages) in order of preference; then the 2-stage fallback.
     preferred: list[tuple[int, int, int, int]] = []
     if fp8:
-        preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_FP8_OR_2_STAGES * sms), block_n, 4, 3))
+        preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_SMALLER_TILE * sms), block_n, 4, 3))
     elif dtype != torch.float32:
         # Tiles of head dim ≤ 64 take half the shared memory: 4 fit an SM over 3 stages too.
-        wave = (_PROGRAMS_PER_SM_3_STAGES if p.d > 64 else _PROGRAMS_PER_SM_FP8_OR_2_STAGES) * sms
+        wave = (_PROGRAMS_PER_SM_3_STAGES if p.d > 64 else _PROGRAMS_PER_SM_SMALLER_TILE) * sms
         splits = _default_splits(p, programs, wave)
         if programs * splits > wave:
             preferred.append((splits, min(32, block_n), 2, 3))
         preferred.append((splits, block_n, 4, 3))
-    fallback_splits = _default_splits(p, programs, _PROGRAMS_PER_SM_FP8_OR_2_STAGES * sms)
+    fallback_splits = _default_splits(p, programs, _PROGRAMS_PER_SM_SMALLER_TILE * sms)
     preferred += [(fallback_splits, block_n, warps, stages) for warps in (4, 8) for stages in (2, 1)]
     for pack_gqa in ((True, False) if pack else (False,)):
         for splits, tile, warps, stages in preferred:
