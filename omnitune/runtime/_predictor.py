@@ -19,7 +19,7 @@ otherwise the default answers; where neither is known, the default answers too. 
 default at the neighbours' median where they did not measure it let any of their configs beat a
 default they never ran: after the paged-decode default changed, the predictor then answered 20 of
 30 held-out problems, most of them slower than the default,
-benchmarks/results/coverage_paged_decode_h200_round11.json.)
+benchmarks/results/coverage_paged_decode_h200_round11_D.json.)
 
 Plain data, nothing executed: the block is validated like entries (strict values, configs of the
 kernel's space, keys that match their problems); a block that cannot be used whole is ignored
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,41 +89,30 @@ class Ranking:
         return self.ratios[index] if self.ratios else self.neighbours[index][1].ratios
 
     def estimate(self, config: Config) -> float:
-        """The expected time ÷ best of `config` on these neighbours."""
-        total = weights = 0.0
-        nearest = self.neighbours[0][0]
-        for index, (distance, point) in enumerate(self.neighbours):
-            weight = 4.0 ** (nearest - distance)  # relative to the nearest: never all underflowing to 0
-            total += weight * self._ratios_of(index).get(config, point.typical)
-            weights += weight
-        return total / weights
+        """The expected time ÷ best of `config` on these neighbours (one that did not measure it
+        counting its median ratio)."""
+        return self._weighted(self._ratios_of(index).get(config, point.typical)
+                              for index, (_, point) in enumerate(self.neighbours))
 
     def measured_estimate(self, config: Config) -> float | None:
         """The expected time ÷ best of `config` over the neighbours that measured it (weighted as
         in estimate), or None where none did."""
-        total = weights = 0.0
-        nearest = self.neighbours[0][0]
-        for index, (distance, _) in enumerate(self.neighbours):
-            ratio = self._ratios_of(index).get(config)
-            if ratio is not None:
-                weight = 4.0 ** (nearest - distance)
-                total += weight * ratio
-                weights += weight
-        return total / weights if weights else None
+        return self._weighted(self._ratios_of(index).get(config) for index in range(len(self.neighbours)))
 
     def own_defaults_estimate(self, spec: KernelSpec, dtype: torch.dtype) -> float | None:
         """How far from their best the neighbours' own default configs (the kernel's default rule
         as it stands, applied to each neighbour's problem) ran, weighted as in estimate, over the
         neighbours that measured theirs; None where none did."""
+        return self._weighted(_own_default_ratio(spec, point, dtype) for _, point in self.neighbours)
+
+    def _weighted(self, ratios: Iterable[float | None]) -> float | None:
+        """The mean of one ratio per neighbour (None: that neighbour has none), each weighted
+        4^−(its distance − the nearest's); None where no neighbour has one."""
         total = weights = 0.0
         nearest = self.neighbours[0][0]
-        for distance, point in self.neighbours:
-            try:
-                ratio = point.ratios.get(spec.default_config(point.problem, dtype))
-            except Exception:  # noqa: BLE001 — a default rule that cannot judge the point: it tells nothing
-                ratio = None
+        for (distance, _), ratio in zip(self.neighbours, ratios):
             if ratio is not None:
-                weight = 4.0 ** (nearest - distance)
+                weight = 4.0 ** (nearest - distance)  # relative to the nearest: never all underflowing to 0
                 total += weight * ratio
                 weights += weight
         return total / weights if weights else None
@@ -166,6 +155,14 @@ class Predictor:
         if spec.adapt is None:
             return Ranking(neighbours)
         return Ranking(neighbours, tuple(_carried_over_ratios(spec, point, problem) for _, point in neighbours))
+
+
+def _own_default_ratio(spec: KernelSpec, point: Point, dtype: torch.dtype) -> float | None:
+    """The ratio a point measured for its own problem's default config, None if it did not."""
+    try:
+        return point.ratios.get(spec.default_config(point.problem, dtype))
+    except Exception:  # noqa: BLE001 — a default rule that cannot judge the point: it tells nothing
+        return None
 
 
 def _carried_over_ratios(spec: KernelSpec, point: Point, problem: Any) -> dict[Config, float]:
