@@ -61,7 +61,7 @@ import triton.language as tl
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._host import LOG2E, seeded_rand
-from omnitune.kernels._launch import BoundLauncher, DirectLauncher, PlanCache, bounded_put
+from omnitune.kernels._launch import BoundLauncher, DirectLauncher, FixedLaunch, PlanCache, bounded_put
 from omnitune.kernels._launch import _current_device, _raw_stream
 from omnitune.spec import (
     Config,
@@ -686,12 +686,17 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
 
 
 def _launch_planned(plan: _LaunchPlan, q, key_cache, value_cache, block_tables, context_lens, scale_log2: float,
-                    out: torch.Tensor, scratch: _Scratch | None, k_scale, v_scale) -> None:
+                    out: torch.Tensor, scratch: _Scratch | None, k_scale, v_scale, dtypes: tuple | None = None,
+                    fixed_combine: FixedLaunch | None = None) -> None:
     """The launches themselves, everything derived from shapes and config already in `plan`;
-    scratch: the split partials, needed when the plan has more than one split."""
+    scratch: the split partials, needed when the plan has more than one split; dtypes: the split's
+    tensor dtypes, where the caller has checked them; fixed_combine: the combine over exactly this
+    scratch and out, its arguments built once (a PagedDecodePlan's own)."""
     plan.split(plan.split_grid, _split_args(q, key_cache, value_cache, block_tables, context_lens, scale_log2, out,
-                                            scratch, plan.fused, k_scale, v_scale))
-    if plan.combine is not None:
+                                            scratch, plan.fused, k_scale, v_scale), dtypes)
+    if fixed_combine is not None:
+        fixed_combine()
+    elif plan.combine is not None:
         plan.combine(plan.combine_grid, _combine_args(scratch, out))
 
 
@@ -918,20 +923,16 @@ class PagedDecodePlan:
         plan = self._plan
         if plan.page_guard != PAGE_GUARD[0]:  # changed since planning (a study of the guards' cost)
             plan = self._replan()
-        args = _split_args(q, key_cache, value_cache, block_tables, context_lens, self._scale_log2, out,
-                           self._scratch, plan.fused, k_scale, v_scale)
-        # _fits fixed every tensor's dtype (the scratch is the plan's own), so the launch key's
-        # dtypes are read once, from the first call's arguments.
-        dtypes = self._split_dtypes
-        if dtypes is None:
-            dtypes = self._split_dtypes = tuple(arg.dtype for arg in args[:_SPLIT_TENSORS])
-        plan.split(plan.split_grid, args, dtypes)
-        if plan.combine is not None:
-            # Over the plan's own partials and output, the combine's arguments never change.
-            if own_out:
-                self._fixed_combine()
-            else:
-                plan.combine(plan.combine_grid, _combine_args(self._scratch, out))
+        if self._split_dtypes is None:
+            # _fits fixes every tensor's dtype (the scratch is the plan's own), so the launch key's
+            # dtypes are read once, from the first call's arguments.
+            args = _split_args(q, key_cache, value_cache, block_tables, context_lens, self._scale_log2, out,
+                               self._scratch, plan.fused, k_scale, v_scale)
+            self._split_dtypes = tuple(arg.dtype for arg in args[:_SPLIT_TENSORS])
+        # Over the plan's own partials and output, the combine's arguments never change.
+        _launch_planned(plan, q, key_cache, value_cache, block_tables, context_lens, self._scale_log2, out,
+                        self._scratch, k_scale, v_scale, self._split_dtypes,
+                        self._fixed_combine if own_out else None)
         return out
 
     def _out_as_planned(self) -> bool:
