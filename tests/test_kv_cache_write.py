@@ -200,6 +200,20 @@ def test_write_from_strided_views_and_padded_head_dim(device):
     assert bitwise_mismatch(kc, want_k) == 0.0 and bitwise_mismatch(vc, want_v) == 0.0
 
 
+@pytest.mark.parametrize("check", (True, False))
+def test_a_strided_slot_mapping_is_read_by_its_strides(check, device):
+    # Every other slot of a longer mapping, and the production path's steady state (a second call
+    # of one signature) as well as its first call.
+    key, value, kc, vc, _ = _case(t=7, hkv=2, d=32, num_blocks=6, block_size=4, dtype=torch.float32, device=device)
+    wide = torch.randperm(24, generator=torch.Generator().manual_seed(5))[:14].to(device)
+    slots = wide[::2]
+    assert slots.stride(0) == 2
+    want_k, want_v = _expected(key, value, kc, vc, slots)
+    for _ in range(2):
+        write_kv_cache(key, value, kc, vc, slots, check=check)
+        assert bitwise_mismatch(kc, want_k) == 0.0 and bitwise_mismatch(vc, want_v) == 0.0
+
+
 def test_all_padding_and_empty_batch_write_nothing(device):
     key, value, kc, vc, slots = _case(t=4, hkv=1, d=32, num_blocks=2, block_size=4, dtype=torch.float32, device=device)
     before_k, before_v = kc.clone(), vc.clone()

@@ -319,3 +319,90 @@ def test_a_fixed_launch_bound_on_one_device_leaves_another_to_the_bound_launcher
     # device 1's calls: the bound launcher's (its JIT first, then its own entry), never device 0's binary
     assert _kinds(jit) == ["jit", "direct", "jit", "direct"]
     assert fixed._device == 0
+
+
+def _steady_kv_write(monkeypatch):
+    """The KV write's launcher recording on the CPU, with direct entries and a steady-path table
+    of its own (under the interpreter the jit function lists no parameters: 27 runtime arguments,
+    every constexpr in the plan's dict)."""
+    jit = _RecordingJit()
+    launcher = _launch.DirectLauncher(kvw._kv_cache_write)
+    launcher.jit, launcher._direct = jit, True
+    launcher._runtime_count, launcher._constexpr_names = 27, []
+    monkeypatch.setattr(kvw, "_WRITE", launcher)
+    monkeypatch.setattr(kvw, "_launch_plans", _launch.PlanCache(kvw._launch_plan))
+    monkeypatch.setattr(kvw, "_steady", {})
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(kvw, "require_runnable_device", lambda t: None)
+    checked = []
+    check_metadata = kvw._check_metadata
+    monkeypatch.setattr(kvw, "_check_metadata", lambda *a: checked.append(1) or check_metadata(*a))
+    return jit, checked
+
+
+def _kv_write_tensors(t=8, dtype=torch.float32, fp8=False):
+    from omnitune.kernels import _fp8
+
+    key, value = torch.randn(t, 2, 32).to(dtype), torch.randn(t, 2, 32).to(dtype)
+    caches = torch.zeros(2, 4, 16, 2, 32).to(_fp8.FP8 if fp8 else dtype)
+    return key, value, caches[0], caches[1], torch.randperm(64)[:t]
+
+
+@pytest.mark.parametrize("fp8", (False, True))
+def test_a_repeated_kv_write_takes_the_steady_path_with_the_bound_paths_arguments(monkeypatch, fp8):
+    jit, checked = _steady_kv_write(monkeypatch)
+    key, value, kc, vc, slots = _kv_write_tensors(dtype=torch.bfloat16 if fp8 else torch.float32, fp8=fp8)
+    scales = {"k_scale": torch.full((2,), 0.5), "v_scale": torch.full((2,), 0.25)} if fp8 else {}
+    for _ in range(4):
+        kvw.write_kv_cache(key, value, kc, vc, slots, check=False, **scales)
+    # The JIT's path (which leaves the bound launcher's entry, and so the steady one), then steady:
+    # checked on the first call only, every direct launch with the same C arguments.
+    assert _kinds(jit) == ["jit", "direct", "direct", "direct"]
+    assert len(checked) == 1 and len(kvw._steady) == 1
+    assert jit.log[1][1] == jit.log[2][1] == jit.log[3][1]
+    addresses = jit.log[3][1][:7]
+    assert addresses[:5] == tuple(t.data_ptr() for t in (key, value, kc, vc, slots))
+    if fp8:
+        assert addresses[5:] == (scales["k_scale"].data_ptr(), scales["v_scale"].data_ptr())
+    # new tensors of the same kinds: the steady path, with their addresses
+    key2, value2 = key.clone(), value.clone()
+    kvw.write_kv_cache(key2, value2, kc, vc, slots, check=False, **scales)
+    assert len(checked) == 1 and jit.log[-1][1][:2] == (key2.data_ptr(), value2.data_ptr())
+
+
+def test_the_steady_kv_write_leaves_anything_else_to_the_full_path(monkeypatch):
+    from triton import knobs
+
+    from omnitune import runtime
+
+    jit, checked = _steady_kv_write(monkeypatch)
+    key, value, kc, vc, slots = _kv_write_tensors()
+    kvw.write_kv_cache(key, value, kc, vc, slots, check=False)
+    kvw.write_kv_cache(key, value, kc, vc, slots, check=False)
+    assert len(checked) == 1
+    with pytest.raises(InputError, match="share one dtype"):  # another signature: checked, refused
+        kvw.write_kv_cache(key, value.half(), kc, vc, slots, check=False)
+    with pytest.raises(InputError, match="slot_mapping must be 1-D"):
+        kvw.write_kv_cache(key, value, kc, vc, slots[:-1], check=False)
+    assert len(checked) == 3
+    launched = len(jit.log)
+    kvw.write_kv_cache(key, value, kc, vc, slots, config={"BLOCK_T": 4}, check=False)  # a caller's config
+    kvw.write_kv_cache(key, value, kc, vc, slots, check=True)  # the check mode
+    assert len(checked) == 5 and len(jit.log) == launched + 2
+    storage = torch.randn(8 * 2 * 32 + 1)
+    misaligned = storage[1:].view(8, 2, 32)  # 4 bytes off a 16-byte boundary
+    kvw.write_kv_cache(misaligned, value, kc, vc, slots, check=False)
+    assert len(checked) == 6
+    hook = lambda *args, **kwargs: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        kvw.write_kv_cache(key, value, kc, vc, slots, check=False)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(checked) == 7 and _kinds(jit)[-1] == "jit"
+    runtime.clear_cache()  # tables reloaded: the config is looked up again
+    kvw.write_kv_cache(key, value, kc, vc, slots, check=False)
+    assert len(checked) == 8
+    kvw.write_kv_cache(key, value, kc, vc, slots, check=False)
+    assert len(checked) == 8  # steady again

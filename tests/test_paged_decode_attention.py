@@ -12,7 +12,12 @@ import torch
 
 from omnitune.errors import InputError, OmnituneError
 from omnitune.kernels import paged_decode_attention as pda
-from omnitune.kernels.paged_decode_attention import PagedDecodeInputs, PagedDecodeProblem, paged_decode_attention
+from omnitune.kernels.paged_decode_attention import (
+    PagedDecodeInputs,
+    PagedDecodePlan,
+    PagedDecodeProblem,
+    paged_decode_attention,
+)
 from omnitune.measure.runner import Runner
 from omnitune.trial import TrialStatus
 from omnitune.spec import Config, DeviceLimits, relative_error
@@ -276,6 +281,26 @@ def test_strided_q_tile_spanning_pages_and_custom_scale(device):
     out = paged_decode_attention(q_view, kc, vc, tables, ctx, sm_scale=0.3,
                                  config={"NUM_SPLITS": 1, "BLOCK_N": 32, "PACK_GQA": True})
     assert relative_error(out.cpu(), _naive(q, kc, vc, tables, ctx, 0.3)) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("planned", (False, True))
+def test_strided_context_lengths_are_read_by_their_strides(planned, device):
+    # Every other length of a longer vector (a decode step's lengths sliced out of a bigger
+    # batch's), through the function and through a plan.
+    q, kc, vc, tables, ctx = _paged_case([30, 13, 22], 4, 2, 1, 32, 8, torch.float32, device, seed=4)
+    wide = torch.stack([ctx, torch.full_like(ctx, 2**30)], 1).reshape(-1)
+    lens = wide[::2]
+    assert lens.stride(0) == 2 and torch.equal(lens, ctx)
+    want = _naive(q, kc, vc, tables, ctx, 1 / math.sqrt(32))
+    cfg = Config(NUM_SPLITS=2, BLOCK_N=16, num_warps=2, num_stages=1, PACK_GQA=True, FUSED_REDUCE=False)
+    if planned:
+        plan = PagedDecodePlan(batch=3, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8,
+                               max_blocks=tables.shape[1], max_context_len=30, dtype=torch.float32,
+                               device=device, config=cfg)
+        out = plan.run(q, kc, vc, tables, lens, check=False)
+    else:
+        out = paged_decode_attention(q, kc, vc, tables, lens, config=cfg, check=False)
+    assert relative_error(out.cpu(), want) <= TOL[torch.float32]
 
 
 def test_default_lookup_through_runtime(device):

@@ -172,6 +172,20 @@ class BoundLauncher:
             addresses = [a.data_ptr() if isinstance(a, _Tensor) else a for a in head]
             return (device, tuple([_arg_key(a) for a in head]), plain), addresses
 
+    def c_entry(self, args: tuple, device: int) -> tuple | None:
+        """(the C launch function, the arguments it takes before the kernel's own, `args`' objects
+        as it takes them, the constexpr values it takes after them) for a launch of `args` on `device` that this launcher has made directly
+        before; None where it has not (a first call, the interpreter, an argument the key cannot
+        hold). For callers that keep a launch's C arguments themselves."""
+        if not self._launcher._direct or self._constexpr_values is None:
+            return None
+        try:
+            key, addresses = self._key(args, None, device)
+        except TypeError:
+            return None
+        entry = self._compiled.get(key)
+        return None if entry is None else (entry[0], entry[1], addresses, self._constexpr_values)
+
     def fixed(self, grid: tuple, args: tuple) -> FixedLaunch:
         """This launch with these very arguments, for a caller that owns every tensor among them
         (a plan's scratch and output): see FixedLaunch."""
@@ -218,17 +232,13 @@ class FixedLaunch:
 
     def _bind_c_launch(self) -> None:
         bound = self._bound
-        if not bound._launcher._direct or bound._constexpr_values is None:
+        if not bound._launcher._direct:  # the interpreter's case: no device to ask, nothing to bind
             return
         device = _current_device()
-        try:
-            key, addresses = bound._key(self._args, None, device)
-        except TypeError:
-            return
-        entry = bound._compiled.get(key)
+        entry = bound.c_entry(self._args, device)
         if entry is not None:
-            launch, before_args = entry
-            self._tail = (*before_args, *addresses, *self._args[bound._objects:], *bound._constexpr_values)
+            launch, before_args, addresses, constexpr_values = entry
+            self._tail = (*before_args, *addresses, *self._args[bound._objects:], *constexpr_values)
             self._launch, self._device = launch, device
 
 

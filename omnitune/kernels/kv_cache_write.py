@@ -30,6 +30,8 @@ their slot.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +42,9 @@ from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (kv_cache_scale: public)
 from omnitune.kernels._host import seeded_rand
-from omnitune.kernels._launch import DirectLauncher, PlanCache
+from omnitune.kernels import _launch as launching
+from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
+from omnitune.runtime import _generation as _runtime_generation
 from omnitune.spec import (
     Config,
     Constraint,
@@ -285,10 +289,12 @@ def _launch_plan(config: Config, t: int, hkv: int, d: int, quantize: bool) -> tu
 _launch_plans = PlanCache(_launch_plan)
 
 
-def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config, k_scale=None, v_scale=None) -> None:
+def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config, k_scale=None,
+            v_scale=None) -> tuple | None:
+    """Launch the write; returns (grid, bound kernel, arguments) as launched, None for no tokens."""
     t, hkv, d = key.shape
     if t == 0:
-        return
+        return None
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     quantize = k_scale is not None
     grid, write = _launch_plans.get(config, (t, hkv, d, quantize))
@@ -296,11 +302,13 @@ def _launch(key, value, key_cache, value_cache, slot_mapping, config: Config, k_
         scales = (k_scale, v_scale, _fp8.scale_stride(k_scale), _fp8.scale_stride(v_scale))
     else:
         scales = (key, key, 0, 0)  # placeholders, never read
-    write(grid, (
+    args = (
         key, value, key_cache, value_cache, slot_mapping, scales[0], scales[1],
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(), scales[2], scales[3],
         t, hkv, block_size, num_blocks * block_size,
-    ))
+    )
+    write(grid, args)
+    return grid, write, args
 
 
 def launch(inputs: KVCacheWriteInputs, out: torch.Tensor, config: Config) -> None:
@@ -347,12 +355,22 @@ _memo = _dispatch.ConfigMemo("kv_cache_write")
 
 
 def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_scale=None, v_scale=None) -> None:
+    signature = None
+    if config is None and _WRITE._direct and not _dispatch.checking(check):
+        signature = _signature(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+        if signature is not None and _steady_launch(signature, key, value, key_cache, value_cache, slot_mapping,
+                                                    k_scale, v_scale):
+            return
     _check_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     if _dispatch.checking(check):
         _check_values(key, key_cache, slot_mapping)
     t, hkv, d = key.shape
     if t == 0:
         return
+    # The kernel reads slot t at slot_mapping + t: a strided mapping (an expanded one has stride 0,
+    # and one storage element) goes to it as a contiguous copy, never read past its storage.
+    if t > 1 and slot_mapping.stride(0) != 1:
+        slot_mapping, signature = slot_mapping.contiguous(), None
     block_size = key_cache.shape[1]
     cache_dtype = _fp8.cache_dtype_name(key_cache.dtype, key.dtype)
     # Token counts are bucketed for the tables (a decode step's count moves with the batch); a
@@ -363,7 +381,72 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_sc
         lambda: KVCacheWriteProblem(t=tokens, hkv=hkv, d=d, block_size=block_size, cache_dtype=cache_dtype),
         key.dtype,
     )
-    _launch(key, value, key_cache, value_cache, slot_mapping, cfg, k_scale, v_scale)
+    launched = _launch(key, value, key_cache, value_cache, slot_mapping, cfg, k_scale, v_scale)
+    if signature is not None:
+        _remember_steady(signature, *launched)
+
+
+# The steady state of a serving engine: the same caches written, step after step, from tensors of
+# the same shapes. A call's signature holds every piece of tensor metadata that the checks, the
+# config lookup and the launch read (types, shapes, strides, dtypes, devices, the scales'), and the
+# current device: the same signature passes the same checks, finds the same config and plan, and
+# launches the same binary with the same arguments but the tensors' addresses. So the first call
+# of a signature that the bound launcher sent down its direct path leaves here that C launch with
+# every argument but the addresses, and a later call of that signature reads its metadata once
+# and launches, where the full path reads it three times (checks, lookup, launch key) through
+# five frames. Calls with a config of their own, in the check mode, under a launch hook, with an
+# address off a 16-byte boundary, or after the tables were reloaded take the full path.
+_steady: dict[tuple, tuple] = {}
+_STEADY_ENTRIES = 256
+_reduce, _or = functools.reduce, operator.or_
+
+
+def _signature(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) -> tuple | None:
+    """The call's metadata as the steady path's key (see _steady); None for an argument that is
+    not a plain tensor (a subclass, None, anything else), which the full path judges."""
+    if not (type(key) is _Tensor and type(value) is _Tensor and type(key_cache) is _Tensor
+            and type(value_cache) is _Tensor and type(slot_mapping) is _Tensor):
+        return None
+    if k_scale is None and v_scale is None:
+        scales = None
+    elif type(k_scale) is _Tensor and type(v_scale) is _Tensor:
+        scales = (k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.get_device(),
+                  v_scale.shape, v_scale.stride(), v_scale.dtype, v_scale.get_device())
+    else:
+        return None
+    return (key.shape, value.shape, key_cache.shape, value_cache.shape, slot_mapping.shape,
+            key.stride(), value.stride(), key_cache.stride(), value_cache.stride(), slot_mapping.stride(),
+            key.dtype, value.dtype, key_cache.dtype, value_cache.dtype, slot_mapping.dtype,
+            key.get_device(), value.get_device(), key_cache.get_device(), value_cache.get_device(),
+            slot_mapping.get_device(), scales, launching._current_device())
+
+
+def _steady_launch(signature, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) -> bool:
+    """Launch a call whose signature a direct launch left in _steady; False where the full path must."""
+    entry = _steady.get(signature)
+    if entry is None or entry[0] != _runtime_generation[0] or launching._hooked():
+        return False
+    k, v, kc, vc, slots = (key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                           slot_mapping.data_ptr())
+    ks, vs = (k, k) if k_scale is None else (k_scale.data_ptr(), v_scale.data_ptr())  # see _launch's placeholders
+    if (k | v | kc | vc | slots | ks | vs) & 15:  # the binary was compiled for 16-byte aligned tensors
+        return False
+    _, launch, grid, before_args, tail = entry
+    launch(grid[0], grid[1], grid[2], launching._raw_stream(signature[-1]), *before_args, k, v, kc, vc, slots, ks, vs,
+           *tail)
+    return True
+
+
+def _remember_steady(signature, grid, write, args) -> None:
+    """Keep the C launch of a call the bound launcher made directly, for its signature's next call."""
+    entry = write.c_entry(args, signature[-1])
+    if entry is None:
+        return
+    launch, before_args, addresses, constexpr_values = entry
+    if _reduce(_or, addresses, 0) & 15:
+        return
+    tail = (*args[7:], *constexpr_values)
+    bounded_put(_steady, signature, (_runtime_generation[0], launch, grid, before_args, tail), _STEADY_ENTRIES)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -703,6 +703,11 @@ def _launch_planned(plan: _LaunchPlan, q, key_cache, value_cache, block_tables, 
 def _split_args(q, key_cache, value_cache, block_tables, context_lens, scale_log2: float, out: torch.Tensor,
                 scratch: _Scratch | None, fused: bool, k_scale, v_scale) -> tuple:
     """The split kernel's runtime arguments, in its signature's order (the first 12 tensors)."""
+    # The kernel reads sequence b's length at context_lens + b: a strided vector (an expanded one
+    # has stride 0, and one storage element) goes to it as a contiguous copy, never read past its
+    # storage.
+    if context_lens.stride(0) != 1 and context_lens.shape[0] > 1:
+        context_lens = context_lens.contiguous()
     if scratch is not None:
         part_m, part_l, part_acc = scratch.part_m, scratch.part_l, scratch.part_acc
     else:

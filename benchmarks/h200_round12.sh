@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Twelfth H200 round, one H200:
+#   OUT=dir bash benchmarks/h200_round12.sh A|B|C
+# Part A: every GPU-marked test (the launch key's current device, the combine's fixed launch, the
+# KV write's steady path, strided lengths and slot mappings read by their strides: none of them run
+# on a GPU before), four processes; then the public ops as users call them (benchmarks/ops_bench.py),
+# the KV write's full path beside its steady one and `index_copy_`.
+part=${1:?part A|B|C}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
+
+case $part in
+  A)
+    step 340 python -m pytest -q -m gpu -n 4 -p no:cacheprovider --durations=15 tests/
+    step $(left 585) python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200_round12_A.json"
+    ;;
+  *) echo "unknown part $part"; exit 2 ;;
+esac
