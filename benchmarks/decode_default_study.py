@@ -63,6 +63,22 @@ TRAINING = [
     (P(b=64, h=28, hkv=4, lq=1, ctx=3000, d=128, block_size=16), "bf16"),
     (P(b=96, h=16, hkv=2, lq=1, ctx=1500, d=64, block_size=16), "bf16"),
     (P(b=128, h=28, hkv=4, lq=1, ctx=1024, d=128, block_size=16), "bf16"),
+    # Round 12: many query rows a program (GQA group × query tokens, 20–128: speculative decoding,
+    # where the held-out misses of round 11 were) and grids that one split already overfills
+    # (512–1,024 programs).
+    (P(b=4, h=28, hkv=4, lq=16, ctx=8000, d=128, block_size=16), "bf16"),
+    (P(b=8, h=32, hkv=4, lq=8, ctx=6000, d=128, block_size=16), "bf16"),
+    (P(b=6, h=40, hkv=8, lq=4, ctx=16000, d=128, block_size=32), "bf16"),
+    (P(b=16, h=28, hkv=4, lq=8, ctx=3000, d=128, block_size=16), "fp16"),
+    (P(b=2, h=64, hkv=8, lq=16, ctx=20000, d=128, block_size=16), "bf16"),
+    (P(b=12, h=32, hkv=8, lq=6, ctx=9000, d=128, block_size=16), "bf16"),
+    (P(b=24, h=28, hkv=4, lq=4, ctx=5000, d=128, block_size=16), "bf16"),
+    (P(b=3, h=28, hkv=4, lq=12, ctx=12000, d=128, block_size=64), "fp16"),
+    (P(b=128, h=32, hkv=8, lq=1, ctx=2500, d=128, block_size=32), "bf16"),
+    (P(b=96, h=40, hkv=8, lq=1, ctx=6000, d=128, block_size=16), "bf16"),
+    (P(b=160, h=28, hkv=4, lq=1, ctx=2000, d=128, block_size=16), "bf16"),
+    (P(b=64, h=64, hkv=8, lq=1, ctx=3000, d=128, block_size=16), "bf16"),
+    (P(b=384, h=16, hkv=2, lq=1, ctx=1200, d=64, block_size=16), "fp16"),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -70,18 +86,41 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def candidates(problem: PagedDecodeProblem, dtype: torch.dtype) -> dict[str, Config]:
     default = SPEC.default_config(problem, dtype)
     splits = int(default["NUM_SPLITS"])
+    fused = bool(default["FUSED_REDUCE"])
+
+    def with_splits(n: int, **more) -> Config:
+        n = max(1, min(128, n))
+        return default.replace(NUM_SPLITS=n, FUSED_REDUCE=fused and n > 1, **more)
+
     variants = {
         "default": default,
         "stages3": default.replace(num_stages=3),
-        "stages3_half_splits": default.replace(num_stages=3, NUM_SPLITS=max(1, splits // 2),
-                                               FUSED_REDUCE=bool(default["FUSED_REDUCE"]) and splits // 2 > 1),
+        "stages3_half_splits": with_splits(splits // 2, num_stages=3),
         "stages3_n32_w2": default.replace(num_stages=3, BLOCK_N=32, num_warps=2),
+        # round 12's variants, for many query rows and overfilled grids
+        "warps8": default.replace(num_warps=8),
+        "double_splits": with_splits(splits * 2),
+        "quarter_splits_w8": with_splits(splits // 4, num_warps=8),
+        "quarter_splits_w8_fused": default.replace(NUM_SPLITS=max(1, splits // 4), num_warps=8,
+                                                   FUSED_REDUCE=splits // 4 > 1),
+        "n128_s2": default.replace(BLOCK_N=128, num_stages=2),
+        "n16_w2": default.replace(BLOCK_N=16, num_warps=2, num_stages=3),
+        "n64_w4": default.replace(BLOCK_N=64, num_warps=4, num_stages=3),
+        "fused": default.replace(FUSED_REDUCE=splits > 1),
     }
     chosen: dict[str, Config] = {}
     for name, config in variants.items():
         if config not in chosen.values() and not SPEC.violations(problem, config, dtype):
             chosen[name] = config
     return chosen
+
+
+def _round12_kind(problem: PagedDecodeProblem, dtype_name: str) -> bool:
+    """A problem of many query rows a program (≥ 16) or whose grid one split already overfills
+    (more programs than one wave of 3 an SM holds)."""
+    rows = problem.group * problem.lq if problem.group > 1 else problem.lq
+    programs = problem.b * (problem.hkv if problem.group > 1 else problem.h)
+    return rows >= 16 or programs > 3 * 132
 
 
 def study(problems, *, interpret: bool, repetitions: int) -> list[dict]:
@@ -125,6 +164,9 @@ def summary(rows: list[dict]) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--problems", choices=("all", "round12"), default="all",
+                        help="round12: only the problems of many query rows or an overfilled grid "
+                             "(round 12's and the earlier ones of that kind)")
     parser.add_argument("--tiny", action="store_true",
                         help="check the script on the CPU (TRITON_INTERPRET=1): two small problems, verified, not timed")
     args = parser.parse_args(argv)
@@ -140,7 +182,8 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("decode_default_study needs a CUDA GPU (or --tiny under TRITON_INTERPRET=1)", file=sys.stderr)
             return 2
-        rows = study(TRAINING, interpret=False, repetitions=50)
+        problems = TRAINING if args.problems == "all" else [(p, d) for p, d in TRAINING if _round12_kind(p, d)]
+        rows = study(problems, interpret=False, repetitions=50)
     report = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "rows": rows, "summary": summary(rows)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,11 @@
 # KV write's steady path, strided lengths and slot mappings read by their strides: none of them run
 # on a GPU before), four processes; then the public ops as users call them (benchmarks/ops_bench.py),
 # the KV write's full path beside its steady one and `index_copy_`.
+# Part B: paged decode's default on problems that are not held out, of the two kinds where it
+# missed on round 11's held-out set — many query rows a program (GQA group × query tokens ≥ 16)
+# and grids one split already overfills — with the round-12 candidates
+# (benchmarks/decode_default_study.py --problems round12); where a batch-1–2 long-context decode
+# call's time goes (benchmarks/long_decode_parts.py).
 part=${1:?part A|B|C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
@@ -12,6 +17,11 @@ case $part in
   A)
     step 340 python -m pytest -q -m gpu -n 4 -p no:cacheprovider --durations=15 tests/
     step $(left 585) python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200_round12_A.json"
+    ;;
+  B)
+    step 400 python benchmarks/decode_default_study.py --problems round12 \
+      --out "$OUT/decode_default_study_h200_round12_B.json"
+    step $(left 585) python benchmarks/long_decode_parts.py --out "$OUT/long_decode_parts_h200_round12_B.json"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

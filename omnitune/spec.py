@@ -297,9 +297,20 @@ class KernelSpec:
     """A partial config naming the fallback path (e.g. {"FUSION": "none"}) for kernels that choose
     between paths: export then records, per problem, the fallback's measured time and the
     winner's speedup over it, so a table shows which path won and by how much."""
+    untuned_config: Callable[[Any, torch.dtype], Config] | None = None
+    """What the runtime's default rung answers where no tuned shape or predictor does, where the
+    kernel knows by measurement a better answer than its own default config (attention hands
+    long span-free prefill to SDPA). None: the default config. The search still starts from
+    default_config and reports speedups over it: this is the runtime's answer, not the kernel's
+    baseline."""
     module: str = ""
 
     # --- config space -----------------------------------------------------------------------
+
+    def untuned_answer(self, problem: Any, dtype: torch.dtype) -> Config:
+        """The config the runtime answers for a problem nothing tuned answers: untuned_config's,
+        else the default config."""
+        return (self.untuned_config or self.default_config)(problem, dtype)
 
     def param(self, name: str) -> Param:
         for p in self.params:

@@ -3,6 +3,7 @@ interpreter (fp32/fp16), bf16 and real shapes on the GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -82,14 +83,19 @@ def test_gqa_ratios_packed_and_not(h, hkv):
         assert _run(problem, torch.float16, config, seed=h * 10 + hkv) <= SPEC.tolerance[torch.float16]
 
 
-def test_causal_bottom_right_rows_without_keys_are_zero():
-    # Lq > Lk, causal: the first Lq−Lk rows see no key (FlashAttention's convention: zeros).
-    q = torch.randn(1, 2, 12, 64, device=DEVICE)
+@pytest.mark.parametrize("backend", ["triton", "sdpa", "sdpa_cudnn"])
+def test_causal_bottom_right_rows_without_keys_are_zero(backend):
+    # Lq > Lk, causal: the first Lq−Lk rows see no key (FlashAttention's convention: zeros), through
+    # this kernel and through SDPA alike (which alone would give NaN there).
+    q = torch.randn(1, 4, 12, 64, device=DEVICE)
     k = torch.randn(1, 2, 5, 64, device=DEVICE)
     v = torch.randn(1, 2, 5, 64, device=DEVICE)
-    out = attention(q, k, v, causal=True, config={"BLOCK_M": 16, "BLOCK_N": 16, "num_stages": 1})
+    config = {"BACKEND": backend} if backend != "triton" else {"BLOCK_M": 16, "BLOCK_N": 16, "num_stages": 1}
+    out = attention(q, k, v, causal=True, config=config)
     assert torch.all(out[:, :, :7] == 0)
     assert torch.all(out[:, :, 7:].abs().sum(-1) > 0)
+    ref = reference(AttentionInputs(q, k, v, True, 1 / 8.0, None))
+    assert relative_error(out, ref) < 1e-4
 
 
 def test_span_mask_differs_from_causal_and_matches_reference():
@@ -135,6 +141,36 @@ def test_public_function_uses_default_without_tables(monkeypatch, tmp_path):
     assert out.dtype == torch.float16 and out.shape == q.shape
     ref = reference(AttentionInputs(q, k, k, False, 1 / 8.0, None))
     assert relative_error(out, ref) < SPEC.tolerance[torch.float16]
+
+
+@pytest.mark.parametrize("problem, backend", [
+    (AttentionProblem(b=1, h=16, hkv=2, lq=3000, lk=3000, d=128, causal=True), "sdpa"),
+    (AttentionProblem(b=2, h=24, hkv=24, lq=1100, lk=4000, d=64, causal=False), "sdpa"),
+    (AttentionProblem(b=1, h=16, hkv=2, lq=700, lk=700, d=128, causal=True), "triton"),  # short (its bucket too)
+    (AttentionProblem(b=1, h=16, hkv=2, lq=3000, lk=3000, d=128, causal=True, spans=2, span_len=256), "triton"),
+    (AttentionProblem(b=1, h=16, hkv=2, lq=4000, lk=2000, d=128, causal=True), "sdpa"),  # rows seeing no key: zeros
+])
+def test_an_untuned_shape_goes_to_sdpa_only_where_sdpa_serves_it(problem, backend, monkeypatch, tmp_path):
+    from omnitune import runtime
+
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(tmp_path))  # no tables: the default rung answers
+    runtime.clear_cache()
+    try:
+        answer = runtime.lookup("attention", problem, torch.bfloat16, "NVIDIA H200")
+        # one answer for the whole bucket: a new length in it costs a cached lookup, not a new chain
+        bucket_answers = len(runtime._answers)
+        for more in (1, 2, 3):
+            runtime.lookup("attention", dataclasses.replace(problem, lq=problem.lq + more, lk=problem.lk + more),
+                           torch.bfloat16, "NVIDIA H200")
+        assert len(runtime._answers) == bucket_answers
+    finally:
+        monkeypatch.delenv("OMNITUNE_CONFIG_DIR")
+        runtime.clear_cache()
+    assert answer.rung is runtime.Rung.DEFAULT
+    assert answer.config.get("BACKEND", "triton") == backend
+    assert not SPEC.violations(problem, answer.config, torch.bfloat16)
+    # the search's baseline stays this kernel's own default
+    assert SPEC.default_config(problem, torch.bfloat16)["BACKEND"] == "triton"
 
 
 @pytest.mark.parametrize(

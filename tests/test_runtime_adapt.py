@@ -61,6 +61,26 @@ def test_a_split_count_of_one_drops_the_in_launch_reduction():
     assert not pda.SPEC.violations(problem, adapted, torch.bfloat16)
 
 
+def test_a_one_split_grid_that_overfills_the_wave_takes_the_defaults_smaller_tile():
+    # Tuned at batch 64 × 4 kv heads (256 programs: one wave of 3 an SM holds them), one split of
+    # 64-key tiles; carried to batch 128 (512 programs, past the wave): 32-key tiles over 2 warps,
+    # as the default takes there. Within the wave, or from a tuned grid that overfilled it too,
+    # the tile stays as tuned.
+    tuned_problem = dataclasses.replace(TUNED_PROBLEM, b=64, ctx=4096)
+    one_split = TUNED.replace(NUM_SPLITS=1, num_stages=3)
+    big = dataclasses.replace(tuned_problem, b=128, ctx=1500)
+    adapted = pda.adapt_config(tuned_problem, big, one_split)
+    assert adapted == one_split.replace(BLOCK_N=32, num_warps=2)
+    assert adapted == pda.SPEC.default_config(big, torch.bfloat16)
+    assert not pda.SPEC.violations(big, adapted, torch.bfloat16)
+    within = dataclasses.replace(tuned_problem, b=96, ctx=3000)  # 384 programs: still one wave
+    assert pda.adapt_config(tuned_problem, within, one_split) == one_split
+    overfilled = dataclasses.replace(tuned_problem, b=160)  # 640 programs tuned
+    assert pda.adapt_config(overfilled, dataclasses.replace(overfilled, b=256), one_split) == one_split
+    fp8 = dataclasses.replace(big, cache_dtype="fp8_e4m3")  # the default keeps its tile over fp8
+    assert pda.adapt_config(dataclasses.replace(tuned_problem, cache_dtype="fp8_e4m3"), fp8, one_split) == one_split
+
+
 def test_the_nearest_rung_answers_with_the_adapted_config_and_says_so(tables_dir):
     _write_table(tables_dir)
     problem = dataclasses.replace(TUNED_PROBLEM, b=1, ctx=32768)

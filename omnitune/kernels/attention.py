@@ -437,6 +437,12 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_sca
     when Lq ≠ Lk; SDPA's is_causal is top-left)."""
     lq, lk = q.shape[2], k.shape[2]
     kwargs = {"scale": sm_scale, "enable_gqa": q.shape[1] != k.shape[1]}
+    if causal and lq > lk:
+        # The first lq - lk rows see no key: zeros, as this kernel writes (SDPA would give NaN);
+        # the last lk rows are a square causal problem over every key.
+        out = q.new_zeros(q.shape)
+        out[:, :, lq - lk:] = sdpa(q[:, :, lq - lk:], k, v, True, sm_scale, backend)
+        return out
     if causal and lq != lk:
         kwargs["attn_mask"] = _causal_lower_right(lq, lk)
     else:
@@ -723,8 +729,6 @@ def _check_backend(problem, config, dtype, limits):
             ", ".join(f"{k}={PARKED[k]}" for k in off)
     if problem.spans:
         return f"BACKEND={backend} cannot express image spans without a dense mask (only triton)"
-    if problem.causal and problem.lq > problem.lk:
-        return f"BACKEND={backend} gives NaN for the rows that see no key (lq > lk, causal); only triton"
     return None
 
 
@@ -801,6 +805,26 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
 
 
+# Where no tuned shape answers, long span-free prefill goes to PyTorch's SDPA as it dispatches:
+# on the H200 its backends won every span-free shape of 1,024 or more query rows that the shipped
+# table holds (12 of 12: h24/24, h28/4 and h32/4, 1k–16k, causal or not, bf16; each search
+# re-timed SDPA beside its best configs of this kernel), and at 2,048 query rows, a shape
+# no table holds, SDPA took 74.5 µs as a graph where this kernel's default took 85.8
+# (benchmarks/results/ops_bench_h200_round12_A.json). Below that, and wherever spans need this
+# kernel, its own default (a short shape's tuned answer was this kernel: b1 lq128 lk256).
+SDPA_UNTUNED_MIN_QUERIES = 1024
+
+
+def untuned_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
+    """Long span-free prefill (≥ 1,024 query rows) to PyTorch's SDPA, else the default config:
+    the runtime's answer for an attention problem nothing tuned answers (see above)."""
+    if problem.lq >= SDPA_UNTUNED_MIN_QUERIES and not problem.spans:
+        sdpa_config = park_ignored(Config(BACKEND="sdpa", **PARKED))
+        if not SPEC.violations(problem, sdpa_config, dtype):
+            return sdpa_config
+    return default_config(problem, dtype)
+
+
 def _sdpa_baselines(problem: AttentionProblem):
     """PyTorch SDPA per backend, for `omnitune bench`. A plain causal mask with Lq ≠ Lk goes
     through torch's lower-right CausalBias (SDPA's is_causal is top-left aligned); span masks
@@ -858,6 +882,7 @@ SPEC = KernelSpec(
     params=PARAMS,
     constraints=CONSTRAINTS,
     default_config=default_config,
+    untuned_config=untuned_config,
     make_inputs=make_inputs,
     new_output=new_output,
     launch=launch,

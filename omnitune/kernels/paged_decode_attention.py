@@ -1252,7 +1252,7 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
         preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_SMALLER_TILE * sms), block_n, 4, 3))
     elif dtype != torch.float32:
         # Tiles of head dim ≤ 64 take half the shared memory: 4 fit an SM over 3 stages too.
-        wave = (_PROGRAMS_PER_SM_3_STAGES if p.d > 64 else _PROGRAMS_PER_SM_SMALLER_TILE) * sms
+        wave = _wave_programs(p)
         splits = _default_splits(p, programs, wave)
         if programs * splits > wave:
             preferred.append((splits, min(32, block_n), 2, 3))
@@ -1287,7 +1287,23 @@ def adapt_config(tuned: PagedDecodeProblem, problem: PagedDecodeProblem, config:
     most = max(1, min(problem.ctx // keys_per_split, triton.cdiv(problem.ctx, int(config["BLOCK_N"]))))
     choices = [c for c in SPEC.param("NUM_SPLITS").choices if c <= most] or [1]
     chosen = min(choices, key=lambda c: (abs(math.log2(c / wanted)), -c))
-    return config.replace(NUM_SPLITS=chosen, FUSED_REDUCE=bool(config["FUSED_REDUCE"]) and chosen > 1)
+    adapted = config.replace(NUM_SPLITS=chosen, FUSED_REDUCE=bool(config["FUSED_REDUCE"]) and chosen > 1)
+    # Where the tuned grid fit one wave and here even one split overfills it, the tuned tile does
+    # not carry over: the default's smaller one does, as default_config takes it there (32 keys
+    # over 2 warps, which an SM holds more of). In the default study (round 11) one split of
+    # 64-key tiles over 4 warps was 1.27–1.29x the 32-key tile's time on the two such problems
+    # (batch 64 × 8 kv heads, batch 128 × 4), and the best config at batch 64 × 4 (256 programs).
+    wave = _wave_programs(problem)
+    if (chosen == 1 and problem.cache_dtype == "auto" and programs(problem) > wave >= programs(tuned) * splits
+            and int(config["BLOCK_N"]) > 32):
+        adapted = adapted.replace(BLOCK_N=32, num_warps=2)
+    return adapted
+
+
+def _wave_programs(problem: PagedDecodeProblem) -> int:
+    """Programs of the 16-bit 3-stage tile that one wave holds (default_config's rule)."""
+    per_sm = _PROGRAMS_PER_SM_3_STAGES if problem.d > 64 else _PROGRAMS_PER_SM_SMALLER_TILE
+    return per_sm * DeviceLimits().multiprocessors
 
 
 def _torch_baselines(problem: PagedDecodeProblem):

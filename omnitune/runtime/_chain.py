@@ -183,7 +183,7 @@ def safe_default(spec: KernelSpec, problem: Any, dtype: torch.dtype, limits: Dev
     kernel's constraints (kv_cache_write's for d ≥ 32,769 did) is a bug in the spec, warned about
     once per kernel and constraint; the config returned is still a valid one."""
     try:
-        default = spec.default_config(problem, dtype)
+        default = spec.untuned_answer(problem, dtype)
         broken = outside_space(spec, default) or spec.violations(problem, default, dtype, limits)
     except Exception as exc:  # noqa: BLE001 — a spec's default for an extreme problem: not this call's end
         default, broken = None, [("default_config", f"{type(exc).__name__}: {exc}")]
@@ -222,7 +222,7 @@ def _shared_answer(
         if found is not None:
             return found
     try:
-        default = spec.default_config(bound, check_dtype)
+        default = spec.untuned_answer(bound, check_dtype)
     except Exception:  # noqa: BLE001 — left to safe_default, problem by problem
         return None
     if outside_space(spec, default) or not _valid_at(spec, default, corners, check_dtype, limits):

@@ -82,7 +82,17 @@ def explain(
         why_not += f"; from {dtype_name(sibling)}'s: " + (
             borrowed_prediction.why_not if borrowed_prediction.ranking is None
             else f"its nearest tuned shapes: {borrowed_prediction.why_not}")
-    return Explanation(answer, f"{missed}; {why_not}", expected, keys, closest)
+    why = f"{missed}; {why_not}"
+    if spec.untuned_config is not None:
+        why += f"; {spec.name}'s answer for an untuned shape ({_untuned_rule(spec.untuned_config)})"
+    return Explanation(answer, why, expected, keys, closest)
+
+
+def _untuned_rule(rule) -> str:
+    """The first sentence of the docstring of the kernel's untuned_config, else its name."""
+    doc = (getattr(rule, "__doc__", None) or "").strip()
+    sentence = " ".join(doc.split(":")[0].split())
+    return sentence[:1].lower() + sentence[1:] if sentence else getattr(rule, "__name__", "untuned_config")
 
 
 def _answering_dtype(answer: Lookup, dtype: torch.dtype) -> torch.dtype:
