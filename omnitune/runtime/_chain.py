@@ -286,11 +286,12 @@ def predict_with(
 def _default_ratio(
     spec: KernelSpec, ranking: Ranking, problem: Any, dtype: torch.dtype, corners: Sequence[Any], limits: DeviceLimits,
 ) -> float | None:
-    """The default config's expected ratio over the neighbours that measured it, else the ratio
-    their own defaults ran at; inf where it is not valid throughout (any valid prediction beats
-    it), None where neither is known."""
+    """The default rung's answer's expected ratio (the kernel's untuned answer: its default config
+    unless it names another) over the neighbours that measured it, else the ratio their own such
+    answers ran at; inf where it is not valid throughout (any valid prediction beats it), None
+    where neither is known."""
     try:
-        default = spec.default_config(problem, dtype)
+        default = spec.untuned_answer(problem, dtype)
     except Exception:  # noqa: BLE001 — no default to beat: safe_default picks a valid config then
         return math.inf
     if outside_space(spec, default) or not _valid_at(spec, default, corners, dtype, limits):

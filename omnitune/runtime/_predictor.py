@@ -158,9 +158,10 @@ class Predictor:
 
 
 def _own_default_ratio(spec: KernelSpec, point: Point, dtype: torch.dtype) -> float | None:
-    """The ratio a point measured for its own problem's default config, None if it did not."""
+    """The ratio a point measured for its own problem's untuned answer (its default config unless
+    the kernel names another), None if it did not."""
     try:
-        return point.ratios.get(spec.default_config(point.problem, dtype))
+        return point.ratios.get(spec.untuned_answer(point.problem, dtype))
     except Exception:  # noqa: BLE001 — a default rule that cannot judge the point: it tells nothing
         return None
 
