@@ -10,7 +10,11 @@
 # and grids one split already overfills — with the round-12 candidates
 # (benchmarks/decode_default_study.py --problems round12); where a batch-1–2 long-context decode
 # call's time goes (benchmarks/long_decode_parts.py).
-part=${1:?part A|B|C}
+# Parts C, D, E: the held-out evaluation (benchmarks/coverage.py, fresh files, the shipped tables,
+# warm-started searches of 40 trials) of attention, the cross-attention layer and kv_compress —
+# the kernels issue 14 has not measured yet — one call each.
+# Part F: the public ops as users call them and the end-to-end decoder, in one run.
+part=${1:?part A|B|C|D|E|F}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -22,6 +26,15 @@ case $part in
     step 400 python benchmarks/decode_default_study.py --problems round12 \
       --out "$OUT/decode_default_study_h200_round12_B.json"
     step $(left 585) python benchmarks/long_decode_parts.py --out "$OUT/long_decode_parts_h200_round12_B.json"
+    ;;
+  C|D|E)
+    kernel=$(case $part in C) echo attention;; D) echo cross_attention_layer;; E) echo kv_compress;; esac)
+    step $(left 590) python benchmarks/coverage.py --kernel "$kernel" \
+      --out "$OUT/coverage_${kernel}_h200_round12_$part.json" --time-budget $(left 560) --trials 40 --work-dir /tmp/cov
+    ;;
+  F)
+    step 150 python benchmarks/ops_bench.py --out "$OUT/ops_bench_h200_round12_F.json"
+    step $(left 585) python benchmarks/e2e_decoder.py --batch 1 8 --out "$OUT/e2e_decoder_h200_round12_F.json"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
