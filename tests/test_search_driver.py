@@ -212,7 +212,15 @@ def test_failures_carry_their_status_and_a_penalty_the_sampler_learns_from(stora
     assert mismatch["status"] == "mismatch" and mismatch["rel_error"] == pytest.approx(0.7)
 
 
-def test_constraint_violations_cost_no_runner_call_and_name_the_constraint(storage_url, tmp_path):
+def _unwrapped_sampler(monkeypatch):
+    """The sampler's proposals as it makes them, as where a space is too large to list its valid
+    configs (where they can be listed, omnitune.search.strategies.valid_only keeps proposals
+    valid and new, and these paths are not reached)."""
+    monkeypatch.setattr(driver_module, "ValidOnly", lambda inner, *args: inner)
+
+
+def test_constraint_violations_cost_no_runner_call_and_name_the_constraint(storage_url, tmp_path, monkeypatch):
+    _unwrapped_sampler(monkeypatch)
     db = open_db(tmp_path / "results.db")
     runner = FakeRunner()
     # random sampling over the whole space (budget < valid configs) proposes the 2 invalid
@@ -248,7 +256,8 @@ def test_grid_enumerates_valid_configs_in_the_spec_order_after_the_default(stora
     assert runner.calls == [default] + [c for c in VALID if c != default][:5]
 
 
-def test_a_sampler_stuck_on_repeats_falls_back_to_unmeasured_configs(storage_url):
+def test_a_sampler_stuck_on_repeats_falls_back_to_unmeasured_configs(storage_url, monkeypatch):
+    _unwrapped_sampler(monkeypatch)
     # 22 valid configs, budget 21: the sampler stays in charge, and near the end the random
     # sampler mostly proposes configs already measured.
     runner = FakeRunner()

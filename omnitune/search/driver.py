@@ -54,6 +54,7 @@ from omnitune.search.strategies import (
 from omnitune.search.strategies.base import Proposal, Told
 from omnitune.search.strategies.fallback import SAMPLER_PATIENCE
 from omnitune.search.strategies.planned import WARM_START_CONFIGS
+from omnitune.search.strategies.valid_only import ValidOnly
 from omnitune.search.study import PENALTY_BEFORE_ANY_OK_MS, PENALTY_FACTOR, Ledger, SharedStudy, open_study
 from omnitune.spec import Config, KernelSpec, dtype_name
 from omnitune.store import (
@@ -202,8 +203,11 @@ class _Search:
 
     def run(self) -> SearchOutcome:
         o = self.options
-        study = open_study(self.storage or o.storage_url, self.facts, make_sampler(o.sampler, o.seed, constant_liar=self.queue is not None),
-                           o.heartbeat_interval_s)
+        sampler = make_sampler(o.sampler, o.seed, constant_liar=self.queue is not None)
+        if self.valid is not None and o.sampler is not SamplerName.GRID:
+            # Proposals made valid and new before they become trials, not pruned after (valid_only).
+            sampler = ValidOnly(sampler, self.space, self.valid, o.seed)
+        study = open_study(self.storage or o.storage_url, self.facts, sampler, o.heartbeat_interval_s)
         self.shared = SharedStudy(study, heartbeats=o.heartbeat_interval_s is not None,
                                   slots=len(self.runner_factories))
         self.ledger.refresh(study)

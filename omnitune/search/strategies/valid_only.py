@@ -1,0 +1,112 @@
+"""An Optuna sampler kept inside the problem's valid, unmeasured configs, where they can be listed.
+
+A kernel's space is a box of choices (omnitune.search.space); its constraints cut most of it away
+for a given problem: 8–37% of attention's, the KV write's and the layer's boxes are valid for the
+Qwen2.5-Omni-7B preset's decode-sized problems (attention's SDPA backends are one parked config
+each, a third of its box). Proposed as they come, a sampler's configs were pruned by a constraint
+one after another: in round 9's whole-model search (benchmarks/results/h200_round9_D.log) 22–67
+pruned proposals for every 50 measured on 28 of its 35 problems, each an ask and a tell of the
+study — host time the GPU waits through. So a proposal is made valid before it becomes a trial:
+
+  - the inner sampler's relative proposal (TPE's, once its startup trials are in) is kept if it is
+    valid and not measured yet, else replaced by the nearest such config (fewest choice steps
+    apart, summed over the parameters; ties: the space's order) — TPE's model then sees the
+    config that was measured, since the trial's params are the replacement's;
+  - where the inner sampler proposes nothing relative (TPE's random startup trials, the random
+    sampler), a valid unmeasured config drawn at random.
+
+Configs measured, running or asked by any process (the study's trials) count as taken. When every
+valid config is taken, the inner sampler's proposal stands and the driver sees a repeat, as
+before. Everything else — independent sampling, the hooks around a trial — is the inner sampler's.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from omnitune.search.space import ConfigSpace
+from omnitune.spec import Config
+
+
+class ValidOnly(optuna.samplers.BaseSampler):
+    """`inner`'s proposals kept inside `valid` (see the module's docstring)."""
+
+    def __init__(self, inner: optuna.samplers.BaseSampler, space: ConfigSpace, valid: Sequence[Config], seed: int):
+        self.inner = inner
+        self._space = space
+        self._names = list(space.distributions)
+        self._valid = np.array([[space.encode(c)[n] for n in self._names] for c in valid], dtype=np.int64)
+        self._row = {tuple(row): i for i, row in enumerate(self._valid.tolist())}
+        self._rng = random.Random(seed)
+
+    # --- the relative proposal: where the valid set is applied -----------------------------
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        # Every parameter, from the first trial on: the startup trials are drawn here too.
+        return dict(self._space.distributions) if len(self._valid) else \
+            self.inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not len(self._valid) or set(search_space) != set(self._names):
+            return self.inner.sample_relative(study, trial, search_space)
+        # The inner sampler models the parameters that have a choice (TPE leaves out single ones).
+        varied = {n: d for n, d in search_space.items() if not d.single()}
+        proposed = dict(self.inner.sample_relative(study, trial, varied)) if varied else {}
+        if set(proposed) >= set(varied):
+            proposed.update({n: int(d.low) for n, d in search_space.items() if d.single()})
+        free = self._free(study)
+        if not free.any():
+            return proposed  # every valid config taken: the driver sees the repeat
+        if set(proposed) != set(self._names):  # no model yet: a random valid, unmeasured config
+            choice = self._rng.choice(np.flatnonzero(free).tolist())
+            return self._params(self._valid[choice])
+        point = np.array([int(proposed[n]) for n in self._names], dtype=np.int64)
+        row = self._row.get(tuple(point.tolist()))
+        if row is not None and free[row]:
+            return {n: int(v) for n, v in zip(self._names, point.tolist())}
+        distance = np.abs(self._valid - point).sum(axis=1)
+        distance[~free] = np.iinfo(np.int64).max
+        return self._params(self._valid[int(np.argmin(distance))])  # the first of the nearest: the space's order
+
+    def _free(self, study: optuna.Study) -> np.ndarray:
+        """Which valid configs no trial of the study holds (finished, running or enqueued)."""
+        free = np.ones(len(self._valid), dtype=bool)
+        for other in study.get_trials(deepcopy=False):
+            params = other.params if other.params else other.system_attrs.get("fixed_params") or {}
+            if other.state is TrialState.FAIL or len(params) != len(self._names):
+                continue  # a failed trial's config is retried; a trial still being asked names nothing
+            try:
+                row = self._row.get(tuple(int(params[n]) for n in self._names))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if row is not None:
+                free[row] = False
+        return free
+
+    def _params(self, row: np.ndarray) -> dict[str, int]:
+        return {n: int(v) for n, v in zip(self._names, row.tolist())}
+
+    # --- the rest is the inner sampler's -------------------------------------------------------
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.inner.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()
+        self._rng.seed()
