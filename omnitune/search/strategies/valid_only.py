@@ -42,7 +42,9 @@ class ValidOnly(optuna.samplers.BaseSampler):
         self.inner = inner
         self._space = space
         self._names = list(space.distributions)
-        self._valid = np.array([[space.encode(c)[n] for n in self._names] for c in valid], dtype=np.int64)
+        encoded = [space.encode(c) for c in valid]
+        self._valid = np.array([[e[n] for n in self._names] for e in encoded], dtype=np.int64).reshape(
+            len(encoded), len(self._names))
         self._row = {tuple(row): i for i, row in enumerate(self._valid.tolist())}
         self._rng = random.Random(seed)
 
