@@ -54,7 +54,7 @@ from omnitune.search.strategies import (
 from omnitune.search.strategies.base import Proposal, Told
 from omnitune.search.strategies.fallback import SAMPLER_PATIENCE
 from omnitune.search.strategies.planned import WARM_START_CONFIGS
-from omnitune.search.strategies.valid_only import ValidOnly
+from omnitune.search.strategies.valid_only import TPE_STARTUP_TRIALS, ValidOnly
 from omnitune.search.study import PENALTY_BEFORE_ANY_OK_MS, PENALTY_FACTOR, Ledger, SharedStudy, open_study
 from omnitune.spec import Config, KernelSpec, dtype_name
 from omnitune.store import (
@@ -203,8 +203,10 @@ class _Search:
 
     def run(self) -> SearchOutcome:
         o = self.options
-        sampler = make_sampler(o.sampler, o.seed, constant_liar=self.queue is not None)
-        if self.valid is not None and o.sampler is not SamplerName.GRID:
+        valid_only = self.valid is not None and o.sampler is not SamplerName.GRID
+        sampler = make_sampler(o.sampler, o.seed, constant_liar=self.queue is not None,
+                               startup_trials=TPE_STARTUP_TRIALS if valid_only else None)
+        if valid_only:
             # Proposals made valid and new before they become trials, not pruned after (valid_only).
             sampler = ValidOnly(sampler, self.space, self.valid, o.seed)
         study = open_study(self.storage or o.storage_url, self.facts, sampler, o.heartbeat_interval_s)

@@ -35,16 +35,19 @@ class OptunaSampler:
         pass
 
 
-def make_sampler(name: SamplerName | str, seed: int, *, constant_liar: bool = False) -> optuna.samplers.BaseSampler:
+def make_sampler(name: SamplerName | str, seed: int, *, constant_liar: bool = False,
+                 startup_trials: int | None = None) -> optuna.samplers.BaseSampler:
     """The Optuna sampler behind --sampler. Grid gets a random sampler that is never consulted:
-    every grid trial has its params fixed by the driver."""
+    every grid trial has its params fixed by the driver. startup_trials: TPE's random trials
+    before its model (None: Optuna's 10)."""
     from omnitune.search.outcome import SearchError
 
     name = parse_sampler(name)
     if name is SamplerName.TPE:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=constant_liar)
+            startup = {} if startup_trials is None else {"n_startup_trials": startup_trials}
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=constant_liar, **startup)
     if name is SamplerName.CMAES:
         if importlib.util.find_spec("cmaes") is None:
             raise SearchError("--sampler cmaes needs the 'cmaes' package (pip install cmaes); or use tpe, random, grid")

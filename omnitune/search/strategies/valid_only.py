@@ -35,6 +35,15 @@ from omnitune.search.space import ConfigSpace
 from omnitune.spec import Config
 
 
+# TPE's random startup trials before its model, under this sampler. Optuna's 10 count pruned
+# trials too, and about half of them were: with every trial measured, 5 carry what the 10 did. In
+# the offline replay of seven recorded H200 sweeps (benchmarks/results/replay_h200_valid_only.json
+# against replay_h200.json) TPE so needs, to come within 2% of the best, a median within 2 trials
+# of before on every sweep, cold or warm-started, and fewer on four (at most 9 against 14 at the
+# KV write's t=1024 and t=64); with 10 it needed 2.5–11 more on four of them.
+TPE_STARTUP_TRIALS = 5
+
+
 class ValidOnly(optuna.samplers.BaseSampler):
     """`inner`'s proposals kept inside `valid` (see the module's docstring)."""
 
