@@ -37,9 +37,9 @@ def run(sampler: str, wrapped: bool, seed: int, db: Path) -> tuple[int, float]:
     from omnitune.search import driver
     from omnitune.search.driver import SearchOptions, run_search
 
-    original = driver.ValidOnly
-    if not wrapped:
-        driver.ValidOnly = lambda inner, *args: inner
+    original = driver.ValidOnly, driver.TPE_STARTUP_TRIALS
+    if not wrapped:  # the sampler as it was: proposals as it makes them, Optuna's 10 startup trials
+        driver.ValidOnly, driver.TPE_STARTUP_TRIALS = (lambda inner, *args: inner), None
     try:
         runner = ReplayRunner(recorded.RECORDED)
         options = SearchOptions(device=replay_device("NVIDIA H200"), trials=BUDGET, sampler=sampler, seed=seed,
@@ -49,7 +49,7 @@ def run(sampler: str, wrapped: bool, seed: int, db: Path) -> tuple[int, float]:
                              runner_factory=lambda: runner, storage=f"sqlite:///{db}")
         wall = time.perf_counter() - started
     finally:
-        driver.ValidOnly = original
+        driver.ValidOnly, driver.TPE_STARTUP_TRIALS = original
     asked = len(optuna.load_study(study_name=outcome.study_name, storage=f"sqlite:///{db}").trials)
     assert outcome.measured_total == BUDGET
     return asked, wall
