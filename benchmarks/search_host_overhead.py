@@ -39,7 +39,7 @@ def run(sampler: str, wrapped: bool, seed: int, db: Path) -> tuple[int, float]:
 
     original = driver.ValidOnly, driver.TPE_STARTUP_TRIALS
     if not wrapped:  # the sampler as it was: proposals as it makes them, Optuna's 10 startup trials
-        driver.ValidOnly, driver.TPE_STARTUP_TRIALS = (lambda inner, *args: inner), None
+        driver.ValidOnly, driver.TPE_STARTUP_TRIALS = (lambda inner, *args, **kwargs: inner), None
     try:
         runner = ReplayRunner(recorded.RECORDED)
         options = SearchOptions(device=replay_device("NVIDIA H200"), trials=BUDGET, sampler=sampler, seed=seed,

@@ -378,7 +378,7 @@ def test_pruned_configs_are_not_counted_as_trials(tmp_db, monkeypatch):
     # proposals are pruned by the constraints (where they can be listed, none are: valid_only).
     from omnitune.search import driver
 
-    monkeypatch.setattr(driver, "ValidOnly", lambda inner, *args: inner)
+    monkeypatch.setattr(driver, "ValidOnly", lambda inner, *args, **kwargs: inner)
     result = invoke(*search_args(tmp_db, "--trials", "6"))
     assert result.exit_code == 0, result.output
     summary = next(line for line in result.stdout.splitlines() if line.startswith("attention "))

@@ -216,7 +216,7 @@ def _unwrapped_sampler(monkeypatch):
     """The sampler's proposals as it makes them, as where a space is too large to list its valid
     configs (where they can be listed, omnitune.search.strategies.valid_only keeps proposals
     valid and new, and these paths are not reached)."""
-    monkeypatch.setattr(driver_module, "ValidOnly", lambda inner, *args: inner)
+    monkeypatch.setattr(driver_module, "ValidOnly", lambda inner, *args, **kwargs: inner)
 
 
 def test_constraint_violations_cost_no_runner_call_and_name_the_constraint(storage_url, tmp_path, monkeypatch):

@@ -36,7 +36,7 @@ def test_no_proposal_is_pruned_or_repeated_where_the_unwrapped_sampler_wasted_ma
     assert replay(chain, sampler, trials=40)[1].calls == runner.calls  # seeded
     # The same search with the sampler as it is: constraints prune its proposals (the 65 valid
     # configs are 37% of the box) and it repeats itself, so the test above can fail.
-    monkeypatch.setattr(driver, "ValidOnly", lambda inner, *args: inner)
+    monkeypatch.setattr(driver, "ValidOnly", lambda inner, *args, **kwargs: inner)
     unwrapped, _, unwrapped_storage = replay(chain, sampler, trials=40)
     wasted = [s for s in _statuses(unwrapped_storage, unwrapped) if s in ("pruned", None)]
     assert len(wasted) >= 10

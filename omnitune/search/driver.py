@@ -208,7 +208,7 @@ class _Search:
                                startup_trials=TPE_STARTUP_TRIALS if valid_only else None)
         if valid_only:
             # Proposals made valid and new before they become trials, not pruned after (valid_only).
-            sampler = ValidOnly(sampler, self.space, self.valid, o.seed)
+            sampler = ValidOnly(sampler, self.space, self.valid, o.seed, taken=lambda: self.ledger.busy)
         study = open_study(self.storage or o.storage_url, self.facts, sampler, o.heartbeat_interval_s)
         self.shared = SharedStudy(study, heartbeats=o.heartbeat_interval_s is not None,
                                   slots=len(self.runner_factories))

@@ -15,7 +15,8 @@ study — host time the GPU waits through. So a proposal is made valid before it
   - where the inner sampler proposes nothing relative (TPE's random startup trials, the random
     sampler), a valid unmeasured config drawn at random.
 
-Configs measured, running or asked by any process (the study's trials) count as taken. When every
+Configs measured, running or claimed by any process count as taken: the search's ledger says
+which (refreshed from the study before each ask), else the study's trials. When every
 valid config is taken, the inner sampler's proposal stands and the driver sees a repeat, as
 before. Everything else — independent sampling, the hooks around a trial — is the inner sampler's.
 """
@@ -23,7 +24,7 @@ before. Everything else — independent sampling, the hooks around a trial — i
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,8 +48,13 @@ TPE_STARTUP_TRIALS = 5
 class ValidOnly(optuna.samplers.BaseSampler):
     """`inner`'s proposals kept inside `valid` (see the module's docstring)."""
 
-    def __init__(self, inner: optuna.samplers.BaseSampler, space: ConfigSpace, valid: Sequence[Config], seed: int):
+    def __init__(self, inner: optuna.samplers.BaseSampler, space: ConfigSpace, valid: Sequence[Config], seed: int,
+                 taken: Callable[[], Iterable[Config]] | None = None):
+        """taken: the configs measured, running or queued, as the caller already knows them (the
+        search's ledger, refreshed before each ask); None reads them from the study's trials."""
         self.inner = inner
+        self._taken = taken
+        self._config_row = {c: i for i, c in enumerate(valid)}
         self._space = space
         self._names = list(space.distributions)
         encoded = [space.encode(c) for c in valid]
@@ -82,14 +88,19 @@ class ValidOnly(optuna.samplers.BaseSampler):
         point = np.array([int(proposed[n]) for n in self._names], dtype=np.int64)
         row = self._row.get(tuple(point.tolist()))
         if row is not None and free[row]:
-            return {n: int(v) for n, v in zip(self._names, point.tolist())}
+            return self._params(point)
         distance = np.abs(self._valid - point).sum(axis=1)
         distance[~free] = np.iinfo(np.int64).max
         return self._params(self._valid[int(np.argmin(distance))])  # the first of the nearest: the space's order
 
     def _free(self, study: optuna.Study) -> np.ndarray:
-        """Which valid configs no trial of the study holds (finished, running or enqueued)."""
+        """Which valid configs nothing holds: the caller's taken configs, else the study's trials
+        (finished, running or enqueued)."""
         free = np.ones(len(self._valid), dtype=bool)
+        if self._taken is not None:
+            rows = [self._config_row.get(c) for c in self._taken()]
+            free[[r for r in rows if r is not None]] = False
+            return free
         for other in study.get_trials(deepcopy=False):
             params = other.params if other.params else other.system_attrs.get("fixed_params") or {}
             if other.state is TrialState.FAIL or len(params) != len(self._names):
