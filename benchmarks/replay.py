@@ -4,8 +4,9 @@ to come within 2% of the best config, without a GPU.
 Each strategy is run by the real search driver (omnitune.search.driver.run_search) — its chain of
 strategies, claims, penalties and fallback, over an in-memory Optuna storage — with a runner that
 looks the recorded result up instead of measuring (omnitune.measure.replay.ReplayRunner), until it
-measures a config within 2% of the sweep's best. Configs a constraint rejects are pruned by the
-driver without counting as a trial, as on a GPU. Strategies (chains of
+measures a config within 2% of the sweep's best. The sampler proposes only valid, unmeasured
+configs (omnitune.search.strategies.valid_only), as on a GPU; replay_h200.json was made before it,
+when constraint-rejected proposals were pruned without counting as a trial. Strategies (chains of
 omnitune.search.strategies): TPE cold, TPE warm-started (the spec's default and known-good
 configs first, as `omnitune search` does), TPE warm-started with the other sweeps' winners too,
 random, CMA-ES (the space is integer indices, so it applies), each with the random fallback, and
