@@ -819,7 +819,7 @@ def untuned_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     """Long span-free prefill (≥ 1,024 query rows) to PyTorch's SDPA, else the default config:
     the runtime's answer for an attention problem nothing tuned answers (see above)."""
     if problem.lq >= SDPA_UNTUNED_MIN_QUERIES and not problem.spans:
-        sdpa_config = park_ignored(Config(BACKEND="sdpa", **PARKED))
+        sdpa_config = Config(BACKEND="sdpa", **PARKED)
         if not SPEC.violations(problem, sdpa_config, dtype):
             return sdpa_config
     return default_config(problem, dtype)
