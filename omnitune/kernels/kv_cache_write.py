@@ -356,13 +356,14 @@ _memo = _dispatch.ConfigMemo("kv_cache_write")
 
 def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_scale=None, v_scale=None) -> None:
     signature = None
-    if config is None and _WRITE._direct and not _dispatch.checking(check):
+    checking = _dispatch.checking(check)
+    if config is None and _WRITE._direct and not checking:
         signature = _signature(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
         if signature is not None and _steady_launch(signature, key, value, key_cache, value_cache, slot_mapping,
                                                     k_scale, v_scale):
             return
     _check_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-    if _dispatch.checking(check):
+    if checking:
         _check_values(key, key_cache, slot_mapping)
     t, hkv, d = key.shape
     if t == 0:
