@@ -58,10 +58,20 @@ class _Proposing(optuna.samplers.BaseSampler):
         return param_distribution.low
 
 
-def _ask(sampler, study=None):
-    study = study or optuna.create_study(sampler=sampler)
-    trial = study.ask(SPACE.distributions)
-    return study, trial, SPACE.decode(trial.params)
+class _Study:
+    """A study whose finished trials' configs a ValidOnly takes as taken (the search's ledger's part)."""
+
+    def __init__(self, inner, valid=VALID):
+        self.study = None
+        self.sampler = ValidOnly(inner, SPACE, valid, seed=0, taken=self.taken)
+        self.study = optuna.create_study(sampler=self.sampler)
+
+    def taken(self):
+        return {SPACE.decode(t.params) for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
+
+    def ask(self):
+        trial = self.study.ask(SPACE.distributions)
+        return trial, SPACE.decode(trial.params)
 
 
 def _steps(a, b) -> int:
@@ -70,44 +80,42 @@ def _steps(a, b) -> int:
 
 def test_an_invalid_proposal_becomes_the_nearest_valid_unmeasured_config():
     invalid = next(c for c in SPEC.all_configs() if SPEC.violations(PROBLEM, c, DTYPE))
-    sampler = ValidOnly(_Proposing(SPACE.encode(invalid)), SPACE, VALID, seed=0)
-    study, first, config = _ask(sampler)
+    search = _Study(_Proposing(SPACE.encode(invalid)))
+    first, config = search.ask()
     nearest = min(_steps(invalid, c) for c in VALID)
     assert config in VALID and _steps(invalid, config) == nearest
-    study.tell(first, 1.0)
-    _, _, second = _ask(sampler, study)
+    search.study.tell(first, 1.0)
+    _, second = search.ask()
     assert second in VALID and second != config  # the first is measured: the next nearest
     assert _steps(invalid, second) >= nearest
 
 
 def test_a_valid_new_proposal_stands_and_a_measured_one_moves():
     wanted = VALID[10]
-    sampler = ValidOnly(_Proposing(SPACE.encode(wanted)), SPACE, VALID, seed=0)
-    study, trial, config = _ask(sampler)
+    search = _Study(_Proposing(SPACE.encode(wanted)))
+    trial, config = search.ask()
     assert config == wanted
-    study.tell(trial, 1.0)
-    assert _ask(sampler, study)[2] != wanted
+    search.study.tell(trial, 1.0)
+    assert search.ask()[1] != wanted
 
 
 def test_without_a_proposal_a_random_valid_config_and_when_all_are_taken_the_samplers_own():
-    sampler = ValidOnly(_Proposing({}), SPACE, VALID[:3], seed=0)
-    study = optuna.create_study(sampler=sampler)
+    search = _Study(_Proposing({}), VALID[:3])
     seen = []
     for _ in range(3):
-        trial = study.ask(SPACE.distributions)
-        seen.append(SPACE.decode(trial.params))
-        study.tell(trial, 1.0)
+        trial, config = search.ask()
+        seen.append(config)
+        search.study.tell(trial, 1.0)
     assert sorted(map(str, seen)) == sorted(map(str, VALID[:3]))
     # every valid config taken: the inner sampler's own choice (here its independent one) stands
-    assert study.ask(SPACE.distributions).params == {n: d.low for n, d in SPACE.distributions.items()}
+    assert search.ask()[0].params == {n: d.low for n, d in SPACE.distributions.items()}
 
 
 def test_tpe_wrapped_keeps_its_hooks_and_its_model():
-    sampler = ValidOnly(make_sampler("tpe", 0, constant_liar=True), SPACE, VALID, seed=0)
-    study = optuna.create_study(sampler=sampler)
+    search = _Study(make_sampler("tpe", 0, constant_liar=True))
     configs = []
     for i in range(25):  # past TPE's 10 startup trials: its relative proposals, kept valid
-        trial = study.ask(SPACE.distributions)
-        configs.append(SPACE.decode(trial.params))
-        study.tell(trial, float(i % 7))
+        trial, config = search.ask()
+        configs.append(config)
+        search.study.tell(trial, float(i % 7))
     assert set(configs) <= set(VALID) and len(set(configs)) == 25

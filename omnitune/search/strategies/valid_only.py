@@ -16,7 +16,7 @@ study — host time the GPU waits through. So a proposal is made valid before it
     sampler), a valid unmeasured config drawn at random.
 
 Configs measured, running or claimed by any process count as taken: the search's ledger says
-which (refreshed from the study before each ask), else the study's trials. When every
+which (refreshed from the study before each ask). When every
 valid config is taken, the inner sampler's proposal stands and the driver sees a repeat, as
 before. Everything else — independent sampling, the hooks around a trial — is the inner sampler's.
 """
@@ -49,18 +49,17 @@ class ValidOnly(optuna.samplers.BaseSampler):
     """`inner`'s proposals kept inside `valid` (see the module's docstring)."""
 
     def __init__(self, inner: optuna.samplers.BaseSampler, space: ConfigSpace, valid: Sequence[Config], seed: int,
-                 taken: Callable[[], Iterable[Config]] | None = None):
-        """taken: the configs measured, running or queued, as the caller already knows them (the
-        search's ledger, refreshed before each ask); None reads them from the study's trials."""
+                 taken: Callable[[], Iterable[Config]]):
+        """taken: the configs measured, running or queued (the search's ledger, refreshed before
+        each ask)."""
         self.inner = inner
         self._taken = taken
-        self._config_row = {c: i for i, c in enumerate(valid)}
         self._space = space
         self._names = list(space.distributions)
+        self._row = {c: i for i, c in enumerate(valid)}
         encoded = [space.encode(c) for c in valid]
         self._valid = np.array([[e[n] for n in self._names] for e in encoded], dtype=np.int64).reshape(
             len(encoded), len(self._names))
-        self._row = {tuple(row): i for i, row in enumerate(self._valid.tolist())}
         self._rng = random.Random(seed)
 
     # --- the relative proposal: where the valid set is applied -----------------------------
@@ -79,38 +78,25 @@ class ValidOnly(optuna.samplers.BaseSampler):
         proposed = dict(self.inner.sample_relative(study, trial, varied)) if varied else {}
         if set(proposed) >= set(varied):
             proposed.update({n: int(d.low) for n, d in search_space.items() if d.single()})
-        free = self._free(study)
+        free = self._free()
         if not free.any():
             return proposed  # every valid config taken: the driver sees the repeat
         if set(proposed) != set(self._names):  # no model yet: a random valid, unmeasured config
             choice = self._rng.choice(np.flatnonzero(free).tolist())
             return self._params(self._valid[choice])
         point = np.array([int(proposed[n]) for n in self._names], dtype=np.int64)
-        row = self._row.get(tuple(point.tolist()))
+        row = self._row.get(self._space.decode(proposed))
         if row is not None and free[row]:
             return self._params(point)
         distance = np.abs(self._valid - point).sum(axis=1)
         distance[~free] = np.iinfo(np.int64).max
         return self._params(self._valid[int(np.argmin(distance))])  # the first of the nearest: the space's order
 
-    def _free(self, study: optuna.Study) -> np.ndarray:
-        """Which valid configs nothing holds: the caller's taken configs, else the study's trials
-        (finished, running or enqueued)."""
+    def _free(self) -> np.ndarray:
+        """Which valid configs nothing holds (see `taken`)."""
         free = np.ones(len(self._valid), dtype=bool)
-        if self._taken is not None:
-            rows = [self._config_row.get(c) for c in self._taken()]
-            free[[r for r in rows if r is not None]] = False
-            return free
-        for other in study.get_trials(deepcopy=False):
-            params = other.params if other.params else other.system_attrs.get("fixed_params") or {}
-            if other.state is TrialState.FAIL or len(params) != len(self._names):
-                continue  # a failed trial's config is retried; a trial still being asked names nothing
-            try:
-                row = self._row.get(tuple(int(params[n]) for n in self._names))
-            except (KeyError, TypeError, ValueError):
-                continue
-            if row is not None:
-                free[row] = False
+        rows = [self._row.get(c) for c in self._taken()]
+        free[[r for r in rows if r is not None]] = False
         return free
 
     def _params(self, row: np.ndarray) -> dict[str, int]:
