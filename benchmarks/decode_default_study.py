@@ -123,7 +123,8 @@ def _round12_kind(problem: PagedDecodeProblem, dtype_name: str) -> bool:
     return rows >= 16 or programs > 3 * 132
 
 
-def study(problems, *, interpret: bool, repetitions: int) -> list[dict]:
+def study(problems, *, interpret: bool, repetitions: int, on_row=lambda rows: None) -> list[dict]:
+    """`on_row(rows)` after each problem: the caller keeps what a time limit would cut short."""
     rows = []
     for problem, dtype_name in problems:
         dtype = DTYPES[dtype_name]
@@ -144,6 +145,7 @@ def study(problems, *, interpret: bool, repetitions: int) -> list[dict]:
         shown = "  ".join(f"{n} " + (r["status"] if r["over_best"] is None else f"{r['over_best']:.3f}")
                           for n, r in results.items())
         print(f"{dtype_name} {SPEC.problem_key(problem)}: {shown}", flush=True)
+        on_row(rows)
     return rows
 
 
@@ -170,10 +172,19 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true",
                         help="check the script on the CPU (TRITON_INTERPRET=1): two small problems, verified, not timed")
     args = parser.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(rows):
+        report = {"command": " ".join(sys.argv),
+                  "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                  "rows": rows, "summary": summary(rows)}
+        args.out.write_text(json.dumps(report, indent=1))
+        return report
+
     if args.tiny:
         problems = [(P(b=2, h=4, hkv=2, lq=2, ctx=200, d=32, block_size=16), "fp32"),
                     (P(b=1, h=2, hkv=2, lq=1, ctx=300, d=32, block_size=32), "fp16")]
-        rows = study(problems, interpret=True, repetitions=1)
+        rows = study(problems, interpret=True, repetitions=1, on_row=write)
         bad = [(r["problem"], n) for r in rows for n, c in r["candidates"].items() if c["status"] != "ok"]
         if bad:
             print(f"failed their check: {bad}", file=sys.stderr)
@@ -183,11 +194,8 @@ def main(argv=None) -> int:
             print("decode_default_study needs a CUDA GPU (or --tiny under TRITON_INTERPRET=1)", file=sys.stderr)
             return 2
         problems = TRAINING if args.problems == "all" else [(p, d) for p, d in TRAINING if _round12_kind(p, d)]
-        rows = study(problems, interpret=False, repetitions=50)
-    report = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "rows": rows, "summary": summary(rows)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+        rows = study(problems, interpret=False, repetitions=50, on_row=write)
+    report = write(rows)
     for name, s in report["summary"].items():
         print(f"{name:22s} {s['problems']:3d} problems  geomean {s['geomean_over_best']:.3f}  worst "
               f"{s['worst_over_best']:.3f}  within 5%: {s['within_5pct']}")
