@@ -12,7 +12,7 @@ import torch
 
 from omnitune.errors import InputError
 from omnitune.kernels.attention import SPEC, AttentionInputs, AttentionProblem, attention, reference
-from omnitune.spec import Config, relative_error
+from omnitune.spec import Config, DeviceLimits, relative_error
 
 from conftest import DEVICE
 
@@ -143,6 +143,20 @@ def test_public_function_uses_default_without_tables(monkeypatch, tmp_path):
     assert relative_error(out, ref) < SPEC.tolerance[torch.float16]
 
 
+def test_the_default_loads_through_tma_where_the_device_has_it():
+    # The H200's recorded trials: the default's tile with TMA faster on 8 of 9 problems (docstring).
+    for problem in (SPEC.example_problem, AttentionProblem(b=2, h=24, hkv=8, lq=700, lk=5000, d=64, causal=True),
+                    AttentionProblem(b=8, h=28, hkv=4, lq=1, lk=3000, d=128, causal=False)):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            cfg = SPEC.default_config(problem, dtype)
+            assert cfg["USE_TMA"] is True and not SPEC.violations(problem, cfg, dtype), (problem, dtype)
+    # where a constraint refuses TMA (a device before sm_90), the same tile without it
+    problem = SPEC.example_problem
+    before_hopper = dataclasses.replace(DeviceLimits(), compute_capability=(8, 0))
+    assert SPEC.violations(problem, SPEC.default_config(problem, torch.float16).replace(USE_TMA=True),
+                           torch.float16, before_hopper)
+
+
 @pytest.mark.parametrize("problem, backend", [
     (AttentionProblem(b=1, h=16, hkv=2, lq=3000, lk=3000, d=128, causal=True), "sdpa"),
     (AttentionProblem(b=2, h=24, hkv=24, lq=1100, lk=4000, d=64, causal=False), "sdpa"),
@@ -171,6 +185,25 @@ def test_an_untuned_shape_goes_to_sdpa_only_where_sdpa_serves_it(problem, backen
     assert not SPEC.violations(problem, answer.config, torch.bfloat16)
     # the search's baseline stays this kernel's own default
     assert SPEC.default_config(problem, torch.bfloat16)["BACKEND"] == "triton"
+
+
+@pytest.mark.parametrize("problem, backend", [
+    # a non-causal grid of fewer programs than SMs over ≥ 1,024 keys: this kernel does not split the keys
+    (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=128, causal=False), "sdpa"),  # 16 programs
+    (AttentionProblem(b=2, h=24, hkv=8, lq=64, lk=8000, d=128, causal=False), "sdpa"),  # 48 programs
+    # causal over more keys than queries: SDPA's lower-right mask, not what the rule was measured on
+    (AttentionProblem(b=2, h=24, hkv=8, lq=64, lk=8000, d=128, causal=True), "triton"),
+    (AttentionProblem(b=16, h=16, hkv=2, lq=4, lk=3000, d=64, causal=True), "triton"),
+    (AttentionProblem(b=64, h=28, hkv=4, lq=1, lk=4096, d=128, causal=False), "triton"),  # 256 programs
+    (AttentionProblem(b=1, h=28, hkv=4, lq=128, lk=256, d=128, causal=False), "triton"),  # 256 keys
+    (AttentionProblem(b=1, h=28, hkv=4, lq=1, lk=9000, d=128, causal=True, spans=1, span_len=300), "triton"),
+])
+def test_an_untuned_grid_too_small_for_the_sms_over_long_keys_goes_to_sdpa(problem, backend):
+    # The rule itself (the shipped table holds some of these shapes exactly; the runtime's default
+    # rung asks this same spec.untuned_answer, as the test above shows through lookups).
+    answer = SPEC.untuned_answer(problem, torch.bfloat16)
+    assert answer.get("BACKEND", "triton") == backend
+    assert not SPEC.violations(problem, answer, torch.bfloat16)
 
 
 @pytest.mark.parametrize(
@@ -235,3 +268,23 @@ def test_flop_and_byte_model():
     assert SPEC.flops(spans) == 4 * 64 * (55 + 3 + 2 + 1)
     assert SPEC.bytes_moved(full, torch.float16) == (2 * 2 * 4 * 10 + 2 * 2 * 2 * 10) * 64 * 2
     assert math.isfinite(SPEC.flops(AttentionProblem(b=1, h=1, hkv=1, lq=5, lk=1, d=64, causal=True)))
+
+
+def test_forcing_cudnn_sets_only_its_flag_and_restores_what_the_caller_had():
+    import torch.nn.attention as sdpa_attention
+    from omnitune.kernels.attention import _SdpFlags
+
+    current = sdpa_attention._cur_sdpa_kernel_backends
+    with sdpa_attention.sdpa_kernel([sdpa_attention.SDPBackend.FLASH_ATTENTION, sdpa_attention.SDPBackend.MATH]):
+        theirs = current()  # a caller's own choice, not torch's defaults
+        for public_fallback in (False, True):
+            flags = _SdpFlags()  # the op's own is one of these; this one may be changed
+            if public_fallback:
+                flags.flags = None
+            outer = flags.only_cudnn()
+            assert current() == [sdpa_attention.SDPBackend.CUDNN_ATTENTION]
+            inner = flags.only_cudnn()  # nested (another call inside): restores the outer state
+            flags.restore(inner)
+            assert current() == [sdpa_attention.SDPBackend.CUDNN_ATTENTION]
+            flags.restore(outer)
+            assert current() == theirs

@@ -406,3 +406,99 @@ def test_the_steady_kv_write_leaves_anything_else_to_the_full_path(monkeypatch):
     assert len(checked) == 8
     kvw.write_kv_cache(key, value, kc, vc, slots, check=False)
     assert len(checked) == 8  # steady again
+
+
+def _steady_decode(monkeypatch, config):
+    """paged_decode_attention's launchers recording on the CPU with direct entries, a steady-path
+    table of its own, and the full path's lookup answering `config`."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    jit = _RecordingJit()
+    for launcher, runtime in ((pda._SPLIT, 37), (pda._COMBINE, 10)):
+        monkeypatch.setattr(launcher, "jit", jit)
+        monkeypatch.setattr(launcher, "_direct", True)
+        monkeypatch.setattr(launcher, "_runtime_count", runtime)
+        monkeypatch.setattr(launcher, "_constexpr_names", [])
+    monkeypatch.setattr(pda, "_launch_plans", _launch.PlanCache(pda._launch_plan))
+    monkeypatch.setattr(pda, "_steady", {})
+    monkeypatch.setattr(pda, "_scratches", {})
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(pda, "require_runnable_device", lambda t: None)
+    monkeypatch.setattr(pda, "_config_for", lambda *args: config)
+    checked = []
+    check_metadata = pda._check_metadata
+    monkeypatch.setattr(pda, "_check_metadata", lambda *a: checked.append(1) or check_metadata(*a))
+    return pda, jit, checked
+
+
+def _decode_tensors(b=2, h=4, hkv=2, d=32, block=8, pages=4):
+    return (torch.randn(b, h, 1, d), torch.randn(b * pages, block, hkv, d), torch.randn(b * pages, block, hkv, d),
+            torch.arange(b * pages, dtype=torch.int32).view(b, pages), torch.full((b,), block * pages - 3, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("splits, fused", ((1, False), (2, False), (2, True)))
+def test_a_repeated_decode_call_takes_the_steady_path_with_the_full_paths_arguments(monkeypatch, splits, fused):
+    config = Config(NUM_SPLITS=splits, BLOCK_N=16, num_warps=4, num_stages=2, PACK_GQA=True, FUSED_REDUCE=fused)
+    pda, jit, checked = _steady_decode(monkeypatch, config)
+    inputs = _decode_tensors()
+    outs = [pda.paged_decode_attention(*inputs, check=False) for _ in range(4)]
+    launches = 1 if splits == 1 or fused else 2  # the combine is a launch of its own
+    # Through the JIT (which leaves the bound launchers' entries, and so the steady one), then
+    # steady: checked on the first call only.
+    assert _kinds(jit) == ["jit"] * launches + ["direct"] * 3 * launches
+    assert len(checked) == 1 and len(pda._steady) == 1
+    calls = [jit.log[launches * i:launches * (i + 1)] for i in range(4)]
+    for call, out in zip(calls[1:], outs[1:]):
+        split = call[0][1]
+        assert split[:5] == tuple(t.data_ptr() for t in inputs) and split[5] == out.data_ptr()
+        if launches == 2:
+            assert call[1][1][3] == out.data_ptr() and call[1][1][:3] == split[6:9]  # the partials it wrote
+    # the steady calls' C arguments are the full path's, the output's address apart
+    first = [[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args] for _, args in calls[0]]
+    for call, out in zip(calls[1:], outs[1:]):
+        for full, (_, steady) in zip(first, call):
+            assert [x if x != outs[0].data_ptr() else "out" for x in full] == \
+                   [x if x != out.data_ptr() else "out" for x in steady]
+    assert all(out.shape == (2, 4, 1, 32) and out.dtype == torch.float32 for out in outs)
+    # new tensors of the same kinds: steady, with their addresses
+    q2 = inputs[0].clone()
+    pda.paged_decode_attention(q2, *inputs[1:], check=False)
+    assert len(checked) == 1 and jit.log[-launches][1][0] == q2.data_ptr()
+
+
+def test_the_steady_decode_leaves_anything_else_to_the_full_path(monkeypatch):
+    from omnitune import runtime
+
+    config = Config(NUM_SPLITS=2, BLOCK_N=16, num_warps=4, num_stages=2, PACK_GQA=True, FUSED_REDUCE=False)
+    pda, jit, checked = _steady_decode(monkeypatch, config)
+    q, kc, vc, tables, lens = _decode_tensors()
+    for _ in range(3):
+        pda.paged_decode_attention(q, kc, vc, tables, lens, check=False)
+    assert len(checked) == 1
+    # a bad max_context_len is refused as before, never launched by the steady path
+    for bad in (0, 33, 10**6):
+        with pytest.raises(InputError, match="max_context_len"):
+            pda.paged_decode_attention(q, kc, vc, tables, lens, max_context_len=bad, check=False)
+    with pytest.raises(InputError):  # another signature: checked, refused
+        pda.paged_decode_attention(q, kc, vc.half(), tables, lens, check=False)
+    assert len(checked) == 5
+    pda.paged_decode_attention(q, kc, vc, tables, lens, config=config, check=False)  # a caller's config
+    pda.paged_decode_attention(q, kc, vc, tables, lens, check=True)  # the check mode
+    assert len(checked) == 7
+    strided = torch.stack([lens, lens], 1)[:, 0]  # a strided vector goes to the kernel as a copy
+    pda.paged_decode_attention(q, kc, vc, tables, strided, check=False)
+    pda.paged_decode_attention(q, kc, vc, tables, strided, check=False)
+    assert len(checked) == 9
+    # another stream: partials of its own, so a signature of its own
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 7)
+    pda.paged_decode_attention(q, kc, vc, tables, lens, check=False)
+    assert len(checked) == 10
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    pda.paged_decode_attention(q, kc, vc, tables, lens, check=False)
+    assert len(checked) == 10  # stream 0's entry still holds
+    pda.paged_decode_attention(q, kc, vc, tables, lens, max_context_len=30, check=False)  # same bucket: steady
+    assert len(checked) == 10
+    runtime.clear_cache()  # tables reloaded: the config is looked up again
+    pda.paged_decode_attention(q, kc, vc, tables, lens, check=False)
+    assert len(checked) == 11

@@ -73,6 +73,34 @@ def test_the_default_takes_smaller_tiles_where_one_split_overfills_the_wave_and_
     assert (exact["NUM_SPLITS"], exact["num_stages"]) == (2, 2)
 
 
+def test_the_default_follows_the_query_rows_a_program_serves_and_how_far_one_split_overfills():
+    sms = DeviceLimits().multiprocessors
+
+    def shape(cfg):
+        return cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]
+
+    # 17–32 rows (GQA group × query tokens, padded to 32): 32-key tiles over 2 warps.
+    for b, h, hkv, lq in ((6, 40, 8, 4), (12, 32, 8, 6), (24, 28, 4, 4)):
+        assert shape(SPEC.default_config(PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=9000, d=128),
+                                         torch.bfloat16)) == (32, 2, 3), (b, h, hkv, lq)
+    # 65–128 rows: 8 warps, the 64-key tile and the splits as for any other grid.
+    many = SPEC.default_config(PagedDecodeProblem(b=4, h=28, hkv=4, lq=16, ctx=8000, d=128), torch.bfloat16)
+    assert shape(many) == (64, 8, 3) and 4 * 4 * many["NUM_SPLITS"] <= 3 * sms
+    # 16 and 64 rows keep the 64-key tile over 4 warps.
+    for lq in (2, 8):
+        assert shape(SPEC.default_config(PagedDecodeProblem(b=8, h=32, hkv=4, lq=lq, ctx=6000, d=128),
+                                         torch.bfloat16)) == (64, 4, 3), lq
+    # One split filling two waves or more (128 × 8 kv heads = 1024 programs): 16-key tiles.
+    assert shape(SPEC.default_config(PagedDecodeProblem(b=128, h=32, hkv=8, lq=1, ctx=2500, d=128,
+                                                        block_size=32), torch.bfloat16)) == (16, 2, 3)
+    # fp8 and fp32 keep their own rules.
+    fp8 = PagedDecodeProblem(b=4, h=28, hkv=4, lq=16, ctx=8000, d=128, cache_dtype="fp8_e4m3")
+    assert SPEC.default_config(fp8, torch.bfloat16)["num_warps"] == 4
+    for problem in (fp8, PagedDecodeProblem(b=128, h=32, hkv=8, lq=1, ctx=2500, d=128)):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            assert not SPEC.violations(problem, SPEC.default_config(problem, dtype), dtype)
+
+
 def test_problem_parses_from_its_key_and_rejects_impossible_shapes():
     p = SPEC.example_problem
     assert SPEC.parse_shape(SPEC.problem_key(p)) == p

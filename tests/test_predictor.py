@@ -88,10 +88,13 @@ def test_a_label_is_read_only_as_omnitune_writes_it():
 def test_a_flag_in_a_label_is_0_or_1():
     from omnitune.kernels.attention import SPEC as ATTENTION
 
-    config = ATTENTION.default_config(ATTENTION.example_problem, FP16)
-    assert parse_label(ATTENTION, config.label()) == config
-    with pytest.raises(Exception):
-        parse_label(ATTENTION, config.label().replace("USE_TMA=0", "USE_TMA=false"))
+    for tma in (False, True):
+        config = ATTENTION.default_config(ATTENTION.example_problem, FP16).replace(USE_TMA=tma)
+        assert parse_label(ATTENTION, config.label()) == config
+        flag = f"USE_TMA={int(tma)}"
+        assert flag in config.label()
+        with pytest.raises(Exception):
+            parse_label(ATTENTION, config.label().replace(flag, f"USE_TMA={str(tma).lower()}"))
 
 
 # --- leave one problem out ------------------------------------------------------------------------

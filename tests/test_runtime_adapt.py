@@ -77,6 +77,9 @@ def test_a_one_split_grid_that_overfills_the_wave_takes_the_defaults_smaller_til
     assert pda.adapt_config(tuned_problem, within, one_split) == one_split
     overfilled = dataclasses.replace(tuned_problem, b=160)  # 640 programs tuned
     assert pda.adapt_config(overfilled, dataclasses.replace(overfilled, b=256), one_split) == one_split
+    two_waves = dataclasses.replace(tuned_problem, b=256, ctx=1500)  # 1024 programs: 16-key tiles
+    assert pda.adapt_config(tuned_problem, two_waves, one_split) == one_split.replace(BLOCK_N=16, num_warps=2)
+    assert pda.adapt_config(tuned_problem, two_waves, one_split) == pda.SPEC.default_config(two_waves, torch.bfloat16)
     fp8 = dataclasses.replace(big, cache_dtype="fp8_e4m3")  # the default keeps its tile over fp8
     assert pda.adapt_config(dataclasses.replace(tuned_problem, cache_dtype="fp8_e4m3"), fp8, one_split) == one_split
 

@@ -397,6 +397,8 @@ def _explain_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
+    """A contiguous last dim, 16-byte aligned strides (those of size-1 dims too: the descriptor
+    takes them all) and base: what a tensor descriptor needs."""
     elt = t.element_size()
     return t.stride(-1) == 1 and all((s * elt) % 16 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
 
@@ -450,9 +452,52 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_sca
     # cuDNN only on CUDA tensors: elsewhere (the CPU interpreter) SDPA's own dispatch stands in,
     # so that a table for a GPU reads the same on any machine.
     if backend == "sdpa_cudnn" and q.is_cuda:
-        with _sdpa_kernel([_SDPBackend.CUDNN_ATTENTION]):
+        saved = _SDP_FLAGS.only_cudnn()
+        try:
             return _F.scaled_dot_product_attention(q, k, v, **kwargs)
+        finally:
+            _SDP_FLAGS.restore(saved)
     return _F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+class _SdpFlags:
+    """torch.nn.attention.sdpa_kernel([CUDNN_ATTENTION]) at a fraction of its host cost: the same
+    global flags set and restored, by their C setters directly. The context manager takes ~26 µs a
+    call on the H200's host (an untuned 2,048-row prefill through the op: 61.4 µs of host time
+    against SDPA's own 24.4, benchmarks/results/ops_bench_h200_round13_D.json) — a generator, a
+    list of backends deduplicated and the current flags read by name each time; this, 1.7 µs
+    against 14.3 on the development CPU. The caller keeps what only_cudnn() saved and hands it to
+    restore(), so that calls in several threads each restore what they found. Falls back to the
+    public context manager on a torch whose flags are not found. Under torch.compile the op is
+    opaque (its torch.library op), so no graph sees these calls."""
+
+    def __init__(self):
+        names = getattr(torch.nn.attention, "_backend_names", None)
+        try:
+            self.flags = [(getattr(torch._C, f"_get_{n}_sdp_enabled"), getattr(torch._C, f"_set_sdp_use_{n}"),
+                           n == "cudnn") for n in names]
+        except (AttributeError, TypeError):
+            self.flags = None
+
+    def only_cudnn(self):
+        if self.flags is None:
+            manager = _sdpa_kernel([_SDPBackend.CUDNN_ATTENTION])
+            manager.__enter__()
+            return manager
+        saved = [get() for get, _, _ in self.flags]
+        for _, set_flag, wanted in self.flags:
+            set_flag(wanted)
+        return saved
+
+    def restore(self, saved) -> None:
+        if self.flags is None:
+            saved.__exit__(None, None, None)
+            return
+        for (_, set_flag, _), was in zip(self.flags, saved):
+            set_flag(was)
+
+
+_SDP_FLAGS = _SdpFlags()
 
 
 def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> torch.Tensor | None:
@@ -793,36 +838,65 @@ CONSTRAINTS = (
 
 def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (why: docs/results.md, "Why the
-    defaults"); GQA packing when there are fewer query rows than a tile; smaller tiles or fewer
-    stages only where the problem or the device demands it."""
+    defaults"); GQA packing when there are fewer query rows than a tile; K/V through tensor
+    descriptors (TMA) where the device has them; smaller tiles, fewer stages or pointer loads only
+    where the problem or the device demands it.
+
+    TMA: in the H200's recorded trials (results/sweep_trials_h200.json, search_trials_h200*.json:
+    the searches behind the shipped table, none of them held out), the default's tile with TMA was
+    faster than without on 8 of the 9 problems where both were measured (5–14%: prefill with and
+    without spans, cross-attention, 128-row chunks); the ninth (1,024 queries over 256 keys) is
+    answered by SDPA where untuned. Every config of this kernel the shipped table's searches chose
+    loads through TMA (7 of 7)."""
     pack = problem.group > 1 and problem.lq < 64
     for block_m in (64, 32, 16):
         for stages in (3, 2, 1):
-            cfg = Config(BACKEND="triton", BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages,
-                         PACK_GQA=pack, USE_TMA=False)
-            if not SPEC.violations(problem, cfg, dtype):
-                return cfg
+            for tma in (True, False):
+                cfg = Config(BACKEND="triton", BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages,
+                             PACK_GQA=pack, USE_TMA=tma)
+                if not SPEC.violations(problem, cfg, dtype):
+                    return cfg
     return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
 
 
-# Where no tuned shape answers, long span-free prefill goes to PyTorch's SDPA as it dispatches:
-# on the H200 its backends won every span-free shape of 1,024 or more query rows that the shipped
-# table holds (12 of 12: h24/24, h28/4 and h32/4, 1k–16k, causal or not, bf16; each search
-# re-timed SDPA beside its best configs of this kernel), and at 2,048 query rows, a shape
-# no table holds, SDPA took 74.5 µs as a graph where this kernel's default took 85.8
-# (benchmarks/results/ops_bench_h200_round12_A.json). Below that, and wherever spans need this
-# kernel, its own default (a short shape's tuned answer was this kernel: b1 lq128 lk256).
+# Where no tuned shape answers, span-free problems of two kinds go to PyTorch's SDPA as it
+# dispatches. Long prefill: on the H200 its backends won every span-free shape of 1,024 or more
+# query rows that the shipped table holds (12 of 12: h24/24, h28/4 and h32/4, 1k–16k, causal or
+# not, bf16; each search re-timed SDPA beside its best configs of this kernel), and at 2,048 query
+# rows, a shape no table holds, SDPA took 74.5 µs as a graph where this kernel's default took 85.8
+# (benchmarks/results/ops_bench_h200_round12_A.json). And a grid of fewer programs than the GPU has
+# SMs, each walking a long key range — this kernel does not split the keys: the table's two such
+# shapes (batch 4, h28/4, one query over 4,096 and 16,384 keys: 16 programs) went to cuDNN, 3.0x
+# and 5.5x faster than this kernel's default, where at batch 64 (256 programs) this kernel won;
+# over 256 keys (b1 lq128, 56 programs) it won too. 1,024 keys lies between the measured points.
+# Non-causal only, as those shapes were: causal with Lq < Lk takes SDPA's lower-right mask, and on
+# the held-out set (round 13, fp16 b16 h16/2, 4 queries over 3,000 keys) SDPA took 3.7x the time
+# of this kernel's tuned config there — the rule's first form had reached that far and was cut
+# back to what its data covers. Elsewhere, and wherever spans need this kernel, its own default.
 SDPA_UNTUNED_MIN_QUERIES = 1024
+SDPA_UNTUNED_MIN_KEYS_FEW_PROGRAMS = 1024
+
+
+def _programs(problem: AttentionProblem, config: Config) -> int:
+    """The kernel's grid size for `config` (_launch_plan's grid)."""
+    pack = bool(config["PACK_GQA"]) and problem.group > 1
+    rows = problem.group * problem.lq if pack else problem.lq
+    return triton.cdiv(rows, int(config["BLOCK_M"])) * problem.b * (problem.hkv if pack else problem.h)
 
 
 def untuned_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
-    """Long span-free prefill (≥ 1,024 query rows) to PyTorch's SDPA, else the default config:
-    the runtime's answer for an attention problem nothing tuned answers (see above)."""
-    if problem.lq >= SDPA_UNTUNED_MIN_QUERIES and not problem.spans:
-        sdpa_config = Config(BACKEND="sdpa", **PARKED)
-        if not SPEC.violations(problem, sdpa_config, dtype):
-            return sdpa_config
-    return default_config(problem, dtype)
+    """PyTorch's SDPA for span-free long prefill (≥ 1,024 query rows) and for non-causal grids too
+    small to fill the SMs over ≥ 1,024 keys, else the default config: the runtime's answer for an
+    attention problem nothing tuned answers (see above)."""
+    default = default_config(problem, dtype)
+    if not problem.spans:
+        few_programs = (not problem.causal and problem.lk >= SDPA_UNTUNED_MIN_KEYS_FEW_PROGRAMS
+                        and _programs(problem, default) < DeviceLimits().multiprocessors)
+        if problem.lq >= SDPA_UNTUNED_MIN_QUERIES or few_programs:
+            sdpa_config = Config(BACKEND="sdpa", **PARKED)
+            if not SPEC.violations(problem, sdpa_config, dtype):
+                return sdpa_config
+    return default
 
 
 def _sdpa_baselines(problem: AttentionProblem):

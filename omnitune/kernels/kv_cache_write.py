@@ -30,8 +30,6 @@ their slot.
 
 from __future__ import annotations
 
-import functools
-import operator
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +42,8 @@ from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (
 from omnitune.kernels._host import seeded_rand
 from omnitune.kernels import _launch as launching
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
-from omnitune.runtime import _generation as _runtime_generation
+from omnitune.kernels import _steady as steady
+from omnitune.runtime import _generation as runtime_generation
 from omnitune.spec import (
     Config,
     Constraint,
@@ -399,21 +398,15 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_sc
 # address off a 16-byte boundary, or after the tables were reloaded take the full path.
 _steady: dict[tuple, tuple] = {}
 _STEADY_ENTRIES = 256
-_reduce, _or = functools.reduce, operator.or_
 
 
 def _signature(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) -> tuple | None:
     """The call's metadata as the steady path's key (see _steady); None for an argument that is
     not a plain tensor (a subclass, None, anything else), which the full path judges."""
-    if not (type(key) is _Tensor and type(value) is _Tensor and type(key_cache) is _Tensor
-            and type(value_cache) is _Tensor and type(slot_mapping) is _Tensor):
+    if not steady.plain(key, value, key_cache, value_cache, slot_mapping):
         return None
-    if k_scale is None and v_scale is None:
-        scales = None
-    elif type(k_scale) is _Tensor and type(v_scale) is _Tensor:
-        scales = (k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.get_device(),
-                  v_scale.shape, v_scale.stride(), v_scale.dtype, v_scale.get_device())
-    else:
+    scales = None if k_scale is None and v_scale is None else steady.scales_signature(k_scale, v_scale)
+    if scales is False:
         return None
     return (key.shape, value.shape, key_cache.shape, value_cache.shape, slot_mapping.shape,
             key.stride(), value.stride(), key_cache.stride(), value_cache.stride(), slot_mapping.stride(),
@@ -425,12 +418,12 @@ def _signature(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scal
 def _steady_launch(signature, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) -> bool:
     """Launch a call whose signature a direct launch left in _steady; False where the full path must."""
     entry = _steady.get(signature)
-    if entry is None or entry[0] != _runtime_generation[0] or launching._hooked():
+    if not steady.usable(entry):
         return False
     k, v, kc, vc, slots = (key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
                            slot_mapping.data_ptr())
     ks, vs = (k, k) if k_scale is None else (k_scale.data_ptr(), v_scale.data_ptr())  # see _launch's placeholders
-    if (k | v | kc | vc | slots | ks | vs) & 15:  # the binary was compiled for 16-byte aligned tensors
+    if steady.misaligned(k, v, kc, vc, slots, ks, vs):
         return False
     _, launch, grid, before_args, tail = entry
     launch(grid[0], grid[1], grid[2], launching._raw_stream(signature[-1]), *before_args, k, v, kc, vc, slots, ks, vs,
@@ -440,14 +433,10 @@ def _steady_launch(signature, key, value, key_cache, value_cache, slot_mapping, 
 
 def _remember_steady(signature, grid, write, args) -> None:
     """Keep the C launch of a call the bound launcher made directly, for its signature's next call."""
-    entry = write.c_entry(args, signature[-1])
-    if entry is None:
-        return
-    launch, before_args, addresses, constexpr_values = entry
-    if _reduce(_or, addresses, 0) & 15:
-        return
-    tail = (*args[7:], *constexpr_values)
-    bounded_put(_steady, signature, (_runtime_generation[0], launch, grid, before_args, tail), _STEADY_ENTRIES)
+    kept = steady.c_launch(write, args, signature[-1], tensors=7)
+    if kept is not None:
+        launch, before_args, tail = kept
+        bounded_put(_steady, signature, (runtime_generation[0], launch, grid, before_args, tail), _STEADY_ENTRIES)
 
 
 # ------------------------------------------------------------------------------------------------

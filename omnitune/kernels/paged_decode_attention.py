@@ -63,6 +63,9 @@ from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, FixedLaunch, PlanCache, bounded_put
 from omnitune.kernels._launch import _current_device, _raw_stream
+from omnitune.kernels import _launch as launching
+from omnitune.kernels import _steady as steady
+from omnitune.runtime import _generation as runtime_generation
 from omnitune.spec import (
     Config,
     Constraint,
@@ -674,7 +677,8 @@ _launch_plans = PlanCache(_launch_plan)
 
 def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: float,
             out: torch.Tensor, config: Config, scratch: _Scratch | None = None,
-            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> tuple:
+    """Both launches; returns the launch plan and the scratch they used (the steady path keeps them)."""
     b, h, lq, d = q.shape
     block_size, hkv = key_cache.shape[1], key_cache.shape[2]
     dtype, cache_dtype = q.dtype, key_cache.dtype
@@ -683,6 +687,7 @@ def _launch(q, key_cache, value_cache, block_tables, context_lens, sm_scale: flo
         scratch = _shared_scratch(b, h, lq, d, hkv, config, q.device)
     _launch_planned(plan, q, key_cache, value_cache, block_tables, context_lens, sm_scale * LOG2E, out, scratch,
                     k_scale, v_scale)
+    return plan, scratch
 
 
 def _launch_planned(plan: _LaunchPlan, q, key_cache, value_cache, block_tables, context_lens, scale_log2: float,
@@ -806,22 +811,129 @@ def paged_decode_attention(
 
 def _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config,
             check, k_scale=None, v_scale=None) -> torch.Tensor:
+    signature = None
+    checking = _dispatch.checking(check)
+    if config is None and not checking and _SPLIT._direct:
+        signature = _signature(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len,
+                               k_scale, v_scale)
+        if signature is not None:
+            out = _steady_decode(signature, q, key_cache, value_cache, block_tables, context_lens, k_scale, v_scale)
+            if out is not None:
+                return out
     _check_metadata(q, key_cache, value_cache, block_tables, context_lens, k_scale, v_scale)
     b, h, lq, d = q.shape
     block_size, hkv = key_cache.shape[1], key_cache.shape[2]
     capacity = block_tables.shape[1] * block_size
     if max_context_len is not None and not 1 <= int(max_context_len) <= capacity:
         raise InputError(f"max_context_len={max_context_len} must be in 1..{capacity} (the block table's capacity)")
-    if _dispatch.checking(check):
+    if checking:
         _check_values(q, key_cache, block_tables, context_lens, max_context_len)
     if sm_scale is None or sm_scale < 0:
         sm_scale = 1.0 / math.sqrt(d)
     ctx = capacity if max_context_len is None else int(max_context_len)
     cfg = _config_for(b, h, hkv, lq, d, block_size, ctx, config, q.dtype, key_cache.dtype)
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
-    _launch(q, key_cache, value_cache, block_tables, context_lens, float(sm_scale), out, cfg, None,
-            k_scale, v_scale)
+    plan, scratch = _launch(q, key_cache, value_cache, block_tables, context_lens, float(sm_scale), out, cfg, None,
+                            k_scale, v_scale)
+    if signature is not None:
+        _remember_steady(signature, plan, scratch, q, key_cache, value_cache, block_tables, context_lens,
+                         float(sm_scale), out, k_scale, v_scale)
     return out
+
+
+# The steady path (omnitune.kernels._steady): a decode loop calls paged_decode_attention layer
+# after layer, step after step, with tensors of the same metadata and a longest context that
+# moves within one config bucket. A call's signature holds that metadata, sm_scale, the bucket of
+# max_context_len (whose range it also checks), the page guard, and the thread, stream and device
+# whose split partials the launch uses; a signature's first direct launch leaves here both C
+# launches with every argument but the caller's addresses and the new output's. Not while a CUDA
+# graph is captured (a graph gets partials of its own), nor with a config of the caller's own, in
+# the check mode, under a launch hook, for strided context lengths (which go to the kernel as a
+# copy) or after the tables were reloaded.
+_steady: dict[tuple, tuple] = {}
+_STEADY_ENTRIES = 256
+_SCALAR_TYPES = (float, int)
+
+
+def _signature(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len,
+               k_scale, v_scale) -> tuple | None:
+    """The call's metadata as the steady path's key; None where the full path must judge it."""
+    if not steady.plain(q, key_cache, value_cache, block_tables, context_lens):
+        return None
+    if q.dim() != 4 or key_cache.dim() != 4 or block_tables.dim() != 2 or context_lens.dim() != 1:
+        return None
+    scales = None if k_scale is None and v_scale is None else steady.scales_signature(k_scale, v_scale)
+    if scales is False or not (sm_scale is None or type(sm_scale) in _SCALAR_TYPES):
+        return None
+    capacity = block_tables.shape[1] * key_cache.shape[1]
+    if max_context_len is None:
+        ctx = capacity
+    elif type(max_context_len) is int and 1 <= max_context_len <= capacity:
+        ctx = max_context_len
+    else:
+        return None  # the full path says what is wrong with it
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    device = launching._current_device()
+    return (q.shape, key_cache.shape, value_cache.shape, block_tables.shape, context_lens.shape,
+            q.stride(), key_cache.stride(), value_cache.stride(), block_tables.stride(), context_lens.stride(),
+            q.dtype, key_cache.dtype, value_cache.dtype, block_tables.dtype, context_lens.dtype,
+            q.get_device(), key_cache.get_device(), value_cache.get_device(), block_tables.get_device(),
+            context_lens.get_device(), scales, sm_scale, _dispatch.bucket_up(max(ctx, q.shape[2])), PAGE_GUARD[0],
+            threading.get_ident(), launching._raw_stream(device), device)
+
+
+def _steady_decode(signature, q, key_cache, value_cache, block_tables, context_lens, k_scale, v_scale):
+    """The output of a call whose signature a direct launch left in _steady; None where the full
+    path must run it."""
+    entry = _steady.get(signature)
+    if not steady.usable(entry):
+        return None
+    _, shape, dtype, device, split_grid, split, combine_grid, combine, partials, _kept = entry
+    qa, ka, va, ta, la = (q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
+                          context_lens.data_ptr())
+    ks, vs = (la, la) if k_scale is None else (k_scale.data_ptr(), v_scale.data_ptr())  # _split_args' placeholders
+    if steady.misaligned(qa, ka, va, ta, la, ks, vs):
+        return None
+    out = torch.empty(shape, dtype=dtype, device=device)
+    o = out.data_ptr()
+    if partials is None:
+        pm = pl = pa = o  # one split: placeholders, never touched
+        tickets = la
+    else:
+        pm, pl, pa, tickets = partials
+        tickets = la if tickets is None else tickets
+    stream = signature[-2]
+    launch, before_args, tail = split
+    launch(split_grid[0], split_grid[1], split_grid[2], stream, *before_args,
+           qa, ka, va, ta, la, o, pm, pl, pa, tickets, ks, vs, *tail)
+    if combine is not None:
+        launch, before_args, tail = combine
+        launch(combine_grid[0], combine_grid[1], combine_grid[2], stream, *before_args, pm, pl, pa, o, *tail)
+    return out
+
+
+def _remember_steady(signature, plan: _LaunchPlan, scratch: _Scratch | None, q, key_cache, value_cache,
+                     block_tables, context_lens, sm_scale: float, out: torch.Tensor, k_scale, v_scale) -> None:
+    """Keep the C launches of a call the bound launchers made directly, for its signature's next call."""
+    if context_lens.stride(0) != 1 and context_lens.shape[0] > 1:
+        return  # launched with a contiguous copy, not the caller's tensor
+    device = signature[-1]
+    args = _split_args(q, key_cache, value_cache, block_tables, context_lens, sm_scale * LOG2E, out, scratch,
+                       plan.fused, k_scale, v_scale)
+    split = steady.c_launch(plan.split, args, device, tensors=_SPLIT_TENSORS)
+    if split is None:
+        return
+    combine = partials = None
+    if scratch is not None:
+        partials = (scratch.part_m.data_ptr(), scratch.part_l.data_ptr(), scratch.part_acc.data_ptr(),
+                    scratch.tickets.data_ptr() if plan.fused else None)
+    if plan.combine is not None:
+        combine = steady.c_launch(plan.combine, _combine_args(scratch, out), device, tensors=4)
+        if combine is None:
+            return
+    bounded_put(_steady, signature, (runtime_generation[0], out.shape, out.dtype, out.device, plan.split_grid, split,
+                                     plan.combine_grid, combine, partials, scratch), _STEADY_ENTRIES)
 
 
 class PagedDecodePlan:
@@ -1207,6 +1319,9 @@ _MIN_KEYS_PER_SPLIT = 256
 _PROGRAMS_PER_SM_3_STAGES = 3
 _PROGRAMS_PER_SM_SMALLER_TILE = 4
 _MAX_DEFAULT_SPLITS = 128
+# Where one split per sequence fills this many waves, 16-key tiles (round 13's study: 1.18x faster
+# than 32-key ones at 2.6 waves, 1.5% slower at 1.9 waves and less).
+_OVERFILL_WAVES_FOR_16_KEYS = 2
 
 
 def _default_splits(problem: PagedDecodeProblem, programs: int, one_wave: int) -> int:
@@ -1225,10 +1340,16 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     splits doubled while the grid stays within one wave of the programs an SM holds at once —
     3 of the 16-bit tile of head dim 128 over 3 stages, 4 of a head dim ≤ 64 one or of the fp8
     one — up to 128 splits, each keeping ≥ 256 keys; where even one split per sequence overfills
-    that wave (batch 64 × 8 kv heads), 32-key tiles over 2 warps, which an SM holds more of. On
-    the study's 20 problems on the H200 this rule picks a candidate within 5% of the fastest on
-    19 (worst 1.13x, geometric mean 1.01x), where the earlier default (2 stages, 4 programs an
-    SM) was within 5% on 8 (worst 1.44x, mean 1.18x). A 128-program grid (batch 1, 128k, 32
+    that wave (batch 64 × 8 kv heads), 32-key tiles over 2 warps, which an SM holds more of —
+    16-key ones where it fills two waves or more. On the study's 20 problems on the H200 this rule
+    picks a candidate within 5% of the fastest on 19 (worst 1.13x, geometric mean 1.01x), where
+    the earlier default (2 stages, 4 programs an SM) was within 5% on 8 (worst 1.44x, mean 1.18x).
+    By the number of query rows a program serves (GQA group × query tokens, padded to a power of
+    two ≥ 16), round 13's study of the problems with ≥ 16 rows or an overfilled grid
+    (results/decode_default_study_h200_round13_A.json, 18 problems): 32 rows take the 32-key tile
+    over 2 warps (1.22–1.25x faster on three of four such problems, 1.026x slower on the fourth),
+    128 rows take 8 warps (1.9–2.3x faster on all three); that rule is within 5% of the fastest
+    candidate on 17 of the 18 (the worst 1.052x), where the round-11 rule was on 11 (worst 2.35x). A 128-program grid (batch 1, 128k, 32
     splits) read 45% of copy bandwidth there, 512-program grids 79–98%
     (benchmarks/results/paged_decode_guard_h200.json): a grid must fill the wave. The splits are
     combined by the second kernel, not in the same launch (FUSED_REDUCE saves that launch, but
@@ -1254,8 +1375,13 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
         # Tiles of head dim ≤ 64 take half the shared memory: 4 fit an SM over 3 stages too.
         wave = _wave_programs(p)
         splits = _default_splits(p, programs, wave)
-        if programs * splits > wave:
+        block_m = _block_m(p.group * p.lq if pack else p.lq)
+        if programs * splits >= _OVERFILL_WAVES_FOR_16_KEYS * wave:
+            preferred.append((splits, min(16, block_n), 2, 3))
+        elif programs * splits > wave or block_m == 32:
             preferred.append((splits, min(32, block_n), 2, 3))
+        elif block_m >= 128:
+            preferred.append((splits, block_n, 8, 3))
         preferred.append((splits, block_n, 4, 3))
     fallback_splits = _default_splits(p, programs, _PROGRAMS_PER_SM_SMALLER_TILE * sms)
     preferred += [(fallback_splits, block_n, warps, stages) for warps in (4, 8) for stages in (2, 1)]
@@ -1293,10 +1419,12 @@ def adapt_config(tuned: PagedDecodeProblem, problem: PagedDecodeProblem, config:
     # over 2 warps, which an SM holds more of). In the default study (round 11) one split of
     # 64-key tiles over 4 warps was 1.27–1.29x the 32-key tile's time on the two such problems
     # (batch 64 × 8 kv heads, batch 128 × 4), and the best config at batch 64 × 4 (256 programs).
+    # Where one split fills two waves or more, the default's 16-key tile (round 13).
     wave = _wave_programs(problem)
-    if (chosen == 1 and problem.cache_dtype == "auto" and programs(problem) > wave >= programs(tuned) * splits
-            and int(config["BLOCK_N"]) > 32):
-        adapted = adapted.replace(BLOCK_N=32, num_warps=2)
+    if chosen == 1 and problem.cache_dtype == "auto" and programs(problem) > wave >= programs(tuned) * splits:
+        tile = 16 if programs(problem) >= _OVERFILL_WAVES_FOR_16_KEYS * wave else 32
+        if int(config["BLOCK_N"]) > tile:
+            adapted = adapted.replace(BLOCK_N=tile, num_warps=2)
     return adapted
 
 
