@@ -245,10 +245,9 @@ def test_dtypes_given_by_the_caller_key_the_binary(monkeypatch):
     assert _kinds(jit) == ["jit", "direct", "jit"]
 
 
-def _split_plan(monkeypatch, out_given=False):
-    """A two-split decode plan on the CPU, its launchers recording and keeping direct entries."""
-    from omnitune.kernels import paged_decode_attention as pda
-
+def _recording_decode_launchers(monkeypatch, pda) -> _RecordingJit:
+    """Paged decode's two launchers recording on the CPU and keeping direct entries, their launch
+    plans bound afresh, a constant stream and device."""
     jit = _RecordingJit()
     # Runtime arguments as the kernels' signatures have them, the constexprs all in the plan's
     # dicts (under the interpreter the jit functions do not list their parameters).
@@ -257,10 +256,18 @@ def _split_plan(monkeypatch, out_given=False):
         monkeypatch.setattr(launcher, "_direct", True)
         monkeypatch.setattr(launcher, "_runtime_count", runtime)
         monkeypatch.setattr(launcher, "_constexpr_names", [])
-    monkeypatch.setattr(pda, "_launch_plans", _launch.PlanCache(pda._launch_plan))  # bound afresh
+    monkeypatch.setattr(pda, "_launch_plans", _launch.PlanCache(pda._launch_plan))
     monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
     monkeypatch.setattr(_launch, "_current_device", lambda: 0)
     monkeypatch.setattr(pda, "require_runnable_device", lambda t: None)
+    return jit
+
+
+def _split_plan(monkeypatch, out_given=False):
+    """A two-split decode plan on the CPU, its launchers recording and keeping direct entries."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    jit = _recording_decode_launchers(monkeypatch, pda)
     b, h, hkv, d, block, pages = 2, 4, 2, 32, 8, 4
     config = pda.Config(NUM_SPLITS=2, BLOCK_N=16, num_warps=4, num_stages=2, PACK_GQA=True, FUSED_REDUCE=False)
     plan = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=d, block_size=block,
@@ -413,18 +420,9 @@ def _steady_decode(monkeypatch, config):
     table of its own, and the full path's lookup answering `config`."""
     from omnitune.kernels import paged_decode_attention as pda
 
-    jit = _RecordingJit()
-    for launcher, runtime in ((pda._SPLIT, 37), (pda._COMBINE, 10)):
-        monkeypatch.setattr(launcher, "jit", jit)
-        monkeypatch.setattr(launcher, "_direct", True)
-        monkeypatch.setattr(launcher, "_runtime_count", runtime)
-        monkeypatch.setattr(launcher, "_constexpr_names", [])
-    monkeypatch.setattr(pda, "_launch_plans", _launch.PlanCache(pda._launch_plan))
+    jit = _recording_decode_launchers(monkeypatch, pda)
     monkeypatch.setattr(pda, "_steady", {})
     monkeypatch.setattr(pda, "_scratches", {})
-    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
-    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(pda, "require_runnable_device", lambda t: None)
     monkeypatch.setattr(pda, "_config_for", lambda *args: config)
     checked = []
     check_metadata = pda._check_metadata
