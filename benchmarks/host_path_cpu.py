@@ -41,15 +41,16 @@ def stubbed_launches():
     device checks (their fast predicates still run in full: only the error path is skipped)."""
     from omnitune.kernels import _launch
     from omnitune.kernels import attention as attn
+    from omnitune.kernels import cross_attention_layer as layer
     from omnitune.kernels import kv_cache_write as kvw
     from omnitune.kernels import paged_decode_attention as pda
 
-    launchers = [attn._ATTENTION, kvw._WRITE, pda._SPLIT, pda._COMBINE]
+    launchers = [attn._ATTENTION, kvw._WRITE, pda._SPLIT, pda._COMBINE, layer._LAYER]
     saved = [(launcher.jit, launcher._direct) for launcher in launchers]
     patched = [(_launch, "_raw_stream", lambda device: 0), (_launch, "_current_device", lambda: 0),
                (pda, "_explain_metadata", lambda *a: None), (kvw, "_explain_metadata", lambda *a: None),
                (attn, "_explain_inputs", lambda *a: None)]
-    patched += [(module, "require_runnable_device", lambda t: None) for module in (pda, kvw, attn)
+    patched += [(module, "require_runnable_device", lambda t: None) for module in (pda, kvw, attn, layer)
                 if hasattr(module, "require_runnable_device")]
     originals = [(module, name, getattr(module, name)) for module, name, _ in patched]
     for launcher in launchers:
@@ -123,6 +124,20 @@ def _attention_case(spans):
     return lambda: attn.attention(q, k, k, causal=True, mm_spans=span_tensor, config=config, check=False)
 
 
+def _layer_case():
+    """The fused layer (FUSION q) at a decode step's shape with a small hidden size: its host work
+    (checks, config, the kernel's launch) and the output GEMM, which on these CPU tensors is small."""
+    from omnitune.kernels import cross_attention_layer as layer
+    from omnitune.kernels import layers
+
+    b, lq, lk, hidden, h, hkv, d = 1, 1, 16, 64, 2, 1, 64
+    x_q, x_kv = torch.zeros(b, lq, hidden), torch.zeros(b, lk, hidden)
+    wq, wkv, wo = torch.zeros(h * d, hidden), torch.zeros(2 * hkv * d, hidden), torch.zeros(hidden, h * d)
+    problem = layer.CrossAttentionLayerProblem(b=b, lq=lq, lk=lk, hidden=hidden, h=h, hkv=hkv, d=d)
+    config = layer.fused_config(problem, torch.float32, "q").as_dict()  # a mapping: memoised as a table's answer is
+    return lambda: layers.cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=h, kv_heads=hkv, config=config)
+
+
 def cases():
     from omnitune.kernels import _fp8
 
@@ -133,6 +148,7 @@ def cases():
         "write_kv_cache T256": _kv_write_case(),
         "attention causal": _attention_case(None),
         "attention causal + 2 image spans": _attention_case([(300, 556), (1200, 1456)]),
+        "cross_attention_layer fused (q), small": _layer_case(),
     }
 
 

@@ -114,7 +114,9 @@ def test_a_failed_launch_rezeroes_the_workspace(monkeypatch):
                 raise RuntimeError("illegal memory access")
             return launch
 
-    monkeypatch.setattr(kernel, "_cross_attention_layer_fwd", DiesHalfWay())
+    monkeypatch.setattr(kernel._LAYER, "jit", DiesHalfWay())  # the launcher's JIT function
+    monkeypatch.setattr(kernel._LAYER, "_direct", False)
+    monkeypatch.setattr(kernel, "_launch_plans", kernel.PlanCache(kernel._launch_plan))
     with pytest.raises(RuntimeError):
         SPEC.launch(inputs, SPEC.new_output(inputs), config_for(problem, torch.float32, "q_out"))
     assert torch.count_nonzero(inputs.workspace.sums) == 0

@@ -500,3 +500,31 @@ def test_the_steady_decode_leaves_anything_else_to_the_full_path(monkeypatch):
     runtime.clear_cache()  # tables reloaded: the config is looked up again
     pda.paged_decode_attention(q, kc, vc, tables, lens, check=False)
     assert len(checked) == 11
+
+
+def test_the_fused_layer_launches_through_its_bound_launcher(monkeypatch):
+    from omnitune.kernels import cross_attention_layer as layer
+    from omnitune.kernels import layers
+
+    jit = _RecordingJit()
+    monkeypatch.setattr(layer._LAYER, "jit", jit)
+    monkeypatch.setattr(layer._LAYER, "_direct", True)
+    monkeypatch.setattr(layer._LAYER, "_runtime_count", 37)  # the kernel's runtime arguments
+    monkeypatch.setattr(layer._LAYER, "_constexpr_names", [])
+    monkeypatch.setattr(layer, "_launch_plans", _launch.PlanCache(layer._launch_plan))
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(layer, "require_runnable_device", lambda t: None)
+    b, lq, lk, hidden, h, hkv, d = 2, 3, 16, 64, 4, 2, 64
+    x_q, x_kv = torch.randn(b, lq, hidden), torch.randn(b, lk, hidden)
+    wq, wkv, wo = torch.randn(h * d, hidden), torch.randn(2 * hkv * d, hidden), torch.randn(hidden, h * d)
+    problem = layer.CrossAttentionLayerProblem(b=b, lq=lq, lk=lk, hidden=hidden, h=h, hkv=hkv, d=d)
+    config = layer.fused_config(problem, torch.float32, "q").as_dict()
+    assert config["FUSION"] == "q"
+    for _ in range(3):
+        layers.cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=h, kv_heads=hkv, config=config)
+    assert _kinds(jit) == ["jit", "direct", "direct"]
+    args = jit.log[-1][1]
+    assert len(args) == 37 and args[0] == x_q.data_ptr() and args[1] == wq.data_ptr()
+    # the plain arguments are what the JIT was given: strides, sizes, the scale
+    assert args[10:] == jit.log[0][1][10:]

@@ -15,6 +15,12 @@ import torch
 LOG2E = 1.4426950408889634
 
 
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for the host's per-call paths: triton.cdiv is a ConstexprFunction whose host call
+    costs ~2.7 µs (the development CPU), where this costs a division."""
+    return -(-a // b)
+
+
 # Set in the search's precompile workers, which launch each candidate once only to fill Triton's
 # disk cache: there the values do not matter, and drawing them on the CPU (what makes inputs
 # reproducible across devices) took seconds per worker at decode's largest shapes — 64 sequences

@@ -61,7 +61,8 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError, ShapeError
-from omnitune.kernels._host import LOG2E, seeded_rand
+from omnitune.kernels._host import LOG2E, cdiv, seeded_rand
+from omnitune.kernels._launch import BoundLauncher, DirectLauncher, PlanCache
 from omnitune.spec import (
     Config,
     Constraint,
@@ -396,6 +397,28 @@ def _sdpa(q, k, v, scale):
             q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), scale=scale)
 
 
+_LAYER = DirectLauncher(_cross_attention_layer_fwd)
+_LAYER_TENSORS = 10  # the kernel's tensor arguments, ahead of its plain ones
+
+
+def _launch_plan(config: Config, d: int, group: int, has_bias: bool, dtype: torch.dtype,
+                 on_gpu: bool) -> BoundLauncher:
+    """The fused kernel bound to its constexprs: what `kernel[grid](...)` would rebind, re-key
+    and re-specialise on every call (most of the layer's host time: the JIT's launch path)."""
+    fuse_out = config["FUSION"] == "q_out"
+    constexprs = dict(D=d, GROUP=group, BLOCK_M=int(config["BLOCK_M"]), BLOCK_N=int(config["BLOCK_N"]),
+                      BLOCK_K=int(config["BLOCK_K"]), BLOCK_O=int(config["BLOCK_O"]),
+                      HAS_BIAS=has_bias, FUSE_OUT=fuse_out, IEEE_DOT=dtype == torch.float32,
+                      # the interpreter runs programs one by one: no inline PTX
+                      GPU_FENCE=fuse_out and on_gpu,
+                      num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    return _LAYER.bind(constexprs, _LAYER_TENSORS)
+
+
+# (config, head dim, GQA group, bias, dtype, device kind) → the bound kernel.
+_launch_plans = PlanCache(_launch_plan)
+
+
 def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None:
     """Run a fused path (FUSION 'q' or 'q_out'), writing out [B, Lq, hidden]."""
     require_runnable_device(inputs.x_q)
@@ -414,24 +437,18 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     has_bias = inputs.bq is not None
     # The kernel reads biases as dense vectors; an absent one is a placeholder, never read.
     bq, bo = (inputs.bq.contiguous(), inputs.bo.contiguous()) if has_bias else (wq, wq)
-    block_m = int(config["BLOCK_M"])
-    grid = (triton.cdiv(lq, block_m), b * h)
+    kernel = _launch_plans.get(config, (d, h // hkv, has_bias, x_q.dtype, x_q.is_cuda))
+    grid = (cdiv(lq, int(config["BLOCK_M"])), b * h, 1)
     try:
-        _cross_attention_layer_fwd[grid](
+        kernel(grid, (
             x_q, wq, bq, kv, o, wo, bo,
             out, sums, counters,
             *x_q.stride(), *wq.stride(), *kv.stride(),
             *(o.stride() if not fuse_out else (0, 0, 0, 0)),
             *wo.stride(), *out.stride(), *sums.stride(),
-            h, hkv, lq, lk, hidden, triton.cdiv(lq, SMALLEST_BLOCK_M),
+            h, hkv, lq, lk, hidden, cdiv(lq, SMALLEST_BLOCK_M),
             inputs.sm_scale * LOG2E,
-            D=d, GROUP=h // hkv,
-            BLOCK_M=block_m, BLOCK_N=int(config["BLOCK_N"]), BLOCK_K=int(config["BLOCK_K"]),
-            BLOCK_O=int(config["BLOCK_O"]),
-            HAS_BIAS=has_bias, FUSE_OUT=fuse_out, IEEE_DOT=x_q.dtype == torch.float32,
-            GPU_FENCE=fuse_out and x_q.is_cuda,  # the interpreter runs programs one by one: no inline PTX
-            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
-        )
+        ))
     except BaseException:
         if fuse_out:  # a launch stopped part-way may have left partial sums behind
             ws.rezero()
