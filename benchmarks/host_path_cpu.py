@@ -43,14 +43,15 @@ def stubbed_launches():
     from omnitune.kernels import attention as attn
     from omnitune.kernels import cross_attention_layer as layer
     from omnitune.kernels import kv_cache_write as kvw
+    from omnitune.kernels import kv_compress as kvc
     from omnitune.kernels import paged_decode_attention as pda
 
-    launchers = [attn._ATTENTION, kvw._WRITE, pda._SPLIT, pda._COMBINE, layer._LAYER]
+    launchers = [attn._ATTENTION, kvw._WRITE, pda._SPLIT, pda._COMBINE, layer._LAYER, kvc._STATS, kvc._SCORES]
     saved = [(launcher.jit, launcher._direct) for launcher in launchers]
     patched = [(_launch, "_raw_stream", lambda device: 0), (_launch, "_current_device", lambda: 0),
                (pda, "_explain_metadata", lambda *a: None), (kvw, "_explain_metadata", lambda *a: None),
                (attn, "_explain_inputs", lambda *a: None)]
-    patched += [(module, "require_runnable_device", lambda t: None) for module in (pda, kvw, attn, layer)
+    patched += [(module, "require_runnable_device", lambda t: None) for module in (pda, kvw, attn, layer, kvc)
                 if hasattr(module, "require_runnable_device")]
     originals = [(module, name, getattr(module, name)) for module, name, _ in patched]
     for launcher in launchers:
@@ -138,6 +139,13 @@ def _layer_case():
     return lambda: layers.cross_attention_layer(x_q, x_kv, wq, wkv, wo, heads=h, kv_heads=hkv, config=config)
 
 
+def _importance_case():
+    from omnitune.kernels import kv_compress as kvc
+
+    q_window, k = torch.zeros(1, 28, 32, 128), torch.zeros(1, 4, 4096, 128)
+    return lambda: kvc.kv_importance(q_window, k)
+
+
 def cases():
     from omnitune.kernels import _fp8
 
@@ -149,6 +157,7 @@ def cases():
         "attention causal": _attention_case(None),
         "attention causal + 2 image spans": _attention_case([(300, 556), (1200, 1456)]),
         "cross_attention_layer fused (q), small": _layer_case(),
+        "kv_importance b1 h28/4 window 32 n4096": _importance_case(),
     }
 
 

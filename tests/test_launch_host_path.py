@@ -528,3 +528,25 @@ def test_the_fused_layer_launches_through_its_bound_launcher(monkeypatch):
     assert len(args) == 37 and args[0] == x_q.data_ptr() and args[1] == wq.data_ptr()
     # the plain arguments are what the JIT was given: strides, sizes, the scale
     assert args[10:] == jit.log[0][1][10:]
+
+
+def test_kv_importance_launches_its_two_kernels_through_bound_launchers(monkeypatch):
+    from omnitune.kernels import kv_compress as kvc
+
+    jit = _RecordingJit()
+    for launcher, runtime in ((kvc._STATS, 16), (kvc._SCORES, 18)):  # their runtime arguments
+        monkeypatch.setattr(launcher, "jit", jit)
+        monkeypatch.setattr(launcher, "_direct", True)
+        monkeypatch.setattr(launcher, "_runtime_count", runtime)
+        monkeypatch.setattr(launcher, "_constexpr_names", [])
+    monkeypatch.setattr(kvc, "_importance_plans", _launch.PlanCache(kvc._importance_plan))
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(kvc, "require_runnable_device", lambda t: None)
+    q_window, k = torch.randn(2, 4, 8, 64), torch.randn(2, 2, 100, 64)
+    scores = [kvc.kv_importance(q_window, k) for _ in range(3)]
+    assert _kinds(jit) == ["jit", "jit"] + ["direct"] * 4
+    stats_args, scores_args = jit.log[-2][1], jit.log[-1][1]
+    assert stats_args[:2] == scores_args[:2] == (q_window.data_ptr(), k.data_ptr())
+    assert scores_args[4] == scores[-1].data_ptr() and scores[-1].shape == (2, 2, 100)
+    assert stats_args[4:] == jit.log[0][1][4:] and scores_args[5:] == jit.log[1][1][5:]  # the JIT's plain ones

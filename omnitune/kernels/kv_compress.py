@@ -82,7 +82,8 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.kernels._host import LOG2E, seeded_rand
+from omnitune.kernels._host import LOG2E, cdiv, seeded_rand
+from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.spec import (
     Config,
     Constraint,
@@ -346,30 +347,37 @@ class CompressedKV:
     positions: torch.Tensor
 
 
+_STATS = DirectLauncher(_window_stats)
+_SCORES = DirectLauncher(_window_scores)
+
+
+def _importance_plan(config: Config, d: int, group: int, w: int, ieee: bool) -> tuple:
+    """Step 1's two kernels bound to their constexprs: what `kernel[grid](...)` would rebind and
+    re-specialise on every call (the JIT's launch path: most of the op's host time)."""
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), GROUP=group,
+                      BLOCK_M=max(16, triton.next_power_of_2(w)), BLOCK_N=int(config["BLOCK_N"]), IEEE_DOT=ieee,
+                      num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    return _STATS.bind(constexprs, 4), _SCORES.bind(constexprs, 5)
+
+
+# (config, head dim, GQA group, window, IEEE dots) → the two bound kernels.
+_importance_plans = PlanCache(_importance_plan)
+
+
 def importance(q_window: torch.Tensor, k: torch.Tensor, sm_scale: float, config: Config) -> torch.Tensor:
     """Step 1: the attention each key receives from the observation window, [B, Hkv, N] fp32,
     averaged over the window rows and the GQA group's heads (the two Triton kernels)."""
     b, h, w, d = q_window.shape
     hkv, n = k.shape[1], k.shape[2]
-    group = h // hkv
-    block_d = triton.next_power_of_2(d)
-    block_m = max(16, triton.next_power_of_2(w))
-    block_n = int(config["BLOCK_N"])
-    ieee = q_window.dtype == torch.float32
-    common = dict(num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+    stats, scores_kernel = _importance_plans.get(config, (d, h // hkv, w, q_window.dtype == torch.float32))
     qk_scale = sm_scale * LOG2E
 
     row_max = torch.empty((b, h, w), dtype=torch.float32, device=k.device)
     row_sum = torch.empty_like(row_max)
-    _window_stats[(b * h,)](
-        q_window, k, row_max, row_sum, *q_window.stride(), *k.stride(), h, w, n, qk_scale,
-        HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, IEEE_DOT=ieee, **common,
-    )
+    stats((b * h, 1, 1), (q_window, k, row_max, row_sum, *q_window.stride(), *k.stride(), h, w, n, qk_scale))
     scores = torch.empty((b, hkv, n), dtype=torch.float32, device=k.device)
-    _window_scores[(triton.cdiv(n, block_n), b * hkv)](
-        q_window, k, row_max, row_sum, scores, *q_window.stride(), *k.stride(), h, hkv, w, n, qk_scale,
-        HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, IEEE_DOT=ieee, **common,
-    )
+    scores_kernel((cdiv(n, int(config["BLOCK_N"])), b * hkv, 1),
+                  (q_window, k, row_max, row_sum, scores, *q_window.stride(), *k.stride(), h, hkv, w, n, qk_scale))
     return scores
 
 
@@ -1000,10 +1008,16 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     n = max(k.shape[2], 16)
     problem = KVCompressProblem(b=b, h=h, hkv=k.shape[1], n=n, d=d, window=min(w, tail_length(n)))
     if config is None:
-        cfg = default_config(problem, k.dtype)
+        # One default per problem, kept (and one object, so the launch plan is found by identity).
+        cfg = _defaults.get((problem, k.dtype))
+        if cfg is None:
+            cfg = bounded_put(_defaults, (problem, k.dtype), default_config(problem, k.dtype), 1024)
     else:
         cfg = SPEC.resolve_config(config, problem, k.dtype)
     return importance(q_window, k, float(sm_scale), cfg)
+
+
+_defaults: dict[tuple, Config] = {}
 
 
 @torch.library.custom_op("omnitune::kv_importance", mutates_args=())
