@@ -245,22 +245,28 @@ def test_dtypes_given_by_the_caller_key_the_binary(monkeypatch):
     assert _kinds(jit) == ["jit", "direct", "jit"]
 
 
-def _recording_decode_launchers(monkeypatch, pda) -> _RecordingJit:
-    """Paged decode's two launchers recording on the CPU and keeping direct entries, their launch
-    plans bound afresh, a constant stream and device."""
+def _record_launches(monkeypatch, module, launchers, plans: str, make_plan) -> _RecordingJit:
+    """An op module's launchers — (launcher, its kernel's runtime argument count) pairs — recording
+    on the CPU and keeping direct entries, its plan cache `plans` bound afresh by `make_plan`, a
+    constant stream and device, its CPU tensors taken as runnable. The constexprs all come in the
+    plans' dicts: under the interpreter the jit functions do not list their parameters."""
     jit = _RecordingJit()
-    # Runtime arguments as the kernels' signatures have them, the constexprs all in the plan's
-    # dicts (under the interpreter the jit functions do not list their parameters).
-    for launcher, runtime in ((pda._SPLIT, 37), (pda._COMBINE, 10)):
+    for launcher, runtime in launchers:
         monkeypatch.setattr(launcher, "jit", jit)
         monkeypatch.setattr(launcher, "_direct", True)
         monkeypatch.setattr(launcher, "_runtime_count", runtime)
         monkeypatch.setattr(launcher, "_constexpr_names", [])
-    monkeypatch.setattr(pda, "_launch_plans", _launch.PlanCache(pda._launch_plan))
+    monkeypatch.setattr(module, plans, _launch.PlanCache(make_plan))
     monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
     monkeypatch.setattr(_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(pda, "require_runnable_device", lambda t: None)
+    monkeypatch.setattr(module, "require_runnable_device", lambda t: None)
     return jit
+
+
+def _recording_decode_launchers(monkeypatch, pda) -> _RecordingJit:
+    """Paged decode's two launchers recording (see _record_launches)."""
+    return _record_launches(monkeypatch, pda, ((pda._SPLIT, 37), (pda._COMBINE, 10)), "_launch_plans",
+                            pda._launch_plan)
 
 
 def _split_plan(monkeypatch, out_given=False):
@@ -506,15 +512,7 @@ def test_the_fused_layer_launches_through_its_bound_launcher(monkeypatch):
     from omnitune.kernels import cross_attention_layer as layer
     from omnitune.kernels import layers
 
-    jit = _RecordingJit()
-    monkeypatch.setattr(layer._LAYER, "jit", jit)
-    monkeypatch.setattr(layer._LAYER, "_direct", True)
-    monkeypatch.setattr(layer._LAYER, "_runtime_count", 37)  # the kernel's runtime arguments
-    monkeypatch.setattr(layer._LAYER, "_constexpr_names", [])
-    monkeypatch.setattr(layer, "_launch_plans", _launch.PlanCache(layer._launch_plan))
-    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
-    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(layer, "require_runnable_device", lambda t: None)
+    jit = _record_launches(monkeypatch, layer, ((layer._LAYER, 37),), "_launch_plans", layer._launch_plan)
     b, lq, lk, hidden, h, hkv, d = 2, 3, 16, 64, 4, 2, 64
     x_q, x_kv = torch.randn(b, lq, hidden), torch.randn(b, lk, hidden)
     wq, wkv, wo = torch.randn(h * d, hidden), torch.randn(2 * hkv * d, hidden), torch.randn(hidden, h * d)
@@ -533,16 +531,8 @@ def test_the_fused_layer_launches_through_its_bound_launcher(monkeypatch):
 def test_kv_importance_launches_its_two_kernels_through_bound_launchers(monkeypatch):
     from omnitune.kernels import kv_compress as kvc
 
-    jit = _RecordingJit()
-    for launcher, runtime in ((kvc._STATS, 16), (kvc._SCORES, 18)):  # their runtime arguments
-        monkeypatch.setattr(launcher, "jit", jit)
-        monkeypatch.setattr(launcher, "_direct", True)
-        monkeypatch.setattr(launcher, "_runtime_count", runtime)
-        monkeypatch.setattr(launcher, "_constexpr_names", [])
-    monkeypatch.setattr(kvc, "_importance_plans", _launch.PlanCache(kvc._importance_plan))
-    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
-    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(kvc, "require_runnable_device", lambda t: None)
+    jit = _record_launches(monkeypatch, kvc, ((kvc._STATS, 16), (kvc._SCORES, 18)), "_importance_plans",
+                           kvc._importance_plan)
     q_window, k = torch.randn(2, 4, 8, 64), torch.randn(2, 2, 100, 64)
     scores = [kvc.kv_importance(q_window, k) for _ in range(3)]
     assert _kinds(jit) == ["jit", "jit"] + ["direct"] * 4
