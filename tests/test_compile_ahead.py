@@ -154,3 +154,29 @@ def test_a_timeout_leaves_no_queued_trial_running(storage_url, monkeypatch):
     search(runner, storage_url, trials=30, sampler="tpe", timeout_s=6, compile_ahead=FakePool(runner, workers=4))
     assert not [t for t in _study(storage_url).trials if t.state is optuna.trial.TrialState.RUNNING]
     assert_each_config_measured_once(runner.calls)
+
+
+def test_the_pool_reports_how_long_measuring_waited_for_compiles():
+    import concurrent.futures
+    import threading
+    import time
+
+    from omnitune.measure.ahead import PrecompilePool
+    from omnitune.spec import Config
+
+    pool = PrecompilePool.__new__(PrecompilePool)  # no processes: futures stand in for the workers
+    pool.workers, pool.wait_s, pool.waited_s, pool.started = 2, 5.0, 0.0, time.perf_counter()
+    compiling, compiled, queued = Config(A=1), Config(A=2), Config(A=3)
+    pool.futures = {config: concurrent.futures.Future() for config in (compiling, compiled, queued)}
+    pool.futures[compiling].set_running_or_notify_cancel()  # a worker has it
+    pool.futures[compiled].set_running_or_notify_cancel()
+    pool.futures[compiled].set_result(None)
+    threading.Timer(0.3, pool.futures[compiling].set_result, (None,)).start()
+    pool.ready(compiled)  # done already: no wait
+    pool.ready(queued)  # no worker started it: cancelled, measured (and compiled) by the caller
+    assert pool.waited_s == 0.0 and pool.futures[queued].cancelled()
+    pool.ready(compiling)
+    assert 0.25 <= pool.waited_s < 5.0
+    report = pool.report()
+    assert report.compiled == 2 and report.waited_s == pool.waited_s
+    assert f"measuring waited {pool.waited_s:.1f} s of it for compiles" in report.summary()

@@ -86,6 +86,7 @@ class PrecompilePool:
         self.workers = max(1, workers or default_workers())
         self.wait_s = wait_s
         self.started = time.perf_counter()
+        self.waited_s = 0.0  # in ready(), for configs a worker was still compiling
         self.futures: dict[Config, concurrent.futures.Future] = {}
         self.identity = problem_identity(spec, problem, dtype, device)
         self.pool = _SHARED.get(self.workers)
@@ -126,17 +127,22 @@ class PrecompilePool:
         future = self.futures.get(config)
         if future is None or future.cancel():
             return  # not started by any worker: the measuring process compiles it now
+        if future.done():
+            return
+        waiting = time.perf_counter()
         try:
             future.result(timeout=self.wait_s)
         except Exception:  # noqa: BLE001 — a hung or lost worker: measure (and fail) here instead
             pass
+        self.waited_s += time.perf_counter() - waiting
 
     def report(self) -> PrecompileReport:
         done = [f for f in self.futures.values() if f.done() and not f.cancelled()]
         failed = {c: f.result() for c, f in self.futures.items()
                   if f in done and f.exception() is None and f.result()}
         failed |= {c: "worker lost" for c, f in self.futures.items() if f in done and f.exception() is not None}
-        return PrecompileReport(len(done) - len(failed), failed, time.perf_counter() - self.started, self.workers)
+        return PrecompileReport(len(done) - len(failed), failed, time.perf_counter() - self.started, self.workers,
+                                self.waited_s)
 
     def close(self) -> None:
         """Cancel this problem's configs no worker has started; a worker still compiling one of

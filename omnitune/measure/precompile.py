@@ -39,10 +39,17 @@ class PrecompileReport:
     compiled: int
     failed: dict[Config, str]
     seconds: float
+    """The pool's life: for a pool that compiles while a search measures, the problem's search."""
     workers: int
+    waited_s: float | None = None
+    """How long the measuring process waited for workers still compiling a config it was about to
+    measure (PrecompilePool.ready): the part of `seconds` that compiling held the GPU idle. None
+    where nothing measured alongside (precompile(), which compiles a list before the search)."""
 
     def summary(self) -> str:
         text = f"precompiled {self.compiled} configs in {self.seconds:.1f} s with {self.workers} workers"
+        if self.waited_s is not None:
+            text += f"; measuring waited {self.waited_s:.1f} s of it for compiles"
         if self.failed:
             text += f"; {len(self.failed)} did not compile or launch (they are measured, and fail, later)"
         return text
