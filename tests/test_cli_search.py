@@ -4,6 +4,7 @@ the user errors."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import pytest
@@ -65,6 +66,12 @@ def test_search_stores_the_trials_default_first_and_resumes(tmp_db):
     assert run[0] == 4 and run[4] == device_key and 0 < run[2] + run[3] < run[1]
     summary = [line for line in first.stdout.splitlines() if line.startswith("attention ")]
     assert len(summary) == 1
+    # where the trial loop's time went, each phase within the run's wall time
+    (phases,) = [line for line in first.stdout.splitlines() if "trial loop:" in line]
+    seconds = {name: float(value) for name, value in re.findall(r"(choosing|waiting for compiles|measuring|storing) "
+                                                                  r"([\d.]+) s", phases)}
+    assert set(seconds) == {"choosing", "waiting for compiles", "measuring", "storing"}, phases
+    assert seconds["measuring"] > 0 and sum(seconds.values()) <= run[1] + 0.1
     assert "4 measured (4 new)" in summary[0]
     assert ("not representative" in summary[0]) is not ON_GPU
     assert (tmp_db.parent / "omnitune.optuna.db").is_file()

@@ -19,6 +19,7 @@ re-timed median (omnitune.search.finalists, which stores each re-timing as a tri
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import time
@@ -167,6 +168,7 @@ class _Search:
         # The sink belongs to the thread that called run_search (omnitune.search.slots).
         self.sink = HomeSink(sink) if sink is not None else None
         self.setup_s = 0.0  # building runners (inputs, reference): the fixed cost `omnitune plan` reads
+        self.phase_s: collections.Counter[str] = collections.Counter()  # SearchOutcome.phase_s
         self.runners: dict[int, MeasuresConfigs] = {}  # by slot (one per GPU), built when first needed
         # Several slots share this search: everything but the measuring itself (choosing, asking,
         # telling, the ledger, the catalogue, progress) happens under this lock.
@@ -295,6 +297,7 @@ class _Search:
             with self.lock:
                 if self.stopping.is_set():
                     return StopReason.INTERRUPTED
+                choosing = time.perf_counter()
                 step = self._next_trial()
                 if isinstance(step, StopReason):
                     return step
@@ -312,6 +315,7 @@ class _Search:
                         if self.queue is not None:
                             self.queue.fill(self._claims_ahead(slot))
                         budget_claimed = self._budget_claimed()
+                self.phase_s["choosing"] += time.perf_counter() - choosing
             if step is None:
                 time.sleep(WAIT_FOR_CLAIMS_S)
                 continue
@@ -319,7 +323,9 @@ class _Search:
                 self._tell_trials_claimed()
             result = self._measure_and_store(trial, config, chosen_by, slot) if claimed else None
             with self.lock:
+                telling = time.perf_counter()
                 self.chain.tell(Told(config, chosen_by, result))
+                self.phase_s["choosing"] += time.perf_counter() - telling
             if getattr(self.runners.get(slot), "context_lost", False):
                 return StopReason.CONTEXT_LOST
 
@@ -414,6 +420,7 @@ class _Search:
             with self.shared.heartbeat(trial):
                 result = self._measure(config, slot)
             with self.lock:
+                storing = time.perf_counter()
                 self.ledger.in_flight.pop(slot, None)
                 if trial.number in self.failed_in_flight:
                     return None  # Ctrl-C: the main thread has failed this trial already
@@ -433,6 +440,7 @@ class _Search:
                     self.measured_now += 1
                 self._record(trial.number, attrs)
                 self._report(trial.number, result, chosen_by)
+                self.phase_s["storing"] += time.perf_counter() - storing
         except BaseException:
             with self.lock:
                 self.ledger.in_flight.pop(slot, None)
@@ -447,9 +455,17 @@ class _Search:
             name, reason = violations[0]
             return TrialResult(config, TrialStatus.PRUNED, detail=f"{name}: {reason}",
                                representative=self.representative)
+        runner = self._runner_of(slot)
+        began = time.perf_counter()
         if self.queue is not None:
             self.queue.ready(config)
-        return self._runner_of(slot).measure(config)
+        measuring = time.perf_counter()
+        result = runner.measure(config)
+        ended = time.perf_counter()
+        with self.lock:
+            self.phase_s["compile_wait"] += measuring - began
+            self.phase_s["measuring"] += ended - measuring
+        return result
 
     def _attrs(self, result: TrialResult, chosen_by: str) -> dict[str, Any]:
         return finished_trial_attrs(
@@ -516,7 +532,7 @@ class _Search:
             study_name=self.facts.name, best=best, default=default,
             measured_now=self.measured_now, measured_total=self.ledger.measured_total,
             failures=self.ledger.failures, wall_s=wall_s, stop_reason=reason,
-            setup_s=self.setup_s, retime_s=wall_s - loop_s,
+            setup_s=self.setup_s, retime_s=wall_s - loop_s, phase_s=dict(self.phase_s),
             finalists=retiming.timings, retime_status=retiming.status, retime_detail=retiming.detail,
             ranking=ranking,
         )

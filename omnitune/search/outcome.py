@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from omnitune.errors import OmnituneError
@@ -58,6 +58,15 @@ class SearchProgress:
     elapsed_s: float
 
 
+# The trial loop's phases, as SearchOutcome.phase_s names them, and how a summary says them.
+LOOP_PHASES = {
+    "choosing": "choosing",            # the ledger read, the sampler's proposal, ask and claim in the storage
+    "compile_wait": "waiting for compiles",  # a compile-ahead worker still compiling the config to measure
+    "measuring": "measuring",          # the runner: verification against the reference and timing
+    "storing": "storing",              # tell, trial attributes, the catalogue row, progress
+}
+
+
 @dataclass(frozen=True)
 class SearchOutcome:
     study_name: str
@@ -75,6 +84,14 @@ class SearchOutcome:
     # The fixed costs beside the trials, in seconds of wall_s (recorded for `omnitune plan`):
     setup_s: float = 0.0               # building the runners: inputs and the reference output
     retime_s: float = 0.0              # re-timing the finalists
+    # The trial loop's time by phase, seconds summed over the slots' threads (LOOP_PHASES): where
+    # a search's wall goes besides the GPU's own work (issue 20's question).
+    phase_s: Mapping[str, float] = field(default_factory=dict)
+
+    def phase_line(self) -> str:
+        """e.g. "trial loop: choosing 3.1 s, waiting for compiles 0.4 s, measuring 6.2 s, storing 1.0 s"."""
+        parts = [f"{LOOP_PHASES[name]} {self.phase_s[name]:.1f} s" for name in LOOP_PHASES if name in self.phase_s]
+        return "trial loop: " + ", ".join(parts) if parts else ""
 
     @property
     def speedup_over_default(self) -> float | None:
