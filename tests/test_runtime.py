@@ -449,3 +449,19 @@ def test_lookup_command_errors_are_one_line(config_dir, args, message):
     assert result.exit_code == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_untuned_rule_is_quoted_from_its_docstring_keeping_names_as_written():
+    from omnitune.kernels.attention import untuned_config
+    from omnitune.runtime._explain import _untuned_rule
+
+    def long_rule():
+        """Long span-free prefill to SDPA: measured so."""
+
+    def unnamed():
+        pass
+
+    assert _untuned_rule(long_rule) == "long span-free prefill to SDPA"
+    assert _untuned_rule(unnamed) == "unnamed"
+    quoted = _untuned_rule(untuned_config)
+    assert quoted.startswith("PyTorch's SDPA for span-free long prefill") and "non-causal" in quoted

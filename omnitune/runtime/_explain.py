@@ -92,7 +92,11 @@ def _untuned_rule(rule) -> str:
     """The first sentence of the docstring of the kernel's untuned_config, else its name."""
     doc = (getattr(rule, "__doc__", None) or "").strip()
     sentence = " ".join(doc.split(":")[0].split())
-    return sentence[:1].lower() + sentence[1:] if sentence else getattr(rule, "__name__", "untuned_config")
+    if not sentence:
+        return getattr(rule, "__name__", "untuned_config")
+    first = sentence.split(" ", 1)[0]
+    # "Long prefill …" → "long prefill …", but a name keeps its case ("PyTorch's SDPA …", "SDPA …")
+    return sentence[:1].lower() + sentence[1:] if first[1:] == first[1:].lower() else sentence
 
 
 def _answering_dtype(answer: Lookup, dtype: torch.dtype) -> torch.dtype:
