@@ -143,18 +143,24 @@ def test_public_function_uses_default_without_tables(monkeypatch, tmp_path):
     assert relative_error(out, ref) < SPEC.tolerance[torch.float16]
 
 
-def test_the_default_loads_through_tma_where_the_device_has_it():
+def test_the_default_loads_through_tma_where_the_device_has_it(monkeypatch):
     # The H200's recorded trials: the default's tile with TMA faster on 8 of 9 problems (docstring).
     for problem in (SPEC.example_problem, AttentionProblem(b=2, h=24, hkv=8, lq=700, lk=5000, d=64, causal=True),
                     AttentionProblem(b=8, h=28, hkv=4, lq=1, lk=3000, d=128, causal=False)):
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             cfg = SPEC.default_config(problem, dtype)
             assert cfg["USE_TMA"] is True and not SPEC.violations(problem, cfg, dtype), (problem, dtype)
-    # where a constraint refuses TMA (a device before sm_90), the same tile without it
+    # on a GPU before sm_90 (no TMA) the same tile without it, valid there: not a config the
+    # device's constraints refuse, which would leave the default rung the space's first config
+    from omnitune.kernels import attention as attention_module
+
     problem = SPEC.example_problem
     before_hopper = dataclasses.replace(DeviceLimits(), compute_capability=(8, 0))
-    assert SPEC.violations(problem, SPEC.default_config(problem, torch.float16).replace(USE_TMA=True),
-                           torch.float16, before_hopper)
+    hopper = SPEC.default_config(problem, torch.float16)
+    assert SPEC.violations(problem, hopper, torch.float16, before_hopper)
+    monkeypatch.setattr(attention_module, "_tma_here", lambda: False)
+    older = SPEC.default_config(problem, torch.float16)
+    assert older == hopper.replace(USE_TMA=False) and not SPEC.violations(problem, older, torch.float16, before_hopper)
 
 
 @pytest.mark.parametrize("problem, backend", [

@@ -33,6 +33,7 @@ after the first — and O written once: bytes = (2·B·H·Lq + 2·B·Hkv·Lk)·D
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -836,6 +837,20 @@ CONSTRAINTS = (
 )
 
 
+def _tma_here() -> bool:
+    """Whether the default may load through TMA: on a GPU, whether this one has tensor memory
+    access (sm_90+); off one (the CPU, the interpreter), the H200 the defaults are chosen for —
+    as DeviceLimits() stands for it in every constraint check without a device."""
+    if not torch.cuda.is_available():
+        return True
+    return _capability_at_least_90(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_at_least_90(device: int) -> bool:
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (why: docs/results.md, "Why the
     defaults"); GQA packing when there are fewer query rows than a tile; K/V through tensor
@@ -849,9 +864,10 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     answered by SDPA where untuned. Every config of this kernel the shipped table's searches chose
     loads through TMA (7 of 7)."""
     pack = problem.group > 1 and problem.lq < 64
+    tma_choices = (True, False) if _tma_here() else (False,)
     for block_m in (64, 32, 16):
         for stages in (3, 2, 1):
-            for tma in (True, False):
+            for tma in tma_choices:
                 cfg = Config(BACKEND="triton", BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages,
                              PACK_GQA=pack, USE_TMA=tma)
                 if not SPEC.violations(problem, cfg, dtype):
