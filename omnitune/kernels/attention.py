@@ -33,7 +33,6 @@ after the first — and O written once: bytes = (2·B·H·Lq + 2·B·Hkv·Lk)·D
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -50,6 +49,7 @@ from omnitune.errors import InputError
 from omnitune.kernels import _dispatch
 from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
+from omnitune.runtime import _device_limits
 from omnitune.spec import (
     Config,
     Constraint,
@@ -411,6 +411,12 @@ except ImportError:  # a Triton without host tensor descriptors: USE_TMA configs
     _TensorDescriptor = None
 
 
+def _grid(b: int, h: int, hkv: int, lq: int, block_m: int, pack: bool) -> tuple:
+    """The kernel's grid: query tiles × (batch · kv heads when GQA is packed, else · heads)."""
+    rows = (h // hkv) * lq if pack else lq
+    return (triton.cdiv(rows, block_m), b * (hkv if pack else h), 1)
+
+
 def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask_mode: int,
                  dtype: torch.dtype) -> tuple:
     group = h // hkv
@@ -418,8 +424,7 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
     block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
     pack = bool(config["PACK_GQA"]) and group > 1
     use_tma = bool(config["USE_TMA"])
-    rows = group * lq if pack else lq
-    grid = (triton.cdiv(rows, block_m), b * (hkv if pack else h), 1)
+    grid = _grid(b, h, hkv, lq, block_m, pack)
     constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
                       MASK_MODE=mask_mode, PACK_GQA=pack, USE_TMA=use_tma, IEEE_DOT=dtype == torch.float32,
                       num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
@@ -838,17 +843,9 @@ CONSTRAINTS = (
 
 
 def _tma_here() -> bool:
-    """Whether the default may load through TMA: on a GPU, whether this one has tensor memory
-    access (sm_90+); off one (the CPU, the interpreter), the H200 the defaults are chosen for —
-    as DeviceLimits() stands for it in every constraint check without a device."""
-    if not torch.cuda.is_available():
-        return True
-    return _capability_at_least_90(torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _capability_at_least_90(device: int) -> bool:
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    """Whether the default may load through TMA: whether the device the runtime checks configs
+    against has tensor memory access (sm_90+; without a GPU, the H200 the defaults are chosen for)."""
+    return tuple(_device_limits().compute_capability) >= (9, 0)
 
 
 def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
@@ -894,10 +891,10 @@ SDPA_UNTUNED_MIN_KEYS_FEW_PROGRAMS = 1024
 
 
 def _programs(problem: AttentionProblem, config: Config) -> int:
-    """The kernel's grid size for `config` (_launch_plan's grid)."""
-    pack = bool(config["PACK_GQA"]) and problem.group > 1
-    rows = problem.group * problem.lq if pack else problem.lq
-    return triton.cdiv(rows, int(config["BLOCK_M"])) * problem.b * (problem.hkv if pack else problem.h)
+    """The kernel's grid size for `config`."""
+    p = problem
+    tiles, heads, _ = _grid(p.b, p.h, p.hkv, p.lq, int(config["BLOCK_M"]), bool(config["PACK_GQA"]) and p.group > 1)
+    return tiles * heads
 
 
 def untuned_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:

@@ -172,15 +172,11 @@ class KVCacheWriteInputs:
     v_scale: torch.Tensor | None = None
 
 
-_Tensor = torch.Tensor
-
-
 def _check_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
     """Everything about the tensors that needs no device value (no sync): types, ranks, shapes,
     dtypes, devices, and an fp8 cache's scales. The common case is one cheap predicate (this runs
     on every call); only a call that fails it pays for finding the message."""
-    if (type(key) is _Tensor and type(value) is _Tensor and type(key_cache) is _Tensor
-            and type(value_cache) is _Tensor and type(slot_mapping) is _Tensor):
+    if steady.plain(key, value, key_cache, value_cache, slot_mapping):
         shape, cache_shape = key.shape, key_cache.shape
         dtype, cache_dtype, device = key.dtype, key_cache.dtype, key.get_device()
         if (len(shape) == 3 and len(cache_shape) == 4 and value.shape == shape and value_cache.shape == cache_shape
@@ -405,7 +401,7 @@ def _signature(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scal
     not a plain tensor (a subclass, None, anything else), which the full path judges."""
     if not steady.plain(key, value, key_cache, value_cache, slot_mapping):
         return None
-    scales = None if k_scale is None and v_scale is None else steady.scales_signature(k_scale, v_scale)
+    scales = steady.scales_signature(k_scale, v_scale)
     if scales is False:
         return None
     return (key.shape, value.shape, key_cache.shape, value_cache.shape, slot_mapping.shape,

@@ -862,7 +862,7 @@ def _signature(q, key_cache, value_cache, block_tables, context_lens, sm_scale, 
         return None
     if q.dim() != 4 or key_cache.dim() != 4 or block_tables.dim() != 2 or context_lens.dim() != 1:
         return None
-    scales = None if k_scale is None and v_scale is None else steady.scales_signature(k_scale, v_scale)
+    scales = steady.scales_signature(k_scale, v_scale)
     if scales is False or not (sm_scale is None or type(sm_scale) in _SCALAR_TYPES):
         return None
     capacity = block_tables.shape[1] * key_cache.shape[1]
