@@ -369,8 +369,8 @@ def search_problems(
             console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
             for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
                 console.print(line, soft_wrap=True)
-            if outcome.phase_line():
-                console.print(f"  {outcome.phase_line()}", soft_wrap=True)
+            if phases := outcome.phase_line():
+                console.print(f"  {phases}", soft_wrap=True)
             if outcome.stop_reason is StopReason.CONTEXT_LOST:
                 err_console.print(
                     "[red]error:[/] a config crashed the GPU (illegal memory access), and this process can no "

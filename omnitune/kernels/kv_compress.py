@@ -992,6 +992,10 @@ def kv_importance(q_window: torch.Tensor, k: torch.Tensor, *, sm_scale: float | 
     return _importance(q_window, k, sm_scale, config)
 
 
+# (problem, dtype) → its default config, for calls that pass none.
+_defaults: dict[tuple, Config] = {}
+
+
 def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     for name, t in (("q_window", q_window), ("k", k)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -1015,9 +1019,6 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     else:
         cfg = SPEC.resolve_config(config, problem, k.dtype)
     return importance(q_window, k, float(sm_scale), cfg)
-
-
-_defaults: dict[tuple, Config] = {}
 
 
 @torch.library.custom_op("omnitune::kv_importance", mutates_args=())

@@ -60,10 +60,10 @@ class SearchProgress:
 
 # The trial loop's phases, as SearchOutcome.phase_s names them, and how a summary says them.
 LOOP_PHASES = {
-    "choosing": "choosing",            # the ledger read, the sampler's proposal, ask and claim in the storage
+    "choosing": "choosing",            # the ledger read, the sampler's proposal and tell, ask and claim in the storage
     "compile_wait": "waiting for compiles",  # a compile-ahead worker still compiling the config to measure
     "measuring": "measuring",          # the runner: verification against the reference and timing
-    "storing": "storing",              # tell, trial attributes, the catalogue row, progress
+    "storing": "storing",              # the trial's attributes, the catalogue row, progress
 }
 
 
