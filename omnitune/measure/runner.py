@@ -9,6 +9,7 @@ mismatch) become a TrialStatus; a user mistake (OmnituneError) or a broken refer
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -20,10 +21,13 @@ from typing import Any, Protocol
 import torch
 
 from omnitune.errors import OmnituneError
+from omnitune.measure.gpu_lock import NO_GPU_LOCK, gpu_lock_from_env
 from omnitune.profile.compiled import CompileWatch, compiled_facts
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda, time_interleaved
 from omnitune.trial import OBSERVERS_KEY, TrialResult, TrialStatus, classify_exception, observer_name
 from omnitune.spec import Config, DeviceLimits, KernelSpec
+
+log = logging.getLogger(__name__)
 
 
 class Observer(Protocol):
@@ -47,7 +51,13 @@ class MeasureSettings:
 
 
 class Runner:
-    """Holds the inputs and reference of one problem and measures configs against them."""
+    """Holds the inputs and reference of one problem and measures configs against them.
+
+    `gpu_lock` (omnitune.measure.gpu_lock; default: the lane's lock when this process was started
+    as a lane, else none) is held for every piece of GPU work — the reference, each config's
+    check and timing, the finalists' re-timing — and for nothing else: several lanes then share one
+    GPU without timing each other's kernels. The inputs are drawn outside it (CPU work: seconds
+    for the largest decode caches)."""
 
     def __init__(
         self,
@@ -59,6 +69,7 @@ class Runner:
         settings: MeasureSettings = MeasureSettings(),
         observers: Sequence[Observer] = (),
         limits: DeviceLimits | None = None,
+        gpu_lock=None,
     ):
         self.spec = spec
         self.problem = problem
@@ -75,8 +86,17 @@ class Runner:
                                 "before any kernel module is imported (the CLI's --interpret does)")
         self.limits = limits or (DeviceLimits() if interpret else DeviceLimits.of_current_device())
         self.tolerance = spec.tolerance[dtype]
+        self.gpu_lock = gpu_lock if gpu_lock is not None else gpu_lock_from_env()
         self.inputs = spec.make_inputs(problem, dtype, self.device, settings.seed)
-        self.reference = spec.reference(self.inputs)
+        # A lane loads each config's kernels before it takes the lock (_load_without_running).
+        self._loads_ahead = not interpret and self.gpu_lock is not NO_GPU_LOCK
+        self._capture_stream: torch.cuda.Stream | None = None
+        self._loaded_facts: dict[Config, dict[str, Any]] = {}  # what loading ahead compiled, for the check
+        with self.gpu_lock:
+            self.reference = spec.reference(self.inputs)
+            self._capture_out = spec.new_output(self.inputs) if self._loads_ahead else None
+            if not interpret:
+                torch.cuda.synchronize()  # the reference's kernels end before the lock goes
         self._flusher: L2Flusher | None = None
         self.context_lost = False
         self.last_compiled: dict[str, Any] = {}
@@ -101,7 +121,8 @@ class Runner:
                     if isinstance(result, torch.Tensor):
                         out = result
                 finally:
-                    self.last_compiled = self._compiled_extra(watch)
+                    # A lane compiled the kernels when it loaded them ahead: their facts are kept there.
+                    self.last_compiled = self._compiled_extra(watch) or self._loaded_facts.pop(config, {})
             if not self.interpret:
                 torch.cuda.synchronize()
         except OmnituneError:
@@ -135,6 +156,36 @@ class Runner:
             name, reason = violations[0]
             return TrialResult(config, TrialStatus.PRUNED, detail=f"{name}: {reason}",
                                representative=not self.interpret)
+        self._load_without_running(config)
+        with self.gpu_lock:
+            return self._check_and_time(config)
+
+    def _load_without_running(self, config: Config) -> None:
+        """In a lane, compile `config`'s kernels (or load them from Triton's cache) before taking the
+        GPU lock, so that the lock is held while the GPU works and not while this host loads or
+        compiles: the config's launch is captured into a CUDA graph that is thrown away, which
+        runs Triton's compile-and-load path and puts nothing on the GPU. Whatever goes wrong
+        (a launch that cannot be captured, a config that does not compile) is left to the check,
+        which meets it again under the lock; a capture that cannot be ended turns this off."""
+        if not self._loads_ahead:
+            return
+        try:
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(self._capture_stream), CompileWatch(self._kernel_module) as watch:
+                graph.capture_begin(capture_error_mode="relaxed")
+                try:
+                    self.spec.launch(self.inputs, self._capture_out, config)
+                finally:
+                    graph.capture_end()
+                    self._loaded_facts[config] = self._compiled_extra(watch)
+        except Exception as exc:  # noqa: BLE001 — the check under the lock reports what a config does wrong
+            if self._capture_stream is not None and _capturing(self._capture_stream):
+                log.warning("configs are loaded under the GPU lock from now on: a capture did not end (%s)", exc)
+                self._loads_ahead = False
+
+    def _check_and_time(self, config: Config) -> TrialResult:
         wall_start = time.perf_counter()
         status, err, detail = self.check(config)
         compiled = dict(self.last_compiled)
@@ -193,12 +244,21 @@ class Runner:
         checked again. Needs a GPU; under the interpreter there is nothing worth timing."""
         if self.interpret:
             raise OmnituneError("interleaved timing needs a GPU; the interpreter's times mean nothing")
-        if self._flusher is None:
-            self._flusher = L2Flusher()
-        launches = []
-        for config in configs:
-            out = self.spec.new_output(self.inputs)
-            launches.append(lambda config=config, out=out: self.spec.launch(self.inputs, out, config))
-        # Each config gets the kernel-time budget it had in the search.
-        return time_interleaved(launches, rounds=rounds, warmup=self.settings.warmup,
-                                max_seconds=self.settings.max_seconds * len(launches), flusher=self._flusher)
+        with self.gpu_lock:  # the outputs are poisoned, the flush buffer filled: GPU work too
+            if self._flusher is None:
+                self._flusher = L2Flusher()
+            launches = []
+            for config in configs:
+                out = self.spec.new_output(self.inputs)
+                launches.append(lambda config=config, out=out: self.spec.launch(self.inputs, out, config))
+            # Each config gets the kernel-time budget it had in the search.
+            return time_interleaved(launches, rounds=rounds, warmup=self.settings.warmup,
+                                    max_seconds=self.settings.max_seconds * len(launches), flusher=self._flusher)
+
+
+def _capturing(stream: torch.cuda.Stream) -> bool:
+    try:
+        with torch.cuda.stream(stream):
+            return torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001 — a stream that cannot even be asked is not used again
+        return True

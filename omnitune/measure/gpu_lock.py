@@ -1,0 +1,121 @@
+"""One GPU shared by several measuring processes: a lock that lets one of them at a time work on it.
+
+A search of many problems keeps the GPU busy only while some process is measuring; the host work
+between two measurements (the sampler choosing the next config, the study storing the last one,
+the next problem's inputs drawn on the CPU) left it idle for most of a whole-model search (round
+13: 28% busy). Several search processes — lanes, each searching its own problems — keep it busy
+instead: while one lane chooses or stores, another measures. Timings stay honest only if no two
+lanes run kernels at once, so every piece of GPU work a lane does (checking a config against the
+reference, timing it, re-timing the finalists, computing a reference) happens while it holds this
+lock, and host work happens outside it.
+
+The lock is an advisory `flock` on a file, so that processes that share nothing but a path can
+use it, and the kernel releases it when a holder dies (a crashed lane never blocks the others).
+A process that is alone on its GPU uses `NO_GPU_LOCK`, which costs nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from pathlib import Path
+
+# The variable that hands a lane process the lock's path (set by the process that starts lanes).
+GPU_LOCK_ENV = "OMNITUNE_GPU_LOCK"
+
+
+class GpuLock:
+    """Exclusive use of the GPU among the processes that open the same `path`. Re-entrant within
+    a process (a holder may take it again, e.g. a reference computed inside a measurement), and
+    safe to share between the threads of one process. `waited_s` and `held_s` say how long this
+    process waited for it and held it: a lane's idle time and its GPU time."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._fd: int | None = None
+        self._depth = 0
+        self._owner: int | None = None
+        self._threads = threading.Lock()  # one thread of this process at a time holds the file lock
+        self._taken_at = 0.0
+        self.waited_s = 0.0
+        self.held_s = 0.0
+        self.acquisitions = 0
+
+    def __enter__(self) -> GpuLock:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return self
+        began = time.perf_counter()
+        self._threads.acquire()
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        self._owner, self._depth = me, 1
+        self._taken_at = time.perf_counter()
+        self.waited_s += self._taken_at - began
+        self.acquisitions += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        self.held_s += time.perf_counter() - self._taken_at
+        self._owner = None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
+    def close(self) -> None:
+        if self._fd is not None and self._owner is None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __getstate__(self) -> dict:
+        # Crossing into another process (an isolated worker): it opens the file itself.
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+
+class _NoGpuLock:
+    """The lock of a process alone on its GPU: nothing to wait for."""
+
+    path = None
+    waited_s = held_s = 0.0
+    acquisitions = 0
+
+    def __enter__(self) -> _NoGpuLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+NO_GPU_LOCK = _NoGpuLock()
+
+
+_process_locks: dict[str, GpuLock] = {}
+
+
+def gpu_lock_from_env() -> GpuLock | _NoGpuLock:
+    """The lock a lane was started with (GPU_LOCK_ENV), one object per process (its accounting
+    covers every runner of the lane), else NO_GPU_LOCK."""
+    path = os.environ.get(GPU_LOCK_ENV)
+    if not path:
+        return NO_GPU_LOCK
+    if path not in _process_locks:
+        _process_locks[path] = GpuLock(path)
+    return _process_locks[path]
