@@ -95,6 +95,11 @@ def _root(
     _state["debug"] = debug
 
 
+def debugging() -> bool:
+    """Whether --debug was given (a command that starts other omnitune processes passes it on)."""
+    return _state["debug"]
+
+
 def enable_interpreter() -> None:
     """Run Triton kernels on the CPU through Triton's interpreter. Must happen before any kernel
     module is imported: @triton.jit reads TRITON_INTERPRET when it decorates."""

@@ -30,10 +30,12 @@ from omnitune.cli.common import (
 )
 from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
 from omnitune.cli.profile_top import profile_best, profile_top_possible
+from omnitune.cli.search_lanes import lane_argv, lanes_to_run, leave_lane_stats, search_in_lanes
 from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
 if TYPE_CHECKING:
+    from omnitune.search.lanes import LaneSession
     from omnitune.search.prepare_next import ProblemsAhead
     from omnitune.spec import KernelSpec
 
@@ -125,6 +127,16 @@ def search(
         "\\[default: the CPU cores less two on a GPU; off with --interpret]",
         show_default=False,
     ),
+    lanes: int = typer.Option(
+        None, "--lanes", min=1,
+        help="Search this many problems at once in processes of their own (lanes) that share the GPU: each "
+        "problem is searched by one lane, and only one lane at a time runs anything on the GPU, so timings "
+        "stay as exact as with one, while the others choose, store or prepare their next problem. "
+        "\\[default: 3 on a GPU with several problems to search; 1 with --interpret, --isolate or --gpus]",
+        show_default=False,
+    ),
+    lane_session: str = typer.Option(None, "--lane-session", hidden=True),
+    lane_index: int = typer.Option(0, "--lane-index", hidden=True),
     interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
 ) -> None:
     """Search a kernel's launch configs for the fastest one that matches the reference.
@@ -137,6 +149,8 @@ def search(
     """
     targets = _targets(kernel, shape, model, kernels, dtype, interpret)
     gpu_list = parse_gpus(gpus, interpret) if gpus is not None else None
+    lanes = lanes_to_run(lanes, sum(len(t.problems) for t in targets), interpret=interpret, isolate=isolate,
+                         gpus=gpu_list, in_lane=lane_session is not None)
     # Imports Optuna: not at module level, so that `omnitune --help` stays quick.
     from omnitune.search.driver import make_sampler, parse_sampler
 
@@ -154,6 +168,28 @@ def search(
     profile_top = profile_top_possible(profile_top, interpret)
     deadline = None if timeout is None else time.monotonic() + timeout
     precompile_workers = _precompile_workers(precompile, interpret)
+    if lanes > 1:
+        remaining_s = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        argv = lane_argv(kernel=kernel, shape=shape, model=model, kernels=kernels, dtype=dtype, trials=trials,
+                         timeout=remaining_s, sampler=sampler_name.value, seed=seed, db=str(db_path(db)),
+                         storage=storage, finalists=finalists, profile_top=profile_top, isolate=isolate,
+                         trial_timeout=trial_timeout, interpret=interpret,
+                         precompile=max(1, precompile_workers // lanes) if precompile_workers else 0)
+        returncode = search_in_lanes(argv, lanes, db=str(db_path(db)), storage=storage)
+        if returncode == 130:
+            err_console.print(_interrupted_line(None))
+        if returncode:
+            raise typer.Exit(returncode)
+        return
+    lane = None
+    if lane_session is not None:
+        from omnitune.search.lanes import LaneSession
+
+        lane = LaneSession(lane_session, lane_index)
+        try:
+            lane.take_interrupts()
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
     # With --precompile, each problem's first configs compile while the one before it is measured,
     # across kernels too: the session knows every problem in the order they are searched.
     ahead = None
@@ -161,7 +197,7 @@ def search(
         from omnitune.search.prepare_next import ProblemsAhead
 
         ahead = ProblemsAhead([(t.spec, p, t.dtype) for t in targets for p in t.problems],
-                              workers=precompile_workers, trials=trials)
+                              workers=precompile_workers, trials=trials, taken=lane.taken if lane else None)
     try:
         for target in targets:
             # The timeout covers every kernel together; a kernel reached after it still says so.
@@ -170,9 +206,9 @@ def search(
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
                         isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list,
-                        precompile_workers=precompile_workers, ahead=ahead)
+                        precompile_workers=precompile_workers, ahead=ahead, lane=lane)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted; {RESUME_HINT}")
+        err_console.print(_interrupted_line(lane))
         raise typer.Exit(130) from None
     finally:
         if ahead is not None:
@@ -181,6 +217,8 @@ def search(
             from omnitune.measure.ahead import close_shared_workers
 
             close_shared_workers()
+        if lane is not None:
+            leave_lane_stats(lane)
 
 
 @dataclass(frozen=True)
@@ -244,6 +282,11 @@ def parse_gpus(text: str, interpret: bool) -> list[int]:
     return gpus
 
 
+def _interrupted_line(lane: LaneSession | None) -> str:
+    """What an interrupted search says; a lane leaves the resume hint to the session it is part of."""
+    return "interrupted" if lane is not None else f"interrupted; {RESUME_HINT}"
+
+
 def _precompile_workers(requested: int | None, interpret: bool) -> int:
     """Processes for --precompile: none under the interpreter (nothing to compile)."""
     if interpret:
@@ -260,21 +303,22 @@ def search_problems(
     sampler: str, seed: int, db: str | None, storage: str | None, interpret: bool, finalists: int = 0,
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
     gpus: list[int] | None = None, heartbeat_interval_s: int | None = None, precompile_workers: int = 0,
-    observers: tuple | None = None, ahead: ProblemsAhead | None = None,
+    observers: tuple | None = None, ahead: ProblemsAhead | None = None, lane: LaneSession | None = None,
 ) -> None:
     """Search each of `problems` in turn with a live view, then print its summary: the session that
     `omnitune search` runs per kernel and `omnitune worker` runs on a shared storage. `observers`:
     picklable observer factories (None: SearchOptions' default, NVML; none under the interpreter,
     where there is no GPU to watch). `ahead`: the session's look-ahead over its problems, which
     opens each problem's precompile pool (omnitune.search.prepare_next); with precompile_workers
-    and none given, one over `problems`."""
+    and none given, one over `problems`. `lane`: this process is one of the session's lanes
+    (omnitune.search.lanes), and searches only the problems it claims first."""
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
 
     from omnitune.profile.device import current_device_facts
     from omnitune.measure.runner import Runner
     from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
-    from omnitune.spec import DeviceLimits
+    from omnitune.spec import DeviceLimits, dtype_name
     from omnitune.store import default_storage_url, open_db, record_device, record_search_run, utc_now
     from omnitune.store import SearchRunRecord
 
@@ -304,6 +348,8 @@ def search_problems(
                                           trials=trials)
     with own_ahead or nullcontext():
         for problem in problems:
+            if lane is not None and not lane.claim((spec.name, spec.problem_key(problem), dtype_name(dtype))):
+                continue  # another lane searches it
             remaining_s = None if deadline is None else deadline - time.monotonic()
             if remaining_s is not None and remaining_s <= 0:
                 title = escape(search_title(spec, problem, dtype))
@@ -358,7 +404,7 @@ def search_problems(
             except SearchInterrupted as stop:
                 _close(runners)
                 console.print(summary_line(spec, problem, dtype, stop.outcome, interpret), soft_wrap=True)
-                err_console.print(f"interrupted; {RESUME_HINT}")
+                err_console.print(_interrupted_line(lane))
                 raise typer.Exit(130) from None
             _close(runners)
             record_search_run(database, SearchRunRecord(

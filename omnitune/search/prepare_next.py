@@ -71,8 +71,11 @@ class ProblemsAhead:
     at a time."""
 
     def __init__(self, order: Sequence[ProblemOf], *, workers: int, trials: int,
-                 make_pool: PoolFactory | None = None):
+                 make_pool: PoolFactory | None = None, taken: Callable[[tuple[str, str, str]], bool] | None = None):
+        """taken: whether another process of the session searches a problem (a lane's claims,
+        omnitune.search.lanes): such a problem is passed over, as a finished one is."""
         self.order = list(order)
+        self.taken = taken
         self.keys = [_key(spec, problem, dtype) for spec, problem, dtype in self.order]
         self.workers, self.trials = workers, trials
         self.make_pool = make_pool or self._precompile_pool
@@ -124,6 +127,8 @@ class ProblemsAhead:
             spec, problem, dtype = self.order[place]
             if self.keys[place] == key:
                 continue  # the same problem again: nothing new to compile
+            if self.taken is not None and self.taken(self.keys[place]):
+                continue  # another lane searches it
             measured = _measured_configs(catalogue, spec, problem, dtype, device_key)
             if sum(1 for status in measured.values() if status != "pruned") >= self.trials:
                 continue  # finished by an earlier run: its search measures nothing

@@ -1,0 +1,182 @@
+"""Lanes: several search processes sharing one GPU, each searching whole problems of one session.
+
+A search of many problems (`omnitune search --model`, a repeated --shape) used to leave the GPU
+idle whenever its one process did host work: the sampler choosing the next config (~40 ms a trial
+on the H200's host, mostly Optuna reading the study back from SQLite), storing the last one, the
+next problem's inputs drawn on the CPU. In round 13 the GPU was busy 28% of a whole-model search.
+Lanes overlap that host work with measuring: N processes (`--lanes`), started by the `omnitune
+search` the user ran, each take the session's problems in order, the first lane to claim a problem
+searches it (a claim is a file created exclusively in the session's folder), and every piece of
+GPU work a lane does happens under one GPU lock (omnitune.measure.gpu_lock), so no lane ever
+times its kernels beside another's. The host work of one lane runs while another holds the lock.
+
+Everything else about a problem's search is unchanged: its study, its budget, its finalists, its
+resume. A lane that dies frees the lock (the kernel drops a dead process's flock) and leaves its
+problem's finished trials stored; rerunning the command resumes it like any interrupted search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# What a lane leaves in the session folder when it ends: its GPU lock's accounting.
+LANE_STATS = "lane-{index}.json"
+# Left in the session folder on Ctrl-C: a lane still starting stops as soon as it can take the
+# interrupt (it ignores SIGINT until then, so that none dies mid-import with a traceback).
+STOP_FILE = "stop"
+# How long a lane may take to stop after the parent passed on Ctrl-C before it is killed.
+STOP_GRACE_S = 60.0
+
+
+class LaneSession:
+    """One lane's view of the session folder: which problems it may search."""
+
+    def __init__(self, folder: str | Path, index: int):
+        self.folder = Path(folder)
+        self.index = index
+        self.claims = self.folder / "claims"
+        self.claims.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def gpu_lock_path(self) -> Path:
+        return self.folder / "gpu.lock"
+
+    def take_interrupts(self) -> None:
+        """From now on Ctrl-C (passed on by the parent) interrupts this lane as it does any search;
+        raises KeyboardInterrupt at once when the session was interrupted while the lane started."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if (self.folder / STOP_FILE).exists():
+            raise KeyboardInterrupt
+
+    def _claim_file(self, key: Sequence[str]) -> Path:
+        digest = hashlib.sha1("|".join(key).encode()).hexdigest()[:20]
+        return self.claims / digest
+
+    def claim(self, key: Sequence[str]) -> bool:
+        """True if this lane now owns the problem `key` (kernel, problem key, dtype): no other lane
+        claimed it first. A lane that claimed it already is told True again."""
+        path = self._claim_file(key)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_text().strip() == str(self.index)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(self.index))
+        return True
+
+    def taken(self, key: Sequence[str]) -> bool:
+        """Whether another lane has claimed `key`."""
+        path = self._claim_file(key)
+        try:
+            return path.read_text().strip() != str(self.index)
+        except FileNotFoundError:
+            return False
+
+    def write_stats(self, stats: dict) -> None:
+        (self.folder / LANE_STATS.format(index=self.index)).write_text(json.dumps(stats))
+
+
+def read_lane_stats(folder: str | Path, lanes: int) -> list[dict]:
+    """What each lane left (LaneSession.write_stats); lanes that left nothing are skipped."""
+    found = []
+    for index in range(lanes):
+        path = Path(folder) / LANE_STATS.format(index=index)
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@dataclass(frozen=True)
+class LanesResult:
+    returncodes: list[int]
+    wall_s: float
+    stats: list[dict]
+
+    @property
+    def returncode(self) -> int:
+        """The session's exit code: 0 when every lane succeeded; else an interrupted lane's 130,
+        else the first failure's."""
+        failed = [code for code in self.returncodes if code != 0]
+        if not failed:
+            return 0
+        return 130 if 130 in failed else failed[0]
+
+    @property
+    def gpu_held_s(self) -> float:
+        """How long some lane held the GPU lock, summed over lanes (they never hold it together)."""
+        return sum(s.get("gpu_lock_held_s", 0.0) for s in self.stats)
+
+
+def run_lanes(commands: Sequence[Sequence[str]], folder: str | Path, *, env: dict[str, str] | None = None,
+              echo: Callable[[int, str], None]) -> LanesResult:
+    """Start one process per command (a lane), each in a session of its own so that a Ctrl-C at
+    the terminal reaches this process alone and is passed on once to each lane; relay every line
+    the lanes print through `echo(lane, line)`; wait for all of them."""
+    began = time.monotonic()
+    environment = dict(os.environ if env is None else env)
+    environment.setdefault("PYTHONUNBUFFERED", "1")
+    processes: list[subprocess.Popen] = []
+    relays: list[threading.Thread] = []
+    try:
+        for index, command in enumerate(commands):
+            process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       bufsize=1, env=environment, start_new_session=True)
+            processes.append(process)
+            relay = threading.Thread(target=_relay, args=(process, index, echo), daemon=True,
+                                     name=f"omnitune-lane-{index}")
+            relay.start()
+            relays.append(relay)
+        codes = [process.wait() for process in processes]
+    except KeyboardInterrupt:
+        (Path(folder) / STOP_FILE).touch()
+        _interrupt(processes)
+        codes = [process.returncode if process.returncode is not None else 130 for process in processes]
+        for relay in relays:
+            relay.join(timeout=5)
+        return LanesResult([130 if c in (None, -signal.SIGINT) else c for c in codes], time.monotonic() - began,
+                           read_lane_stats(folder, len(commands)))
+    for relay in relays:
+        relay.join(timeout=5)
+    return LanesResult(codes, time.monotonic() - began, read_lane_stats(folder, len(commands)))
+
+
+def _relay(process: subprocess.Popen, index: int, echo: Callable[[int, str], None]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        echo(index, line.rstrip("\n"))
+
+
+def _interrupt(processes: Sequence[subprocess.Popen]) -> None:
+    """Pass Ctrl-C on to each lane still running (each stores what it finished and exits 130), and
+    kill any that has not stopped after STOP_GRACE_S."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# A lane ignores Ctrl-C until its search can take it (LaneSession.take_interrupts).
+_LANE_MAIN = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); from omnitune.cli import main; main()"
+
+
+def lane_command(executable: str = sys.executable) -> list[str]:
+    """How a lane process is started: this Python, running the omnitune CLI."""
+    return [executable, "-c", _LANE_MAIN]

@@ -1,0 +1,345 @@
+"""Lanes (omnitune.search.lanes): several search processes sharing one GPU under one lock
+(omnitune.measure.gpu_lock), each problem searched by the first lane that claims it — the lock's
+exclusion across processes, the runner holding it for its GPU work only, the claims, and
+`omnitune search --lanes` end to end under the interpreter on a temporary database."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import signal
+import sqlite3
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from omnitune.cli import app
+from omnitune.measure.gpu_lock import GPU_LOCK_ENV, NO_GPU_LOCK, GpuLock, gpu_lock_from_env
+from omnitune.search.lanes import STOP_FILE, LaneSession, LanesResult, run_lanes
+from omnitune.spec import Config, DeviceLimits
+from tests.test_prepare_next import DTYPE, KEYS, _ahead
+
+ON_GPU = torch.cuda.is_available()
+MODE = [] if ON_GPU else ["--interpret"]
+SHAPES = ["b=1,h=2,hkv=1,lq=17,lk=23,d=64,causal=1", "b=1,h=2,hkv=1,lq=9,lk=23,d=64,causal=1",
+          "b=1,h=2,hkv=2,lq=17,lk=17,d=64,causal=0"]
+
+
+# --- the lock ---------------------------------------------------------------------------------------
+
+
+def _hold_and_log(path: str, log: str, rounds: int, hold_s: float) -> None:
+    lock = GpuLock(path)
+    for _ in range(rounds):
+        with lock:
+            began = time.monotonic()
+            time.sleep(hold_s)
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {began} {time.monotonic()}\n")
+
+
+def test_the_gpu_lock_lets_one_process_at_a_time_hold_it(tmp_path):
+    path, log = str(tmp_path / "gpu.lock"), str(tmp_path / "held.log")
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_hold_and_log, args=(path, log, 5, 0.02)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    spans = sorted((float(a), float(b), pid) for pid, a, b in (line.split() for line in open(log)))
+    assert len(spans) == 15 and len({pid for *_, pid in spans}) == 3
+    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
+        assert start >= end  # never two holders at once
+
+
+def _hold_forever(path: str, ready: str) -> None:
+    lock = GpuLock(path)
+    lock.__enter__()
+    open(ready, "w").close()
+    time.sleep(600)
+
+
+def test_a_holder_that_dies_frees_the_lock(tmp_path):
+    path, ready = str(tmp_path / "gpu.lock"), str(tmp_path / "ready")
+    holder = multiprocessing.get_context("spawn").Process(target=_hold_forever, args=(path, ready))
+    holder.start()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(ready)
+    got = threading.Event()
+
+    def take():
+        with GpuLock(path):
+            got.set()
+
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+    assert not got.wait(0.5)  # held by the other process
+    holder.kill()
+    holder.join()
+    assert got.wait(10)
+
+
+def test_the_lock_is_reentrant_and_accounts_for_its_time(tmp_path):
+    lock = GpuLock(tmp_path / "gpu.lock")
+    with lock:
+        with lock:  # a reference computed inside a measurement takes it again
+            time.sleep(0.01)
+        assert lock._owner is not None
+    assert lock._owner is None and lock.acquisitions == 1
+    assert lock.held_s >= 0.01 and lock.waited_s >= 0
+
+
+def test_a_lane_finds_its_lock_in_the_environment_and_a_lone_process_has_none(tmp_path, monkeypatch):
+    monkeypatch.delenv(GPU_LOCK_ENV, raising=False)
+    assert gpu_lock_from_env() is NO_GPU_LOCK
+    monkeypatch.setenv(GPU_LOCK_ENV, str(tmp_path / "gpu.lock"))
+    lock = gpu_lock_from_env()
+    assert isinstance(lock, GpuLock) and gpu_lock_from_env() is lock  # one per process: its accounting is the lane's
+
+
+# --- the runner holds it for GPU work, and only then --------------------------------------------------
+
+
+class RecordingLock:
+    def __init__(self):
+        self.depth = 0
+        self.entered = 0
+
+    def __enter__(self):
+        self.depth += 1
+        self.entered += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+
+
+def test_the_runner_computes_the_reference_and_checks_each_config_under_the_lock(device):
+    from omnitune.measure.runner import Runner
+    from omnitune.registry import get_spec
+
+    spec = get_spec("attention")
+    problem = spec.parse_shape(SHAPES[0])
+    lock = RecordingLock()
+    seen = []
+    original_reference, original_launch = spec.reference, spec.launch
+
+    def reference(inputs):
+        seen.append(("reference", lock.depth))
+        return original_reference(inputs)
+
+    def launch(inputs, out, config):
+        seen.append(("launch", lock.depth))
+        return original_launch(inputs, out, config)
+
+    import dataclasses
+
+    watched = dataclasses.replace(spec, reference=reference, launch=launch)
+    dtype = torch.float32
+    runner = Runner(watched, problem, dtype, interpret=device == "cpu", gpu_lock=lock)
+    assert seen == [("reference", 1)] and lock.depth == 0
+    config = spec.default_config(problem, dtype)
+    result = runner.measure(config)
+    assert result.status.value == "ok"
+    assert seen[1:] and all(depth == 1 for name, depth in seen[1:])  # every launch under the lock
+    assert lock.depth == 0 and lock.entered == 2
+    # A config a constraint rejects is pruned without the GPU, so without the lock.
+    bad = Config({**config.as_dict(), "BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4})
+    assert spec.violations(problem, bad, dtype, runner.limits)
+    assert runner.measure(bad).status.value == "pruned" and lock.entered == 2
+
+
+# --- claims ----------------------------------------------------------------------------------------------
+
+
+def test_each_problem_goes_to_the_first_lane_that_claims_it(tmp_path):
+    first, second = LaneSession(tmp_path, 0), LaneSession(tmp_path, 1)
+    key = ("attention", "b=1,h=2", "fp16")
+    assert not first.taken(key) and not second.taken(key)
+    assert first.claim(key)
+    assert first.claim(key)  # its own claim, asked again
+    assert not second.claim(key) and second.taken(key) and not first.taken(key)
+    many = [("kv_cache_write", f"t={t}", "bf16") for t in range(40)]
+    won: dict[int, list] = {0: [], 1: []}
+
+    def claim_all(session):
+        for k in many:
+            if session.claim(k):
+                won[session.index].append(k)
+
+    threads = [threading.Thread(target=claim_all, args=(s,)) for s in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(won[0] + won[1]) == sorted(many)  # every problem once, none twice
+
+
+def test_a_lane_started_after_ctrl_c_stops_before_searching(tmp_path):
+    session = LaneSession(tmp_path, 0)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        session.take_interrupts()  # not interrupted: nothing happens
+        (tmp_path / STOP_FILE).touch()
+        with pytest.raises(KeyboardInterrupt):
+            session.take_interrupts()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_the_next_problem_prepared_ahead_passes_over_those_other_lanes_claimed(tmp_path):
+    from omnitune.registry import get_spec
+
+    spec = get_spec("kv_cache_write")
+    problems = [spec.parse_shape(key) for key in KEYS]
+    log: list = []
+    ahead, _ = _ahead(spec, problems, log)
+    LaneSession(tmp_path, 1).claim(ahead.keys[1])  # another lane searches the second
+    ahead.taken = LaneSession(tmp_path, 0).taken
+    ahead.prepare_after(spec, problems[0], DTYPE, limits=DeviceLimits(), device_key="cpu")
+    assert log and log[0] == ("open", spec.problem_key(problems[2]))  # the third is prepared instead
+
+
+# --- run_lanes and the session's exit code ---------------------------------------------------------
+
+
+def test_run_lanes_relays_each_lanes_lines_and_reports_their_exit_codes(tmp_path):
+    lines: list[tuple[int, str]] = []
+    commands = [[sys.executable, "-c", "print('one'); print('two')"],
+                [sys.executable, "-c", "import sys; print('three'); sys.exit(3)"]]
+    result = run_lanes(commands, tmp_path, echo=lambda lane, line: lines.append((lane, line)))
+    assert sorted(lines) == [(0, "one"), (0, "two"), (1, "three")]
+    assert result.returncodes == [0, 3] and result.returncode == 3
+    assert LanesResult([0, 130, 1], 1.0, []).returncode == 130
+    assert LanesResult([0, 0], 1.0, [{"gpu_lock_held_s": 1.5}, {"gpu_lock_held_s": 2.0}]).gpu_held_s == 3.5
+
+
+# --- omnitune search --lanes, for real -------------------------------------------------------------------
+
+
+def _trials_per_study(db) -> dict[str, int]:
+    conn = sqlite3.connect(db)
+    try:
+        return dict(conn.execute("SELECT problem_key, COUNT(*) FROM trials WHERE status = 'ok' GROUP BY problem_key"))
+    finally:
+        conn.close()
+
+
+def test_search_in_lanes_searches_each_problem_once_and_resumes(tmp_db):
+    args = ["search", "attention", *sum((["--shape", s] for s in SHAPES), []), "--dtype", "fp32", *MODE,
+            "--db", str(tmp_db), "--trials", "2", "--finalists", "0", "--lanes", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "searching in 2 lanes" in result.output
+    started = re.findall(r"^([01])│ searching attention (\S+)", result.output, re.M)
+    assert sorted(key for _, key in started) == sorted(f"{s},spans=0,span_len=0" for s in SHAPES)
+    assert {lane for lane, _ in started} <= {"0", "1"}
+    counts = _trials_per_study(tmp_db)
+    assert sorted(counts) == sorted(f"{s},spans=0,span_len=0" for s in SHAPES)
+    assert set(counts.values()) == {2}
+    assert re.search(r"2 lanes: [\d.]+ s in all; a lane held the GPU", result.output)
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert again.output.count("(0 new)") == 3 and _trials_per_study(tmp_db) == counts
+
+
+def test_lanes_default_on_a_gpu_and_never_exceed_the_problems():
+    from omnitune.cli.search_lanes import DEFAULT_LANES, lanes_to_run
+    from omnitune.errors import OmnituneError
+
+    assert lanes_to_run(None, 10, interpret=True, isolate=False, gpus=None, in_lane=False) == 1
+    assert lanes_to_run(None, 10, interpret=False, isolate=False, gpus=None, in_lane=False) == DEFAULT_LANES
+    assert lanes_to_run(None, 1, interpret=False, isolate=False, gpus=None, in_lane=False) == 1
+    assert lanes_to_run(5, 2, interpret=True, isolate=False, gpus=None, in_lane=False) == 2
+    assert lanes_to_run(4, 9, interpret=False, isolate=False, gpus=None, in_lane=True) == 1
+    assert lanes_to_run(None, 9, interpret=False, isolate=False, gpus=[0, 1], in_lane=False) == 1
+    with pytest.raises(OmnituneError, match="--lanes share one GPU"):
+        lanes_to_run(2, 9, interpret=False, isolate=False, gpus=[0, 1], in_lane=False)
+
+
+def test_lanes_is_explained_in_the_help():
+    result = CliRunner().invoke(app, ["search", "--help"])
+    assert "--lanes" in result.output and "--lane-session" not in result.output
+
+
+# --- on the GPU -------------------------------------------------------------------------------------------
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.uint8).clone()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["attention", "kv_cache_write", "paged_decode_attention", "cross_attention_layer",
+                                    "kv_compress"])
+def test_a_lane_loads_each_config_without_running_it_then_measures_it_under_the_lock(kernel, tmp_path):
+    from omnitune.measure.runner import Runner
+    from omnitune.registry import get_spec
+
+    spec = get_spec(kernel)
+    dtype = torch.bfloat16 if torch.bfloat16 in spec.tolerance else torch.float16
+    lock = GpuLock(tmp_path / "gpu.lock")
+    runner = Runner(spec, spec.example_problem, dtype, gpu_lock=lock)
+    assert runner._loads_ahead and runner._capture_out is not None
+    configs = [spec.default_config(spec.example_problem, dtype),
+               *spec.known_good_configs(spec.example_problem, dtype, runner.limits)][:3]
+    for config in configs:
+        if spec.violations(spec.example_problem, config, dtype, runner.limits):
+            continue
+        before = _bits(runner._capture_out) if isinstance(runner._capture_out, torch.Tensor) else None
+        runner._load_without_running(config)
+        torch.cuda.synchronize()
+        assert runner._loads_ahead, f"{kernel} {config}: its launch could not be captured"
+        if before is not None:
+            assert torch.equal(_bits(runner._capture_out), before)  # captured, never run
+        held = lock.held_s
+        result = runner.measure(config)
+        assert result.status.value == "ok", (kernel, config, result.detail)
+        assert lock.held_s > held and lock._owner is None
+        if config.get("BACKEND", "triton") == "triton":  # what the compiler decided, kept from loading ahead
+            facts = result.extra.get("compiled", [result.extra])
+            assert any("compiled_registers_per_thread" in f for f in facts), result.extra
+
+
+@pytest.mark.gpu
+def test_search_in_lanes_on_the_gpu(tmp_db):
+    args = ["search", "attention", *sum((["--shape", s] for s in SHAPES), []), "--dtype", "bf16", "--db", str(tmp_db),
+            "--trials", "4", "--finalists", "2", "--lanes", "2", "--precompile", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    counts = _trials_per_study(tmp_db)
+    assert sorted(counts) == sorted(f"{s},spans=0,span_len=0" for s in SHAPES) and set(counts.values()) == {4}
+    held = float(re.search(r"a lane held the GPU ([\d.]+) s", result.output).group(1))
+    assert held > 0
+
+
+@pytest.mark.gpu
+def test_a_launch_that_cannot_be_captured_is_loaded_under_the_lock_instead(tmp_path):
+    import dataclasses
+
+    from omnitune.measure.runner import Runner
+    from omnitune.registry import get_spec
+
+    spec = get_spec("attention")
+    original = spec.launch
+
+    def syncing_launch(inputs, out, config):
+        torch.cuda.synchronize()  # not allowed while a stream is captured: the capture fails
+        return original(inputs, out, config)
+
+    syncing = dataclasses.replace(spec, launch=syncing_launch)
+    runner = Runner(syncing, spec.example_problem, torch.bfloat16, gpu_lock=GpuLock(tmp_path / "gpu.lock"))
+    config = spec.default_config(spec.example_problem, torch.bfloat16)
+    for _ in range(2):
+        runner._load_without_running(config)
+        assert not torch.cuda.is_current_stream_capturing()
+        result = runner.measure(config)
+        assert result.status.value == "ok", result.detail
