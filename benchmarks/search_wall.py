@@ -121,6 +121,30 @@ def shipped_entry(kernel: str, problem_key: str, dtype: str, tables: Path = REPO
     return None
 
 
+def search_times(db: str, study: str) -> dict[str, float]:
+    """The search's own time (ms, its median over the timed repetitions) of every config the study
+    measured ok, by canonical config JSON; the finalists' re-timings left out, so that every config
+    is timed the same way."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT config_json, time_ms FROM trials WHERE study = ? AND status = 'ok' "
+                           "AND (extra_json IS NULL OR extra_json NOT LIKE '%\"finalist\"%')", (study,)).fetchall()
+    finally:
+        con.close()
+    return {config: time_ms for config, time_ms in rows}
+
+
+def shipped_side_by_side(times: dict[str, float], shipped: dict | None) -> dict:
+    """The shipped table's config against this search's best, both as this search timed them (the
+    warm start measures the shipped config of a preset problem among the first trials): like for
+    like, where the tables' own speedups were measured against older defaults."""
+    best_ms = min(times.values()) if times else None
+    shipped_json = json.dumps(shipped["config"], sort_keys=True) if shipped and shipped.get("config") else None
+    shipped_ms = times.get(shipped_json) if shipped_json else None
+    return {"best_search_ms": best_ms, "shipped_config_search_ms": shipped_ms,
+            "shipped_over_best": shipped_ms / best_ms if shipped_ms and best_ms else None}
+
+
 def problem_rows(db: str, since_utc: str, tables: Path = REPO / "tuned_configs") -> list[dict]:
     """One row per problem this run searched: its timings, its result, and the shipped table's."""
     reported = report_rows(db)
@@ -128,13 +152,15 @@ def problem_rows(db: str, since_utc: str, tables: Path = REPO / "tuned_configs")
     for run in search_runs_since(db, since_utc):
         kernel, problem_key, dtype, _ = run["study"].split("|", 3)
         best = reported.get(run["study"], {})
+        shipped = shipped_entry(kernel, problem_key, dtype, tables)
         rows.append({
             "kernel": kernel, "problem": problem_key, "dtype": dtype, "stop_reason": run["stop_reason"],
             "wall_s": run["wall_s"], "setup_s": run["setup_s"], "retime_s": run["retime_s"],
             "measured_this_run": run["measured"], "trials_total": best.get("trials"),
             "best_ms": best.get("time_ms"), "default_ms": best.get("default_time_ms"),
             "speedup_vs_default": best.get("speedup_vs_default"), "best_config": best.get("best_config"),
-            "shipped": shipped_entry(kernel, problem_key, dtype, tables),
+            "shipped": shipped,
+            "side_by_side": shipped_side_by_side(search_times(db, run["study"]), shipped),
         })
     return rows
 
@@ -148,6 +174,12 @@ def summary(result: dict) -> str:
     if better:
         ratio = sum(r["speedup_vs_default"] / r["shipped"]["speedup_vs_default"] for r in better) / len(better)
         lines.append(f"speedup over default vs the shipped tables' (mean ratio over {len(better)} problems): {ratio:.2f}")
+    side = [r["side_by_side"]["shipped_over_best"] for r in rows if r.get("side_by_side", {}).get("shipped_over_best")]
+    if side:
+        worse = sum(1 for x in side if x < 1 / 1.02)
+        lines.append(f"the shipped config as this search timed it ÷ this search's best, over {len(side)} problems: "
+                     f"min {min(side):.3f}, median {sorted(side)[len(side) // 2]:.3f}; the best more than 2% slower "
+                     f"than the shipped config on {worse}")
     slowest = sorted(rows, key=lambda r: -(r["wall_s"] or 0))[:3]
     for r in slowest:
         lines.append(f"  slowest: {r['kernel']} {r['problem']}: {r['wall_s']:.1f} s (setup {r['setup_s']:.1f} s, "

@@ -59,6 +59,24 @@ def test_the_rows_come_from_the_database_with_the_shipped_tables_beside_them(tmp
     text = search_wall.summary({"problems": rows, "wall_s": 12.0, "returncode": 0,
                                 "gpu": {"busy_fraction": None, "unavailable": "NVML not available: no"}})
     assert "2 problems in 12 s" in text and "unknown (NVML not available" in text and "mean ratio over 1" in text
+    # The shipped config beside the search's best, both as this search timed them: here the
+    # shipped config is the default, which every search measures first.
+    from omnitune.registry import get_spec
+    import torch
+
+    spec = get_spec("kv_cache_write")
+    default = dict(spec.default_config(spec.parse_shape(KEYS[1]), torch.float32))
+    (tables / "kv_cache_write" / "NVIDIA_H200.json").write_text(json.dumps({"entries": {
+        f"fp32|{KEYS[1]}": {"speedup_vs_default": 1.0, "config": default}}}))
+    second = search_wall.problem_rows(db, since, tables)[1]
+    side = second["side_by_side"]
+    times = search_wall.search_times(db, second["kernel"] + "|" + KEYS[1] + "|fp32|triton_interpreter")
+    assert len(times) == 3 and side["best_search_ms"] == min(times.values())
+    assert side["shipped_config_search_ms"] == times[json.dumps(default, sort_keys=True)]
+    assert side["shipped_over_best"] == pytest.approx(side["shipped_config_search_ms"] / side["best_search_ms"])
+    assert side["shipped_over_best"] >= 1
+    assert "the shipped config as this search timed it" in search_wall.summary(
+        {"problems": [second], "wall_s": 1.0, "returncode": 0, "gpu": {"busy_fraction": 0.5}})
 
 
 def test_the_command_is_the_model_search_with_its_timeout_and_the_extra_arguments():
