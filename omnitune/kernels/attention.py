@@ -848,18 +848,36 @@ def _tma_here() -> bool:
     return tuple(_device_limits().compute_capability) >= (9, 0)
 
 
-def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
-    """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (why: docs/results.md, "Why the
-    defaults"); GQA packing when there are fewer query rows than a tile; K/V through tensor
-    descriptors (TMA) where the device has them; smaller tiles, fewer stages or pointer loads only
-    where the problem or the device demands it.
+# Query-light tiles over long key ranges take 128-key tiles. A program of ≤ 32 query rows does
+# little work per K/V tile (its scores tile is 16–32 × BLOCK_N), so its key loop is bound by the
+# loads in flight, not by the tensor cores; where the grid has no more programs than the SMs each
+# SM holds one program whichever tile it takes, so the 128-key tile puts twice the bytes in flight
+# and halves the loop's iterations. From the H200's recorded trials behind the shipped table
+# (results/search_trials_h200_round4.json and search_trials_h200.json; none held out; measured
+# on earlier kernel sources, as the TMA rule's were), at the default's other parameters (4 warps,
+# 3 stages, TMA), 128-key tiles against 64:
+#   16-row tiles, one query over 4,096 and 16,384 keys at batch 4 (h28/4; 16 programs packed, 112
+#     not): 0.639x, 0.654x and 0.657x the time — the best config of this kernel each search found;
+#   at batch 64 (256 programs, two a SM at 64-key tiles and ~100 KiB of shared memory): 1.008x
+#     (4,096 keys), neutral; 1,792 programs (not packed): 1.185x slower — hence ≤ the SMs;
+#   32-row tiles, b1 h28/4 128 queries over 256 keys, 112 programs (the exhaustive sweep): 0.905x
+#     and 0.908x (packed or not); at 672 and 896 programs (765 rows with a span; b8 128 queries
+#     over 1,152 keys): 1.09–1.12x and 1.04x slower.
+# 64-row tiles do not take it: 128-key tiles at 64 rows and 4 warps were slower on every shape of
+# those files but one (1.03x unpacked and 1.00x packed at 56 programs over 256 keys, 1.87x for b8
+# 128 causal queries over 1,152 keys, 1.14–1.25x on prefill), their scores tile taking 64 registers
+# a thread beside the accumulator's 64.
+# With fewer stages the wide tile lost (2 stages: 1.08x and 1.15x the 64-key tile's 3-stage time
+# at batch 4), so where 3 stages of it do not fit (fp32, d=256) the default keeps 64 keys. The
+# measured key ranges were 4,096 and 16,384 (256 at 32 rows); at least 1,024 keys (8 tiles, a
+# 3-stage pipeline past its fill) is asked, as the small-grid SDPA rule below asks.
+WIDE_KEY_TILE_MAX_ROWS = 32
+WIDE_KEY_TILE_MIN_KEYS = 1024
 
-    TMA: in the H200's recorded trials (results/sweep_trials_h200.json, search_trials_h200*.json:
-    the searches behind the shipped table, none of them held out), the default's tile with TMA was
-    faster than without on 8 of the 9 problems where both were measured (5–14%: prefill with and
-    without spans, cross-attention, 128-row chunks); the ninth (1,024 queries over 256 keys) is
-    answered by SDPA where untuned. Every config of this kernel the shipped table's searches chose
-    loads through TMA (7 of 7)."""
+
+def _base_default(problem: AttentionProblem, dtype: torch.dtype) -> Config:
+    """64×64 tiles, 4 warps, 3 stages, TMA where the device has it; smaller tiles, fewer stages or
+    pointer loads only where the problem or the device demands it."""
     pack = problem.group > 1 and problem.lq < 64
     tma_choices = (True, False) if _tma_here() else (False,)
     for block_m in (64, 32, 16):
@@ -870,6 +888,36 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
                 if not SPEC.violations(problem, cfg, dtype):
                     return cfg
     return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
+
+
+def _wide_key_tile(problem: AttentionProblem, base: Config) -> bool:
+    """Whether the default's tile is query-light over a long key range on a grid no larger than
+    the SMs (see WIDE_KEY_TILE_MAX_ROWS)."""
+    return (int(base["BLOCK_M"]) <= WIDE_KEY_TILE_MAX_ROWS and int(base["BLOCK_N"]) == 64
+            and int(base["num_stages"]) == 3 and problem.lk >= WIDE_KEY_TILE_MIN_KEYS
+            and _programs(problem, base) <= _device_limits().multiprocessors)
+
+
+def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
+    """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (why: docs/results.md, "Why the
+    defaults"); GQA packing when there are fewer query rows than a tile; K/V through tensor
+    descriptors (TMA) where the device has them; 128-key tiles for tiles of ≤ 32 query rows over
+    ≥ 1,024 keys on a grid no larger than the SMs (WIDE_KEY_TILE_MAX_ROWS above says why); smaller
+    tiles, fewer stages or pointer loads only where the problem or the device demands it.
+
+    TMA: in the H200's recorded trials (results/sweep_trials_h200.json, search_trials_h200*.json:
+    the searches behind the shipped table, none of them held out), the default's tile with TMA was
+    faster than without on 8 of the 9 problems where both were measured (5–14%: prefill with and
+    without spans, cross-attention, 128-row chunks); the ninth (1,024 queries over 256 keys) is
+    answered by SDPA where untuned. Every config of this kernel the shipped table's searches chose
+    loads through TMA (7 of 7)."""
+    base = _base_default(problem, dtype)
+    if _wide_key_tile(problem, base):
+        for tma in dict.fromkeys((bool(base["USE_TMA"]), False)):
+            wide = base.replace(BLOCK_N=128, USE_TMA=tma)
+            if not SPEC.violations(problem, wide, dtype):
+                return wide
+    return base
 
 
 # Where no tuned shape answers, span-free problems of two kinds go to PyTorch's SDPA as it

@@ -1,0 +1,140 @@
+"""Attention's default for query-light tiles over long key ranges: 128-key tiles where a tile holds
+≤ 32 query rows, the keys number ≥ 1,024 and the grid has no more programs than the SMs (the
+H200 trials behind it: the comment at WIDE_KEY_TILE_MAX_ROWS in omnitune/kernels/attention.py).
+Every default and untuned answer stays a valid config, whatever the shape, dtype or device."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from omnitune.kernels import attention as attention_module
+from omnitune.kernels.attention import SPEC, WIDE_KEY_TILE_MIN_KEYS, AttentionProblem
+from omnitune.spec import Config, DeviceLimits
+
+from conftest import DEVICE
+
+BF16 = torch.bfloat16
+
+
+def _tile(cfg: Config) -> tuple:
+    return (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], cfg["PACK_GQA"], cfg["USE_TMA"])
+
+
+@pytest.mark.parametrize("problem, tile", [
+    # the training shapes: one query over 4,096 / 16,384 keys at batch 4, 16 programs packed — the
+    # 128-key tile was the best config of this kernel the searches found on both
+    (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=128), (16, 128, 4, 3, True, True)),
+    (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=16384, d=128), (16, 128, 4, 3, True, True)),
+    # causal, a few queries over long keys: 16 and 28 packed rows (16- and 32-row tiles), 32 and 8 programs
+    (AttentionProblem(b=8, h=32, hkv=4, lq=2, lk=4096, d=128, causal=True), (16, 128, 4, 3, True, True)),
+    (AttentionProblem(b=2, h=28, hkv=4, lq=4, lk=8192, d=128, causal=True), (32, 128, 4, 3, True, True)),
+    # no GQA: 8 rows of one head a program, 64 programs
+    (AttentionProblem(b=4, h=16, hkv=16, lq=8, lk=2048, d=64, causal=True), (16, 128, 4, 3, False, True)),
+    # a span mask: the same rows, the same loads
+    (AttentionProblem(b=1, h=28, hkv=4, lq=1, lk=9000, d=128, causal=True, spans=1, span_len=300),
+     (16, 128, 4, 3, True, True)),
+    # not taken: 256 programs (batch 64; measured neutral), more than the SMs
+    (AttentionProblem(b=64, h=28, hkv=4, lq=1, lk=4096, d=128), (16, 64, 4, 3, True, True)),
+    # not taken: 1,792 programs unpacked (measured 1.185x slower with 128 keys)
+    (AttentionProblem(b=64, h=28, hkv=28, lq=1, lk=4096, d=128), (16, 64, 4, 3, False, True)),
+    # not taken: fewer than 1,024 keys
+    (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=1023, d=128), (16, 64, 4, 3, True, True)),
+    # not taken: 64-row tiles (8 queries × 8 heads a kv head; 128 queries) — slower with 128 keys
+    (AttentionProblem(b=1, h=32, hkv=4, lq=8, lk=8192, d=128, causal=True), (64, 64, 4, 3, True, True)),
+    (AttentionProblem(b=1, h=28, hkv=4, lq=128, lk=4096, d=128, causal=True), (64, 64, 4, 3, False, True)),
+    # not taken: 3 stages of 128-key tiles do not fit at d=256 (the 2-stage wide tile measured slower)
+    (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=256), (16, 64, 4, 3, True, True)),
+])
+def test_the_default_takes_128_key_tiles_for_few_rows_over_long_keys_on_a_small_grid(problem, tile):
+    cfg = SPEC.default_config(problem, BF16)
+    assert _tile(cfg) == tile, cfg
+    assert cfg["BACKEND"] == "triton" and not SPEC.violations(problem, cfg, BF16)
+
+
+def test_fp32_keeps_64_key_tiles_where_3_stages_of_128_do_not_fit():
+    problem = AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=128)
+    assert SPEC.default_config(problem, torch.float16)["BLOCK_N"] == 128
+    cfg = SPEC.default_config(problem, torch.float32)
+    assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"]) == (16, 64, 3)
+    assert not SPEC.violations(problem, cfg, torch.float32)
+
+
+def test_the_rule_reads_the_devices_sms_and_tma(monkeypatch):
+    problem = AttentionProblem(b=8, h=32, hkv=4, lq=2, lk=4096, d=128, causal=True)  # 32 programs
+    assert SPEC.default_config(problem, BF16)["BLOCK_N"] == 128
+    # a GPU of 16 SMs: 32 programs are more than its SMs
+    monkeypatch.setattr(attention_module, "_device_limits", lambda: DeviceLimits(multiprocessors=16))
+    assert SPEC.default_config(problem, BF16)["BLOCK_N"] == 64
+    monkeypatch.undo()
+    # no TMA (before sm_90): the same wide tile through pointer loads, valid there
+    monkeypatch.setattr(attention_module, "_tma_here", lambda: False)
+    older = SPEC.default_config(problem, BF16)
+    assert _tile(older) == (16, 128, 4, 3, True, False)
+    assert not SPEC.violations(problem, older, BF16, dataclasses.replace(DeviceLimits(), compute_capability=(8, 0)))
+
+
+@pytest.mark.parametrize("problem, backend, block_n", [
+    # non-causal, a grid smaller than the SMs: the SDPA rule still answers first
+    (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=128), "sdpa", None),
+    # causal: this kernel, with the wide tile
+    (AttentionProblem(b=8, h=32, hkv=4, lq=2, lk=4096, d=128, causal=True), "triton", 128),
+    (AttentionProblem(b=64, h=28, hkv=4, lq=1, lk=4096, d=128), "triton", 64),
+])
+def test_the_untuned_answer_keeps_its_order(problem, backend, block_n):
+    answer = SPEC.untuned_answer(problem, BF16)
+    assert answer.get("BACKEND", "triton") == backend
+    if block_n is not None:
+        assert answer["BLOCK_N"] == block_n
+    assert not SPEC.violations(problem, answer, BF16)
+
+
+def _sweep():
+    for (h, hkv), lq, lk, d, b, mask in itertools.product(
+            ((1, 1), (8, 2), (28, 4), (64, 8)),
+            (1, 4, 7, 33, 96, 2048),
+            (20, 1023, 3000, 32768),
+            (64, 80, 128, 256),
+            (1, 64),
+            ("none", "causal", "spans")):
+        if mask == "spans":
+            if lk < 8:
+                continue
+            yield AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=True, spans=1, span_len=lk // 4)
+        else:
+            yield AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=mask == "causal")
+
+
+def test_every_default_and_untuned_answer_is_valid_over_a_sweep(monkeypatch):
+    problems = list(_sweep())
+    wide = 0
+    for tma in (True, False):
+        monkeypatch.setattr(attention_module, "_tma_here", lambda: tma)
+        limits = DeviceLimits() if tma else dataclasses.replace(DeviceLimits(), compute_capability=(8, 0))
+        for problem in problems:
+            for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                for cfg in (SPEC.default_config(problem, dtype), SPEC.untuned_answer(problem, dtype)):
+                    assert not SPEC.violations(problem, cfg, dtype, limits), (problem, dtype, cfg)
+                    assert SPEC.coerce_config(cfg.as_dict()) == cfg
+                default = SPEC.default_config(problem, dtype)
+                if default["BLOCK_N"] == 128:
+                    wide += 1
+                    assert default["BLOCK_M"] <= 32 and problem.lk >= WIDE_KEY_TILE_MIN_KEYS
+                    assert default["num_stages"] == 3 and default["num_warps"] == 4
+    assert wide  # the sweep reaches the rule
+
+
+def test_the_wide_tile_computes_attention():
+    # the rule's config on a shape it fires for, small enough for the interpreter: one query head
+    # pair over 1,024 keys (8 tiles), causal and not
+    for causal in (False, True):
+        problem = AttentionProblem(b=1, h=2, hkv=1, lq=3, lk=1024, d=64, causal=causal)
+        cfg = SPEC.default_config(problem, torch.float16)
+        assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PACK_GQA"]) == (16, 128, True)
+        inputs = SPEC.make_inputs(problem, torch.float16, DEVICE, seed=3)
+        out = SPEC.new_output(inputs)
+        assert SPEC.launch(inputs, out, cfg) is None
+        assert SPEC.compare(out, SPEC.reference(inputs)) < SPEC.tolerance[torch.float16]
