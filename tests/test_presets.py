@@ -187,3 +187,41 @@ def test_plan_estimates_from_the_searches_a_database_measured(tmp_path):
                                       "--db", str(empty)])
     assert result.exit_code == 0, result.output
     assert "assumed 0.22 s per trial" in result.output and f"no searches on a GPU in {empty}" in result.output
+
+
+def test_plan_says_how_long_the_lanes_take_from_the_gpu_time_the_searches_held(tmp_path):
+    import re
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app
+    from omnitune.cli.plan_rates import measured_rates
+    from omnitune.store import SearchRunRecord, open_db, record_search_run
+
+    path = tmp_path / "results.db"
+    db = open_db(path)
+    # Two lanes' searches: 40 s of wall each, 10 s of it waiting behind the other lane, 12 s on the GPU.
+    for _ in range(2):
+        record_search_run(db, SearchRunRecord("k|p|bf16|NVIDIA_H200", "NVIDIA_H200", "NVIDIA H200", "2026-12-03",
+                                              "budget", 50, 40.0, setup_s=2.0, retime_s=1.0, gpu_s=12.0,
+                                              lock_wait_s=10.0))
+    rates = measured_rates(path, "NVIDIA_H200")
+    assert rates.per_trial_s == pytest.approx((30.0 - 3.0) / 50)  # the wait is not the problem's own cost
+    assert rates.gpu_share == pytest.approx(24.0 / 60.0)
+    assert rates.in_lanes_s(300.0, 3) == pytest.approx(120.0)  # the GPU's share bounds it, not 300 / 3
+    assert rates.in_lanes_s(300.0, 5) == pytest.approx(120.0)
+    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30",
+                                      "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"in 3 lanes \(`omnitune search`'s default on a GPU\) ~.*held the GPU 40% of their own time",
+                     result.output)
+    # A database from before the GPU time was recorded: its rates all the same, no lanes line.
+    db.conn.close()
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE search_runs DROP COLUMN gpu_s")
+    con.execute("ALTER TABLE search_runs DROP COLUMN lock_wait_s")
+    con.commit()
+    con.close()
+    older = measured_rates(path, "NVIDIA_H200")
+    assert older.per_trial_s == pytest.approx((40.0 - 3.0) / 50) and older.gpu_share is None

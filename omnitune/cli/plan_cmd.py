@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path
+from omnitune.cli.search_lanes import DEFAULT_LANES
 from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
 from omnitune.durations import human_duration
 
@@ -127,6 +128,12 @@ def plan(
             console.print(f"      {p.valid_configs} valid configs, {p.trials} trials, ~{human_duration(p.estimate_s)}",
                           soft_wrap=True)
     console.print(f"\ntotal ~{human_duration(total_s)}: {escape(rates.source)}", soft_wrap=True)
+    problems = sum(len(preset_problems(preset, name)) for name in names)
+    lanes = min(DEFAULT_LANES, problems)
+    in_lanes_s = rates.in_lanes_s(total_s, lanes) if lanes > 1 else None
+    if in_lanes_s is not None:
+        console.print(f"in {lanes} lanes (`omnitune search`'s default on a GPU) ~{human_duration(in_lanes_s)}: those "
+                      f"searches held the GPU {rates.gpu_share:.0%} of their own time", soft_wrap=True)
     if files:
         console.print("then `omnitune export` writes: " + ", ".join(files)
                       + ("" if torch.cuda.is_available() else "  (<device_key>: the GPU's name, e.g. NVIDIA_H200)"),

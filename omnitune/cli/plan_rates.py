@@ -20,9 +20,20 @@ class Rates:
     per_trial_s: float
     per_problem_s: float
     source: str  # says where the figures come from, for the plan's last line
+    gpu_share: float | None = None
+    """The share of a search's own time (its wall less its wait behind other lanes) that it held
+    the GPU, measured; None where the database does not say."""
 
     def estimate_s(self, trials: int) -> float:
         return trials * self.per_trial_s + self.per_problem_s
+
+    def in_lanes_s(self, one_lane_s: float, lanes: int) -> float | None:
+        """A session of `one_lane_s` (one problem after another) run in `lanes` lanes: the lanes
+        overlap one search's host work with another's GPU work, but never run two on the GPU at
+        once — so no faster than `lanes` at a time, nor than the GPU's own share of the work."""
+        if self.gpu_share is None or lanes < 1:
+            return None
+        return max(one_lane_s / lanes, one_lane_s * self.gpu_share)
 
 
 ASSUMED = Rates(SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM,
@@ -40,7 +51,12 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     try:
         runs = read_table(db_path, "search_runs", SEARCH_RUN_COLUMNS)
     except StoreError as exc:
-        return _assumed(str(exc).split(";")[0])
+        # A database from before the GPU time was recorded (schema 3): its runs without it.
+        older = [c for c in SEARCH_RUN_COLUMNS if c not in ("gpu_s", "lock_wait_s")]
+        try:
+            runs = read_table(db_path, "search_runs", older).assign(gpu_s=None, lock_wait_s=None)
+        except StoreError:
+            return _assumed(str(exc).split(";")[0])
     # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost.
     runs = runs[(runs.measured > 0) & (runs.device_name != INTERPRETER_DEVICE)]
     if device_key is None and len(runs):
@@ -49,12 +65,17 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     if not len(runs):
         return _assumed(f"no searches on {device_key or 'a GPU'} in {db_path}")
     trials = int(runs.measured.sum())
-    trial_s = float((runs.wall_s - runs.setup_s - runs.retime_s).sum()) / trials
+    # A lane's wait for the GPU behind the others is not the problem's own cost.
+    own_s = runs.wall_s - runs.lock_wait_s.astype(float).fillna(0.0)
+    trial_s = float((own_s - runs.setup_s - runs.retime_s).sum()) / trials
     problem_s = float((runs.setup_s + runs.retime_s).mean())
+    timed = runs.gpu_s.notna()
+    gpu_share = float(runs.gpu_s[timed].astype(float).sum() / own_s[timed].sum()) if timed.any() else None
     name = runs.device_name.iloc[-1] or device_key
     return Rates(trial_s, problem_s,
                  f"{trial_s:.2g} s per trial, from {trials} trials measured on {name} + ~{problem_s:.0f} s per "
-                 f"problem (inputs, reference, finalists; measured over {len(runs)} searches in {db_path})")
+                 f"problem (inputs, reference, finalists; measured over {len(runs)} searches in {db_path})",
+                 gpu_share)
 
 
 def _assumed(why: str) -> Rates:

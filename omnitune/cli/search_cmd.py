@@ -316,6 +316,7 @@ def search_problems(
     import optuna
 
     from omnitune.profile.device import current_device_facts
+    from omnitune.measure.gpu_lock import gpu_lock_from_env
     from omnitune.measure.runner import Runner
     from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
     from omnitune.spec import DeviceLimits, dtype_name
@@ -394,6 +395,10 @@ def search_problems(
                 showing, report_progress = Live(view, console=console, transient=True, refresh_per_second=4), view.update
             else:
                 showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
+            # The GPU time of this problem, and its wait behind other lanes: the in-process runner's
+            # lock says (an isolated worker's is in its own process: not known here).
+            gpu_lock = gpu_lock_from_env()
+            held_before, waited_before = gpu_lock.held_s, gpu_lock.waited_s
             try:
                 with pool as compiling, showing:
                     outcome = run_search(
@@ -407,9 +412,12 @@ def search_problems(
                 err_console.print(_interrupted_line(lane))
                 raise typer.Exit(130) from None
             _close(runners)
+            in_process = isolate_timeout_s is None
             record_search_run(database, SearchRunRecord(
                 outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
-                outcome.wall_s, outcome.setup_s, outcome.retime_s))
+                outcome.wall_s, outcome.setup_s, outcome.retime_s,
+                gpu_s=gpu_lock.held_s - held_before if in_process else None,
+                lock_wait_s=gpu_lock.waited_s - waited_before if in_process else None))
             if ahead is not None:
                 console.print(f"{escape(search_title(spec, problem, dtype))}: {pool.report().summary()}", soft_wrap=True)
             console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)

@@ -88,17 +88,29 @@ class GpuLock:
 
 
 class _NoGpuLock:
-    """The lock of a process alone on its GPU: nothing to wait for."""
+    """The lock of a process alone on its GPU: nothing to wait for, but the time it is held is
+    counted all the same (the GPU time of a search, which `omnitune plan` reads)."""
 
     path = None
-    waited_s = held_s = 0.0
-    acquisitions = 0
+    waited_s = 0.0
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._taken_at = 0.0
+        self.held_s = 0.0
+        self.acquisitions = 0
 
     def __enter__(self) -> _NoGpuLock:
+        self._depth += 1
+        if self._depth == 1:
+            self._taken_at = time.perf_counter()
+            self.acquisitions += 1
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self._depth -= 1
+        if not self._depth:
+            self.held_s += time.perf_counter() - self._taken_at
 
     def close(self) -> None:
         return None

@@ -172,6 +172,14 @@ MIGRATIONS: tuple[Migration, ...] = (
                 retime_s REAL NOT NULL)""",
         ),
     ),
+    Migration(
+        4,
+        "search_runs: the GPU time each search held, and its wait for the GPU behind other lanes",
+        (
+            "ALTER TABLE search_runs ADD COLUMN gpu_s REAL",
+            "ALTER TABLE search_runs ADD COLUMN lock_wait_s REAL",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

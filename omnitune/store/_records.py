@@ -211,7 +211,11 @@ def _write_errors() -> Iterator[None]:
 class SearchRunRecord:
     """One row of `search_runs`: one run of one study's search, timed. `setup_s` (inputs and the
     reference) and `retime_s` (the finalists) are the fixed cost of a problem; the rest of
-    `wall_s` spent on `measured` trials is the per-trial cost `omnitune plan` estimates with."""
+    `wall_s` spent on `measured` trials is the per-trial cost `omnitune plan` estimates with.
+    `gpu_s`: how long the search held the GPU (its GPU lock: the reference, checks, timings,
+    re-timing); `lock_wait_s`: how long it waited for the lock while other lanes held it — part of
+    `wall_s` that a search alone on its GPU would not spend. None where not known (a search
+    measured in isolated workers, or recorded before they were)."""
 
     study: str
     device_key: str
@@ -222,6 +226,8 @@ class SearchRunRecord:
     wall_s: float
     setup_s: float
     retime_s: float
+    gpu_s: float | None = None
+    lock_wait_s: float | None = None
 
 
 SEARCH_RUN_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SearchRunRecord))
