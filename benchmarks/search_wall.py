@@ -156,6 +156,7 @@ def problem_rows(db: str, since_utc: str, tables: Path = REPO / "tuned_configs")
         rows.append({
             "kernel": kernel, "problem": problem_key, "dtype": dtype, "stop_reason": run["stop_reason"],
             "wall_s": run["wall_s"], "setup_s": run["setup_s"], "retime_s": run["retime_s"],
+            "gpu_s": run.get("gpu_s"), "lock_wait_s": run.get("lock_wait_s"),
             "measured_this_run": run["measured"], "trials_total": best.get("trials"),
             "best_ms": best.get("time_ms"), "default_ms": best.get("default_time_ms"),
             "speedup_vs_default": best.get("speedup_vs_default"), "best_config": best.get("best_config"),
@@ -170,6 +171,10 @@ def summary(result: dict) -> str:
     busy = result["gpu"]["busy_fraction"]
     lines = [f"{len(rows)} problems in {result['wall_s']:.0f} s (exit {result['returncode']}); GPU busy "
              + (f"{busy:.0%}" if busy is not None else f"unknown ({result['gpu']['unavailable']})")]
+    held = [r["gpu_s"] for r in rows if r.get("gpu_s") is not None]
+    if held and result["wall_s"] > 0:
+        lines.append(f"the searches held the GPU {sum(held):.0f} s ({sum(held) / result['wall_s']:.0%} of the wall): "
+                     "the reference, checks, timings and re-timing, one search at a time")
     better = [r for r in rows if r["speedup_vs_default"] and r["shipped"] and r["shipped"]["speedup_vs_default"]]
     if better:
         ratio = sum(r["speedup_vs_default"] / r["shipped"]["speedup_vs_default"] for r in better) / len(better)
