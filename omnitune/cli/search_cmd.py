@@ -432,8 +432,9 @@ def search_problems(
                 )
                 raise typer.Exit(1)
             if profile_top:
-                profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
-                             database=database, device_key=device.key)
+                with gpu_lock:  # Nsight Compute replays the kernels: GPU work, one lane at a time
+                    profile_best(spec, kernel_arg or spec.name, problem, dtype, outcome.ranking[:profile_top],
+                                 database=database, device_key=device.key)
 
 
 def _close(runners: list) -> None:
