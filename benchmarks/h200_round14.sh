@@ -9,8 +9,10 @@
 # timed it beside the search's best.
 # Then, with the time left: the two held-out attention problems whose default config the
 # query-light rule changed (benchmarks/coverage.py --offset 21 --limit 2, a fresh file).
-# Part B: the same whole-model search with one lane (--lanes 1), for the before-and-after in one
-# session.
+# Part B: the lanes' GPU tests again (part A's five failures were the tests': a config already
+# bound in the test process compiles nothing to watch, and the finalists' re-timings counted as
+# trials), then the same whole-model search with one lane (--lanes 1), for the before-and-after in
+# one session.
 part=${1:?part A|B}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
@@ -24,6 +26,7 @@ case $part in
     fi
     ;;
   B)
+    step 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_lanes.py
     step $(left 590) python benchmarks/search_wall.py --out "$OUT/search_wall_h200_round14_B_one_lane.json" \
       --timeout $(left 560) -- --lanes 1
     ;;
