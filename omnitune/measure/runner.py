@@ -178,9 +178,11 @@ class Runner:
                 try:
                     self.spec.launch(self.inputs, self._capture_out, config)
                 finally:
-                    graph.capture_end()
+                    # Before the capture ends: an end that fails still leaves the kernels compiled.
                     self._loaded_facts[config] = self._compiled_extra(watch)
+                    graph.capture_end()
         except Exception as exc:  # noqa: BLE001 — the check under the lock reports what a config does wrong
+            log.debug("loading %s ahead: %s: %s", config, type(exc).__name__, exc)
             if self._capture_stream is not None and _capturing(self._capture_stream):
                 log.warning("configs are loaded under the GPU lock from now on: a capture did not end (%s)", exc)
                 self._loads_ahead = False
