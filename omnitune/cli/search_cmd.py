@@ -413,17 +413,19 @@ def search_problems(
                 raise typer.Exit(130) from None
             _close(runners)
             in_process = isolate_timeout_s is None
+            lock_wait_s = gpu_lock.waited_s - waited_before if in_process else None
             record_search_run(database, SearchRunRecord(
                 outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
                 outcome.wall_s, outcome.setup_s, outcome.retime_s,
-                gpu_s=gpu_lock.held_s - held_before if in_process else None,
-                lock_wait_s=gpu_lock.waited_s - waited_before if in_process else None))
+                gpu_s=gpu_lock.held_s - held_before if in_process else None, lock_wait_s=lock_wait_s))
             if ahead is not None:
                 console.print(f"{escape(search_title(spec, problem, dtype))}: {pool.report().summary()}", soft_wrap=True)
             console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
             for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
                 console.print(line, soft_wrap=True)
             if phases := outcome.phase_line():
+                if lane is not None and lock_wait_s and lock_wait_s >= 0.05:
+                    phases += f"; the lane waited {lock_wait_s:.1f} s of that for the GPU, behind other lanes"
                 console.print(f"  {phases}", soft_wrap=True)
             if outcome.stop_reason is StopReason.CONTEXT_LOST:
                 err_console.print(
