@@ -111,6 +111,7 @@ def plan(
         soft_wrap=True,
     )
     total_s = 0.0
+    problems_planned = 0
     files = []
     for name in names:
         problems = preset_problems(preset, name)
@@ -118,6 +119,7 @@ def plan(
             console.print(f"\n[bold]{name}[/]: not used by this model", soft_wrap=True)
             continue
         planned = plan_kernel(name, problems, torch_dtype, trials, rates)
+        problems_planned += len(planned)
         kernel_s = sum(p.estimate_s for p in planned)
         total_s += kernel_s
         files.append(str(table_path("tuned_configs", name, key)))
@@ -128,8 +130,7 @@ def plan(
             console.print(f"      {p.valid_configs} valid configs, {p.trials} trials, ~{human_duration(p.estimate_s)}",
                           soft_wrap=True)
     console.print(f"\ntotal ~{human_duration(total_s)}: {escape(rates.source)}", soft_wrap=True)
-    problems = sum(len(preset_problems(preset, name)) for name in names)
-    lanes = min(DEFAULT_LANES, problems)
+    lanes = min(DEFAULT_LANES, problems_planned)
     in_lanes_s = rates.in_lanes_s(total_s, lanes) if lanes > 1 else None
     if in_lanes_s is not None:
         console.print(f"in {lanes} lanes (`omnitune search`'s default on a GPU) ~{human_duration(in_lanes_s)}: those "

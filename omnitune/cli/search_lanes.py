@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import threading
 
 from rich.markup import escape
 
@@ -79,11 +78,8 @@ def search_in_lanes(argv: list[str], lanes: int, *, db: str, storage: str | None
         commands = [lane_command() + argv + ["--lane-session", folder, "--lane-index", str(i)] for i in range(lanes)]
         console.print(f"searching in {lanes} lanes sharing the GPU (--lanes); each problem's lines carry its lane",
                       soft_wrap=True)
-        printing = threading.Lock()
-
-        def echo(index: int, line: str) -> None:
-            with printing:
-                console.print(f"[dim]{index}│[/] {escape(line)}", soft_wrap=True, highlight=False)
+        def echo(index: int, line: str) -> None:  # the console takes its own lock: relays may call at once
+            console.print(f"[dim]{index}│[/] {escape(line)}", soft_wrap=True, highlight=False)
 
         result = run_lanes(commands, folder, env=env, echo=echo)
     held, wall = result.gpu_held_s, max(result.wall_s, 1e-9)
@@ -99,5 +95,3 @@ def leave_lane_stats(lane: LaneSession) -> None:
     lock = gpu_lock_from_env()
     lane.write_stats({"lane": lane.index, "gpu_lock_held_s": lock.held_s, "gpu_lock_waited_s": lock.waited_s,
                       "gpu_lock_acquisitions": lock.acquisitions})
-
-

@@ -26,40 +26,29 @@ from pathlib import Path
 GPU_LOCK_ENV = "OMNITUNE_GPU_LOCK"
 
 
-class GpuLock:
-    """Exclusive use of the GPU among the processes that open the same `path`. Re-entrant within
-    a process (a holder may take it again, e.g. a reference computed inside a measurement), and
-    safe to share between the threads of one process. `waited_s` and `held_s` say how long this
-    process waited for it and held it: a lane's idle time and its GPU time."""
+class _Held:
+    """Taking and giving back, re-entrant within a thread (a holder may take it again, e.g. a
+    reference computed inside a measurement), with its accounting: `held_s`, how long it was held
+    (the GPU time of this process's searches, which `omnitune plan` reads), and `acquisitions`.
+    Subclasses say what taking it waits for (`_take`, `_give`)."""
 
-    def __init__(self, path: str | Path):
-        self.path = str(path)
-        self._fd: int | None = None
+    waited_s = 0.0
+
+    def __init__(self) -> None:
         self._depth = 0
         self._owner: int | None = None
-        self._threads = threading.Lock()  # one thread of this process at a time holds the file lock
         self._taken_at = 0.0
-        self.waited_s = 0.0
         self.held_s = 0.0
         self.acquisitions = 0
 
-    def __enter__(self) -> GpuLock:
+    def __enter__(self):
         me = threading.get_ident()
         if self._owner == me:
             self._depth += 1
             return self
-        began = time.perf_counter()
-        self._threads.acquire()
-        try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._threads.release()
-            raise
+        self._take()
         self._owner, self._depth = me, 1
         self._taken_at = time.perf_counter()
-        self.waited_s += self._taken_at - began
         self.acquisitions += 1
         return self
 
@@ -69,6 +58,43 @@ class GpuLock:
             return
         self.held_s += time.perf_counter() - self._taken_at
         self._owner = None
+        self._give()
+
+    def _take(self) -> None:
+        return None
+
+    def _give(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class GpuLock(_Held):
+    """Exclusive use of the GPU among the processes that open the same `path`, and among the
+    threads of one process. `waited_s` says how long this process waited for it: a lane's idle
+    time; `held_s` its GPU time."""
+
+    def __init__(self, path: str | Path):
+        super().__init__()
+        self.path = str(path)
+        self._fd: int | None = None
+        self._threads = threading.Lock()  # one thread of this process at a time holds the file lock
+        self.waited_s = 0.0
+
+    def _take(self) -> None:
+        began = time.perf_counter()
+        self._threads.acquire()
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        self.waited_s += time.perf_counter() - began
+
+    def _give(self) -> None:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
@@ -87,33 +113,11 @@ class GpuLock:
         self.__init__(state["path"])
 
 
-class _NoGpuLock:
+class _NoGpuLock(_Held):
     """The lock of a process alone on its GPU: nothing to wait for, but the time it is held is
-    counted all the same (the GPU time of a search, which `omnitune plan` reads)."""
+    counted all the same."""
 
     path = None
-    waited_s = 0.0
-
-    def __init__(self) -> None:
-        self._depth = 0
-        self._taken_at = 0.0
-        self.held_s = 0.0
-        self.acquisitions = 0
-
-    def __enter__(self) -> _NoGpuLock:
-        self._depth += 1
-        if self._depth == 1:
-            self._taken_at = time.perf_counter()
-            self.acquisitions += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._depth -= 1
-        if not self._depth:
-            self.held_s += time.perf_counter() - self._taken_at
-
-    def close(self) -> None:
-        return None
 
 
 NO_GPU_LOCK = _NoGpuLock()

@@ -142,11 +142,7 @@ def run_lanes(commands: Sequence[Sequence[str]], folder: str | Path, *, env: dic
     except KeyboardInterrupt:
         (Path(folder) / STOP_FILE).touch()
         _interrupt(processes)
-        codes = [process.returncode if process.returncode is not None else 130 for process in processes]
-        for relay in relays:
-            relay.join(timeout=5)
-        return LanesResult([130 if c in (None, -signal.SIGINT) else c for c in codes], time.monotonic() - began,
-                           read_lane_stats(folder, len(commands)))
+        codes = [130 if p.returncode == -signal.SIGINT else p.returncode for p in processes]
     for relay in relays:
         relay.join(timeout=5)
     return LanesResult(codes, time.monotonic() - began, read_lane_stats(folder, len(commands)))
