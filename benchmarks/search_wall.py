@@ -11,6 +11,13 @@ over the default, config and time. Writes it all as JSON and prints a short summ
 
     python benchmarks/search_wall.py --out benchmarks/results/search_wall_h200.json
 
+The same thread reads the host's CPU counters (/proc/stat, where there is one): the share of all
+cores busy, over the search and per sample, and each problem's row carries the CPU time its search
+took (its own process's, and its precompile workers' for its configs). Both series are also kept
+in 5-second bins (`timeline`), so that a phase bound by compiling shows as the CPU full and the
+GPU idle. `--fresh-triton-cache` runs the search with an empty Triton cache of its own (what a
+first search on a machine meets: every config compiled).
+
 Without NVML (no driver, no nvidia-ml-py) the search still runs; the busy fraction is then null
 and the JSON says why. Extra arguments after `--` go to omnitune search unchanged.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -32,6 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_PERIOD_S = 0.1
+TIMELINE_BIN_S = 5.0
 # The device call that runs this is limited to 600 s: the search stops in time to leave margin
 # for its finalists, the report and the start of the interpreter.
 DEFAULT_TIMEOUT_S = 540.0
@@ -45,6 +54,7 @@ class GpuSampler(threading.Thread):
         super().__init__(daemon=True)
         self.index, self.period_s = index, period_s
         self.samples: list[dict] = []
+        self.cpu_samples: list[dict] = []  # {"t", "busy"}: the host's cores, busy share since the last read
         self.unavailable: str | None = None
         self.stopping = threading.Event()
 
@@ -54,20 +64,47 @@ class GpuSampler(threading.Thread):
         device = telemetry._open(self.index)  # the project's one NVML reader, opened once per process
         if device is None:
             self.unavailable = "NVML not available: no pynvml, no driver, or no such GPU"
-            return
+        last_cpu = cpu_counters()
         while not self.stopping.is_set():
             at = time.monotonic()
-            sample = device.sample()
-            if sample.utilization_pct is None:  # one failed read is a gap, not the end
-                self.unavailable = "an NVML read gave no utilization"
-            else:
-                self.samples.append({"t": at, "util": sample.utilization_pct, "sm_mhz": sample.sm_clock_mhz,
-                                     "power_w": sample.power_w})
+            if device is not None:
+                sample = device.sample()
+                if sample.utilization_pct is None:  # one failed read is a gap, not the end
+                    self.unavailable = "an NVML read gave no utilization"
+                else:
+                    self.samples.append({"t": at, "util": sample.utilization_pct, "sm_mhz": sample.sm_clock_mhz,
+                                         "power_w": sample.power_w})
+            now_cpu = cpu_counters()
+            if last_cpu is not None and now_cpu is not None and now_cpu[1] > last_cpu[1]:
+                self.cpu_samples.append({"t": at, "busy": (now_cpu[0] - last_cpu[0]) / (now_cpu[1] - last_cpu[1])})
+            last_cpu = now_cpu
             self.stopping.wait(max(0.0, self.period_s - (time.monotonic() - at)))
 
     def stop(self) -> None:
         self.stopping.set()
         self.join(timeout=5)
+
+
+def cpu_counters(stat: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) jiffies of all the host's cores since boot, from the first line of
+    /proc/stat (busy: all but idle and iowait); None where there is no such file."""
+    try:
+        with open(stat) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    total = sum(fields[:8])  # guest times are counted inside user already
+    return total - idle, total
+
+
+def timeline(samples: list[dict], field: str, start: float, end: float, bin_s: float = TIMELINE_BIN_S) -> list:
+    """The mean of `field` over each `bin_s` of [start, end] (None for a bin without samples)."""
+    bins: list[list[float]] = [[] for _ in range(max(1, math.ceil((end - start) / bin_s)))]
+    for s in samples:
+        if start <= s["t"] <= end and s[field] is not None:
+            bins[min(len(bins) - 1, int((s["t"] - start) // bin_s))].append(s[field])
+    return [round(sum(b) / len(b), 3) if b else None for b in bins]
 
 
 def busy_fraction(samples: list[dict], start: float, end: float) -> float | None:
@@ -157,6 +194,7 @@ def problem_rows(db: str, since_utc: str, tables: Path = REPO / "tuned_configs")
             "kernel": kernel, "problem": problem_key, "dtype": dtype, "stop_reason": run["stop_reason"],
             "wall_s": run["wall_s"], "setup_s": run["setup_s"], "retime_s": run["retime_s"],
             "gpu_s": run.get("gpu_s"), "lock_wait_s": run.get("lock_wait_s"),
+            "cpu_s": run.get("cpu_s"), "compile_cpu_s": run.get("compile_cpu_s"),
             "measured_this_run": run["measured"], "trials_total": best.get("trials"),
             "best_ms": best.get("time_ms"), "default_ms": best.get("default_time_ms"),
             "speedup_vs_default": best.get("speedup_vs_default"), "best_config": best.get("best_config"),
@@ -175,6 +213,12 @@ def summary(result: dict) -> str:
     if held and result["wall_s"] > 0:
         lines.append(f"the searches held the GPU {sum(held):.0f} s ({sum(held) / result['wall_s']:.0%} of the wall): "
                      "the reference, checks, timings and re-timing, one search at a time")
+    cpu = result.get("cpu", {})
+    if cpu.get("busy_fraction") is not None:
+        searching = sum(r.get("cpu_s") or 0 for r in rows)
+        compiling = sum(r.get("compile_cpu_s") or 0 for r in rows)
+        lines.append(f"the host's {cpu['cores']} cores busy {cpu['busy_fraction']:.0%} of the wall; CPU time of the "
+                     f"searching processes {searching:.0f} s, of their compile workers {compiling:.0f} s")
     better = [r for r in rows if r["speedup_vs_default"] and r["shipped"] and r["shipped"]["speedup_vs_default"]]
     if better:
         ratio = sum(r["speedup_vs_default"] / r["shipped"]["speedup_vs_default"] for r in better) / len(better)
@@ -201,6 +245,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="passed to omnitune search: no new trial after this many seconds")
     parser.add_argument("--db", default=None, help="results database [default: a fresh one in a temporary folder]")
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to sample")
+    parser.add_argument("--fresh-triton-cache", action="store_true",
+                        help="search with an empty Triton cache of its own: every config compiled, as on a first run")
     parser.add_argument("extra", nargs="*", help="after --: more arguments for omnitune search")
     return parser.parse_args(argv)
 
@@ -210,20 +256,29 @@ def main(argv: list[str] | None = None) -> int:
     db = args.db or str(Path(tempfile.mkdtemp(prefix="search_wall_")) / "omnitune.db")
     command = search_command(args, db)
     since_utc = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+    env = os.environ.copy()
+    if args.fresh_triton_cache:
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="search_wall_triton_")
     sampler = GpuSampler(args.gpu)
     sampler.start()
     started = time.monotonic()
-    returncode = subprocess.run(command, cwd=REPO, env=os.environ.copy()).returncode
+    returncode = subprocess.run(command, cwd=REPO, env=env).returncode
     ended = time.monotonic()
     sampler.stop()
     within = [s for s in sampler.samples if started <= s["t"] <= ended]
+    cpu_within = [s["busy"] for s in sampler.cpu_samples if started <= s["t"] <= ended]
     result = {
         "command": command, "db": db, "returncode": returncode, "wall_s": ended - started,
-        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+        "triton_cache_dir": env.get("TRITON_CACHE_DIR", "~/.triton/cache"),
+        "fresh_triton_cache": args.fresh_triton_cache,
         "gpu": {"busy_fraction": busy_fraction(sampler.samples, started, ended), "samples": len(within),
                 "sample_period_s": SAMPLE_PERIOD_S, "mean_sm_mhz": _mean(within, "sm_mhz"),
                 "mean_power_w": _mean(within, "power_w"),
                 "unavailable": sampler.unavailable if not within else None},
+        "cpu": {"busy_fraction": sum(cpu_within) / len(cpu_within) if cpu_within else None,
+                "cores": os.cpu_count(), "samples": len(cpu_within)},
+        "timeline": {"bin_s": TIMELINE_BIN_S, "gpu_busy": timeline(sampler.samples, "util", started, ended),
+                     "cpu_busy": timeline(sampler.cpu_samples, "busy", started, ended)},
         "problems": problem_rows(db, since_utc) if Path(db).is_file() else [],
         "shipped_note": "shipped: the entry of tuned_configs/<kernel>/NVIDIA_H200*.json for the same "
                         "problem and dtype (speedup_vs_default as exported), or null when it has none",

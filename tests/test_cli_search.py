@@ -61,9 +61,12 @@ def test_search_stores_the_trials_default_first_and_resumes(tmp_db):
     assert all(r["status"] == "ok" for r in measured)  # the kernel is right for every config
     # The run's timing, for `omnitune plan`: its trials and its fixed costs within its wall time.
     conn = sqlite3.connect(tmp_db)
-    (run,) = conn.execute("SELECT measured, wall_s, setup_s, retime_s, device_key FROM search_runs").fetchall()
+    (run,) = conn.execute("SELECT measured, wall_s, setup_s, retime_s, device_key, cpu_s, compile_cpu_s "
+                          "FROM search_runs").fetchall()
     conn.close()
     assert run[0] == 4 and run[4] == device_key and 0 < run[2] + run[3] < run[1]
+    # The searching process's own CPU time; compile workers' only where they ran (none interpreted).
+    assert run[5] > 0 and (run[6] is None) == (not ON_GPU)
     summary = [line for line in first.stdout.splitlines() if line.startswith("attention ")]
     assert len(summary) == 1
     # where the trial loop's time went, each phase within the run's wall time

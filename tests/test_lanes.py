@@ -195,17 +195,25 @@ def test_a_lane_started_after_ctrl_c_stops_before_searching(tmp_path):
         signal.signal(signal.SIGINT, previous)
 
 
-def test_the_next_problem_prepared_ahead_passes_over_those_other_lanes_claimed(tmp_path):
+def test_the_next_problem_prepared_ahead_is_claimed_first_and_passes_over_those_other_lanes_claimed(tmp_path):
     from omnitune.registry import get_spec
 
     spec = get_spec("kv_cache_write")
     problems = [spec.parse_shape(key) for key in KEYS]
     log: list = []
     ahead, _ = _ahead(spec, problems, log)
-    LaneSession(tmp_path, 1).claim(ahead.keys[1])  # another lane searches the second
-    ahead.taken = LaneSession(tmp_path, 0).taken
+    other, this = LaneSession(tmp_path, 1), LaneSession(tmp_path, 0)
+    other.claim(ahead.keys[1])  # another lane searches the second
+    ahead.claim = this.claim
     ahead.prepare_after(spec, problems[0], DTYPE, limits=DeviceLimits(), device_key="cpu")
     assert log and log[0] == ("open", spec.problem_key(problems[2]))  # the third is prepared instead
+    # ... and claimed by this lane before its configs were handed to the workers: another lane
+    # looking ahead from the same place passes over it, and this lane's search still takes it.
+    assert other.taken(ahead.keys[2]) and not this.taken(ahead.keys[2]) and this.claim(ahead.keys[2])
+    other_ahead, _ = _ahead(spec, problems, other_log := [])
+    other_ahead.claim = other.claim
+    other_ahead.prepare_after(spec, problems[0], DTYPE, limits=DeviceLimits(), device_key="cpu")
+    assert [entry[:2] for entry in other_log if entry[0] == "open"] == [("open", spec.problem_key(problems[1]))]  # its own, never the third
 
 
 # --- run_lanes and the session's exit code ---------------------------------------------------------

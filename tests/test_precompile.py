@@ -25,7 +25,8 @@ def test_healthy_configs_all_compile_and_progress_is_reported():
                         on_done=lambda done, total: seen.append((done, total)))
     assert report.compiled == 3 and not report.failed  # the duplicate is launched once
     assert seen[-1] == (3, 3)
-    assert "precompiled 3 configs" in report.summary()
+    assert report.cpu_s > 0  # the workers' own CPU time, reported back with each config
+    assert "precompiled 3 configs" in report.summary() and "s of their CPU" in report.summary()
 
 
 def test_failing_configs_are_reported_not_raised():
@@ -105,13 +106,13 @@ def test_the_problems_of_a_search_share_the_worker_processes():
             configs = spec.valid_configs(first, torch.float16)[:2]
             pool.submit(configs)
             for future in pool.futures.values():
-                assert future.result(timeout=120) is None
+                assert future.result(timeout=120).error is None
             processes = set(pool.pool._processes)
         with ahead.PrecompilePool(spec, second, torch.float16, workers=2, device="cpu") as again:
             assert again.pool is pool.pool  # the same executor, still running
             again.submit(spec.valid_configs(second, torch.float16)[:2])
             for future in again.futures.values():
-                assert future.result(timeout=120) is None
+                assert future.result(timeout=120).error is None
             assert set(again.pool._processes) == processes
     finally:
         ahead.close_shared_workers()
@@ -127,7 +128,7 @@ def test_a_worker_switches_problems_and_drops_the_previous_inputs(monkeypatch):
     for key in ("t=9,hkv=2,d=16,block_size=4", "t=5,hkv=1,d=32,block_size=8"):
         identity = ("kv_cache_write", key, torch.float16, "cpu")
         config = spec.default_config(spec.parse_shape(key), torch.float16).as_dict()
-        assert pre._launch_for(identity, config) is None
+        assert pre._launch_for(identity, config).error is None
         assert pre._problem_state["identity"] == identity
         assert pre._problem_state["inputs"].key.shape[0] == spec.parse_shape(key).t
 
@@ -157,7 +158,7 @@ def test_a_worker_still_busy_when_its_problem_ends_is_not_handed_the_next(monkey
             with pytest.raises(Exception):
                 pool.futures[Config(FAULT="exit", BLOCK=32)].result(timeout=120)  # the worker died
             pool.submit([Config(FAULT="none", BLOCK=32)])  # a broken pool is started again
-            assert pool.futures[Config(FAULT="none", BLOCK=32)].result(timeout=120) is None
+            assert pool.futures[Config(FAULT="none", BLOCK=32)].result(timeout=120).error is None
     finally:
         ahead.close_shared_workers()
 
@@ -178,6 +179,39 @@ def test_a_pool_prepared_ahead_submits_again_what_the_previous_problems_end_kill
         ahead.close_shared_workers()  # as the previous problem's close does with a hung worker
         prepared.revive()
         assert prepared.pool is not killed
-        assert prepared.futures[config].result(timeout=120) is None
+        assert prepared.futures[config].result(timeout=120).error is None
     finally:
         ahead.close_shared_workers()
+
+
+@pytest.mark.gpu
+def test_a_worker_on_the_gpu_compiles_by_capture_and_puts_nothing_on_the_gpu(monkeypatch):
+    """Another process may be timing its kernels: a worker's launch is captured into a graph that is
+    thrown away. The KV write writes into its output's caches, so a launch that ran would show."""
+    import dataclasses
+
+    from omnitune.measure import precompile as pre
+    from omnitune.measure.capture_load import CaptureLoader
+
+    spec = get_spec("kv_cache_write")
+    problem = spec.parse_shape("t=37,hkv=2,d=64,block_size=16")
+    inputs = spec.make_inputs(problem, torch.bfloat16, "cuda", 0)
+    made = []
+
+    def new_output(given):
+        made.append(spec.new_output(given))
+        return made[-1]
+
+    monkeypatch.setattr(pre, "_problem_state", {"spec": dataclasses.replace(spec, new_output=new_output),
+                                                "inputs": inputs})
+    monkeypatch.setattr(pre, "_capture", CaptureLoader())
+    configs = spec.valid_configs(problem, torch.bfloat16)
+    for config in (configs[0], configs[-1]):
+        assert pre._launch_once(config.as_dict()) is None
+        torch.cuda.synchronize()
+        assert torch.equal(made[-1], spec.new_output(inputs))  # untouched: nothing ran
+        assert pre._capture.usable and not torch.cuda.is_current_stream_capturing()
+        ran = spec.new_output(inputs)
+        spec.launch(inputs, ran, config)  # the same launch for real writes the caches, rightly
+        assert not torch.equal(ran, made[-1])
+        assert spec.compare(ran, spec.reference(inputs)) <= spec.tolerance[torch.bfloat16]

@@ -26,6 +26,17 @@ def test_the_busy_fraction_is_the_mean_utilization_within_the_search():
     assert search_wall.busy_fraction(samples, 4.0, 5.0) is None
 
 
+def test_the_hosts_cpu_share_comes_from_proc_stat_and_bins_into_a_timeline(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert search_wall.cpu_counters(str(stat)) == (150, 1000)  # idle and iowait are not busy; guest is in user
+    assert search_wall.cpu_counters(str(tmp_path / "absent")) is None
+    samples = [{"t": t, "busy": b} for t, b in ((0.5, 1.0), (4.0, 0.5), (6.0, 0.2), (14.9, 0.4), (99.0, 1.0))]
+    assert search_wall.timeline(samples, "busy", 0.0, 15.0, bin_s=5.0) == [0.75, 0.2, 0.4]  # 99.0: after the end
+    assert search_wall.timeline(samples, "busy", 0.0, 21.0, bin_s=5.0) == [0.75, 0.2, 0.4, None, None]
+
+
 def test_without_nvml_the_sampler_says_why_and_takes_no_samples(monkeypatch):
     from omnitune.profile import telemetry
 
@@ -53,6 +64,7 @@ def test_the_rows_come_from_the_database_with_the_shipped_tables_beside_them(tmp
     assert [r["problem"] for r in rows] == list(KEYS)
     first, second = rows
     assert first["measured_this_run"] == 3 and first["trials_total"] == 3 and first["wall_s"] > 0
+    assert first["cpu_s"] > 0 and first["compile_cpu_s"] is None  # interpreted: no compile workers
     assert first["best_ms"] <= first["default_ms"] and first["speedup_vs_default"] >= 1
     assert first["shipped"]["speedup_vs_default"] == 2.0 and second["shipped"] is None
     assert search_wall.problem_rows(db, "2999-01-01T00:00:00+00:00", tables) == []  # not this run's

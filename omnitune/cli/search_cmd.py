@@ -197,7 +197,7 @@ def search(
         from omnitune.search.prepare_next import ProblemsAhead
 
         ahead = ProblemsAhead([(t.spec, p, t.dtype) for t in targets for p in t.problems],
-                              workers=precompile_workers, trials=trials, taken=lane.taken if lane else None)
+                              workers=precompile_workers, trials=trials, claim=lane.claim if lane else None)
     try:
         for target in targets:
             # The timeout covers every kernel together; a kernel reached after it still says so.
@@ -399,6 +399,7 @@ def search_problems(
             # lock says (an isolated worker's is in its own process: not known here).
             gpu_lock = gpu_lock_from_env()
             held_before, waited_before = gpu_lock.held_s, gpu_lock.waited_s
+            cpu_before = time.process_time()
             try:
                 with pool as compiling, showing:
                     outcome = run_search(
@@ -412,14 +413,17 @@ def search_problems(
                 err_console.print(_interrupted_line(lane))
                 raise typer.Exit(130) from None
             _close(runners)
+            compile_report = pool.report() if ahead is not None else None
             in_process = isolate_timeout_s is None
             lock_wait_s = gpu_lock.waited_s - waited_before if in_process else None
             record_search_run(database, SearchRunRecord(
                 outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
                 outcome.wall_s, outcome.setup_s, outcome.retime_s,
-                gpu_s=gpu_lock.held_s - held_before if in_process else None, lock_wait_s=lock_wait_s))
-            if ahead is not None:
-                console.print(f"{escape(search_title(spec, problem, dtype))}: {pool.report().summary()}", soft_wrap=True)
+                gpu_s=gpu_lock.held_s - held_before if in_process else None, lock_wait_s=lock_wait_s,
+                cpu_s=time.process_time() - cpu_before,
+                compile_cpu_s=compile_report.cpu_s if compile_report is not None else None))
+            if compile_report is not None:
+                console.print(f"{escape(search_title(spec, problem, dtype))}: {compile_report.summary()}", soft_wrap=True)
             console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
             for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
                 console.print(line, soft_wrap=True)

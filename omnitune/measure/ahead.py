@@ -28,7 +28,14 @@ from typing import Any, Protocol
 
 import torch
 
-from omnitune.measure.precompile import PrecompileReport, _launch_for, default_workers, end_workers, problem_identity
+from omnitune.measure.precompile import (
+    PrecompileReport,
+    _launch_for,
+    default_workers,
+    end_workers,
+    launched,
+    problem_identity,
+)
 from omnitune.spec import Config, KernelSpec
 
 
@@ -137,12 +144,10 @@ class PrecompilePool:
         self.waited_s += time.perf_counter() - waiting
 
     def report(self) -> PrecompileReport:
-        done = [f for f in self.futures.values() if f.done() and not f.cancelled()]
-        failed = {c: f.result() for c, f in self.futures.items()
-                  if f in done and f.exception() is None and f.result()}
-        failed |= {c: "worker lost" for c, f in self.futures.items() if f in done and f.exception() is not None}
+        done = {c: launched(f) for c, f in self.futures.items() if f.done() and not f.cancelled()}
+        failed = {c: outcome.error for c, outcome in done.items() if outcome.error}
         return PrecompileReport(len(done) - len(failed), failed, time.perf_counter() - self.started, self.workers,
-                                self.waited_s)
+                                self.waited_s, cpu_s=sum(outcome.cpu_s for outcome in done.values()))
 
     def close(self) -> None:
         """Cancel this problem's configs no worker has started; a worker still compiling one of

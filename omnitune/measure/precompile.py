@@ -18,20 +18,42 @@ inherit the environment, so TRITON_INTERPRET and TRITON_CACHE_DIR agree with the
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import multiprocessing
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from omnitune.measure.capture_load import CaptureLoader
 from omnitune.spec import Config, KernelSpec
+
+log = logging.getLogger(__name__)
 
 # Leave a core for the measuring process and one for the system.
 _RESERVED_CORES = 2
+
+
+class Launched(NamedTuple):
+    """What a worker reports for one config: why it did not compile (None: it did), and the CPU
+    time it took, its own and its child processes' (ptxas)."""
+
+    error: str | None
+    cpu_s: float
+
+
+def launched(future: concurrent.futures.Future) -> Launched:
+    """A finished worker future's report (a worker that died: its error)."""
+    try:
+        result = future.result(timeout=0)
+    except Exception as exc:  # noqa: BLE001 — the worker died (e.g. an illegal address): the pool is broken
+        return Launched(f"worker lost: {type(exc).__name__}", 0.0)
+    return result if isinstance(result, Launched) else Launched(result, 0.0)
 
 
 @dataclass(frozen=True)
@@ -45,9 +67,14 @@ class PrecompileReport:
     """How long the measuring process waited for workers still compiling a config it was about to
     measure (PrecompilePool.ready): the part of `seconds` that compiling held the GPU idle. None
     where nothing measured alongside (precompile(), which compiles a list before the search)."""
+    cpu_s: float = 0.0
+    """The workers' CPU time for the configs they finished (Triton's compiler and ptxas): what
+    compiling cost the host, whatever it overlapped."""
 
     def summary(self) -> str:
         text = f"precompiled {self.compiled} configs in {self.seconds:.1f} s with {self.workers} workers"
+        if self.cpu_s:
+            text += f" ({self.cpu_s:.1f} s of their CPU)"
         if self.waited_s is not None:
             text += f"; measuring waited {self.waited_s:.1f} s of it for compiles"
         if self.failed:
@@ -81,16 +108,14 @@ def precompile(
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     identity = problem_identity(spec, problem, dtype, device)
     futures = {pool.submit(_launch_for, identity, cfg.as_dict()): cfg for cfg in configs}
-    done_count = 0
+    done_count, cpu_s = 0, 0.0
     try:
         for future in concurrent.futures.as_completed(futures, timeout=deadline_s):
             cfg = futures[future]
-            try:
-                error = future.result()
-            except Exception as exc:  # the worker died (e.g. an illegal address): the pool is broken
-                error = f"worker lost: {type(exc).__name__}"
-            if error:
-                failed[cfg] = error
+            outcome = launched(future)
+            cpu_s += outcome.cpu_s
+            if outcome.error:
+                failed[cfg] = outcome.error
             done_count += 1
             if on_done:
                 on_done(done_count, len(configs))
@@ -100,7 +125,7 @@ def precompile(
                 failed[cfg] = f"not compiled within {deadline_s:.0f} s"
     finally:
         end_workers(pool)
-    return PrecompileReport(len(configs) - len(failed), failed, time.perf_counter() - start, workers)
+    return PrecompileReport(len(configs) - len(failed), failed, time.perf_counter() - start, workers, cpu_s=cpu_s)
 
 
 def problem_identity(spec: KernelSpec, problem: Any, dtype: torch.dtype, device: str) -> tuple:
@@ -134,6 +159,7 @@ def _importable_name(spec: KernelSpec) -> str:
 # --- in the worker process ------------------------------------------------------------------
 
 _problem_state: dict[str, Any] = {}
+_capture = CaptureLoader()  # this worker's loads; off for good once a capture could not be ended
 
 
 def _set_problem(kernel: str, problem_key: str, dtype: torch.dtype, device: str) -> None:
@@ -160,25 +186,44 @@ def _inputs_and_spec() -> tuple[KernelSpec, Any]:
     return _problem_state["spec"], _problem_state["inputs"]
 
 
-def _launch_for(identity: tuple, values: dict) -> str | None:
-    """_launch_once for the problem `identity` names ((kernel, problem key, dtype, device)): a
-    worker shared across a search's problems drops the previous problem's inputs (and the GPU
-    memory they hold) on the first config of the next."""
+def _launch_for(identity: tuple, values: dict) -> Launched:
+    """_launch_once for the problem `identity` names ((kernel, problem key, dtype, device)), with
+    the CPU time it took: a worker shared across a search's problems drops the previous problem's
+    inputs (and the GPU memory they hold) on the first config of the next."""
+    began = _cpu_s()
     if _problem_state.get("identity") != identity:
         _problem_state.clear()
         if identity[3] == "cuda" and torch.cuda.is_available():
             torch.cuda.empty_cache()
         _set_problem(*identity)
         _problem_state["identity"] = identity
-    return _launch_once(values)
+    error = _launch_once(values)
+    return Launched(error, _cpu_s() - began)
+
+
+def _cpu_s() -> float:
+    """This process's CPU time and that of its finished children (ptxas runs as one)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _launch_once(values: dict) -> str | None:
-    """None when the config compiled and launched; otherwise a one-line reason."""
+    """None when the config compiled (and, off the GPU, ran); otherwise a one-line reason.
+
+    On a GPU the launch is captured into a CUDA graph that is thrown away (load_by_capture): the
+    compiler runs and the binary is loaded, and nothing reaches the GPU, where another process
+    may be timing its kernels. A launch that cannot be captured is launched for real instead."""
     try:
         spec, inputs = _inputs_and_spec()
         out = spec.new_output(inputs)
-        spec.launch(inputs, out, Config(values))
+        config = Config(values)
+        if out.is_cuda and _capture.usable:
+            try:
+                _capture.load(lambda: spec.launch(inputs, out, config))
+                return None
+            except Exception as exc:  # noqa: BLE001 — launched for real below, which reports it
+                log.debug("capturing %s: %s: %s", config, type(exc).__name__, exc)
+        spec.launch(inputs, out, config)
         if out.is_cuda:
             torch.cuda.synchronize()
         if spec.restore_inputs is not None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from omnitune.errors import OmnituneError
+from omnitune.measure.capture_load import CaptureLoader
 from omnitune.measure.gpu_lock import NO_GPU_LOCK, gpu_lock_from_env
 from omnitune.profile.compiled import CompileWatch, compiled_facts
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda, time_interleaved
@@ -90,7 +91,7 @@ class Runner:
         self.inputs = spec.make_inputs(problem, dtype, self.device, settings.seed)
         # A lane loads each config's kernels before it takes the lock (_load_without_running).
         self._loads_ahead = not interpret and self.gpu_lock is not NO_GPU_LOCK
-        self._capture_stream: torch.cuda.Stream | None = None
+        self._capture = CaptureLoader()
         self._loaded_facts: dict[Config, dict[str, Any]] = {}  # what loading ahead compiled, for the check
         with self.gpu_lock:
             self.reference = spec.reference(self.inputs)
@@ -163,27 +164,21 @@ class Runner:
     def _load_without_running(self, config: Config) -> None:
         """In a lane, compile `config`'s kernels (or load them from Triton's cache) before taking the
         GPU lock, so that the lock is held while the GPU works and not while this host loads or
-        compiles: the config's launch is captured into a CUDA graph that is thrown away, which
-        runs Triton's compile-and-load path and puts nothing on the GPU. Whatever goes wrong
+        compiles (omnitune.measure.capture_load: nothing is put on the GPU). Whatever goes wrong
         (a launch that cannot be captured, a config that does not compile) is left to the check,
         which meets it again under the lock; a capture that cannot be ended turns this off."""
         if not self._loads_ahead:
             return
         try:
-            if self._capture_stream is None:
-                self._capture_stream = torch.cuda.Stream()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(self._capture_stream), CompileWatch(self._kernel_module) as watch:
-                graph.capture_begin(capture_error_mode="relaxed")
-                try:
-                    self.spec.launch(self.inputs, self._capture_out, config)
-                finally:
-                    # Before the capture ends: an end that fails still leaves the kernels compiled.
+            with CompileWatch(self._kernel_module) as watch:
+                def keep_facts() -> None:
                     self._loaded_facts[config] = self._compiled_extra(watch)
-                    graph.capture_end()
+
+                self._capture.load(lambda: self.spec.launch(self.inputs, self._capture_out, config),
+                                   before_end=keep_facts)
         except Exception as exc:  # noqa: BLE001 — the check under the lock reports what a config does wrong
             log.debug("loading %s ahead: %s: %s", config, type(exc).__name__, exc)
-            if self._capture_stream is not None and _capturing(self._capture_stream):
+            if not self._capture.usable:
                 log.warning("configs are loaded under the GPU lock from now on: a capture did not end (%s)", exc)
                 self._loads_ahead = False
 
@@ -256,11 +251,3 @@ class Runner:
             # Each config gets the kernel-time budget it had in the search.
             return time_interleaved(launches, rounds=rounds, warmup=self.settings.warmup,
                                     max_seconds=self.settings.max_seconds * len(launches), flusher=self._flusher)
-
-
-def _capturing(stream: torch.cuda.Stream) -> bool:
-    try:
-        with torch.cuda.stream(stream):
-            return torch.cuda.is_current_stream_capturing()
-    except Exception:  # noqa: BLE001 — a stream that cannot even be asked is not used again
-        return True

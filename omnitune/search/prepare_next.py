@@ -71,11 +71,14 @@ class ProblemsAhead:
     at a time."""
 
     def __init__(self, order: Sequence[ProblemOf], *, workers: int, trials: int,
-                 make_pool: PoolFactory | None = None, taken: Callable[[tuple[str, str, str]], bool] | None = None):
-        """taken: whether another process of the session searches a problem (a lane's claims,
-        omnitune.search.lanes): such a problem is passed over, as a finished one is."""
+                 make_pool: PoolFactory | None = None, claim: Callable[[tuple[str, str, str]], bool] | None = None):
+        """claim: make a problem this process's before preparing it (a lane's claim,
+        omnitune.search.lanes); False when another process of the session claimed it first, and
+        it is passed over, as a finished one is. Claiming before compiling matters: each lane
+        looks ahead at the same next problem, and three lanes compiling its configs at once had
+        compiled them three times, for one search."""
         self.order = list(order)
-        self.taken = taken
+        self.claim = claim
         self.keys = [_key(spec, problem, dtype) for spec, problem, dtype in self.order]
         self.workers, self.trials = workers, trials
         self.make_pool = make_pool or self._precompile_pool
@@ -127,13 +130,13 @@ class ProblemsAhead:
             spec, problem, dtype = self.order[place]
             if self.keys[place] == key:
                 continue  # the same problem again: nothing new to compile
-            if self.taken is not None and self.taken(self.keys[place]):
-                continue  # another lane searches it
             measured = _measured_configs(catalogue, spec, problem, dtype, device_key)
             if sum(1 for status in measured.values() if status != "pruned") >= self.trials:
                 continue  # finished by an earlier run: its search measures nothing
             if self.prepared is not None and self.prepared.key == self.keys[place]:
                 return
+            if self.claim is not None and not self.claim(self.keys[place]):
+                continue  # another lane searches it
             self._prepare(place, limits, device_key, measured)
             return
 

@@ -180,6 +180,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE search_runs ADD COLUMN lock_wait_s REAL",
         ),
     ),
+    Migration(
+        5,
+        "search_runs: the CPU time each search took, its own process's and its compile workers'",
+        (
+            "ALTER TABLE search_runs ADD COLUMN cpu_s REAL",
+            "ALTER TABLE search_runs ADD COLUMN compile_cpu_s REAL",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version

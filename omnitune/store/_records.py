@@ -214,8 +214,11 @@ class SearchRunRecord:
     `wall_s` spent on `measured` trials is the per-trial cost `omnitune plan` estimates with.
     `gpu_s`: how long the search held the GPU (its GPU lock: the reference, checks, timings,
     re-timing); `lock_wait_s`: how long it waited for the lock while other lanes held it — part of
-    `wall_s` that a search alone on its GPU would not spend. None where not known (a search
-    measured in isolated workers, or recorded before they were)."""
+    `wall_s` that a search alone on its GPU would not spend. `cpu_s`: the CPU time of the
+    searching process over the search (every thread: choosing, storing, the host side of
+    measuring); `compile_cpu_s`: the precompile workers' CPU time for the configs they compiled for
+    it. None where not known (a search measured in isolated workers, one without precompile
+    workers, or one recorded before they were)."""
 
     study: str
     device_key: str
@@ -228,6 +231,8 @@ class SearchRunRecord:
     retime_s: float
     gpu_s: float | None = None
     lock_wait_s: float | None = None
+    cpu_s: float | None = None
+    compile_cpu_s: float | None = None
 
 
 SEARCH_RUN_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SearchRunRecord))

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Fifteenth H200 round, one H200:
+#   OUT=dir bash benchmarks/h200_round15.sh A|B
+# Part A: the GPU-marked tests of the search's host paths (precompile workers now compile by
+# capturing each launch, the runner's capture-loading moved into omnitune.measure.capture_load, a
+# lane claims the problem it prepares ahead, the compile workers' CPU time recorded); where a
+# long-context decode call's time goes, now beside the fastest pure-read Triton kernel of the same
+# bytes (benchmarks/long_decode_parts.py, issue 15); the attention default study on training
+# problems (issue 14); then a whole model searched in lanes from an empty database AND an empty
+# Triton cache (benchmarks/search_wall.py --fresh-triton-cache), with the host's CPU busy share and
+# each problem's compile CPU time beside the GPU's busy share (issue 20).
+part=${1:?part A|B}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
+
+case $part in
+  A)
+    step 200 python -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/test_lanes.py tests/test_precompile.py \
+      tests/test_compile_ahead.py tests/test_prepare_next.py tests/test_cli_search.py tests/test_search_driver.py
+    step 120 python benchmarks/long_decode_parts.py --out "$OUT/long_decode_parts_h200_round15_A.json"
+    step 150 python benchmarks/attention_default_study.py --out "$OUT/attention_default_study_h200_round15_A.json"
+    step $(left 590) python benchmarks/search_wall.py --fresh-triton-cache \
+      --out "$OUT/search_wall_h200_round15_A.json" --timeout $(left 560)
+    ;;
+  *) echo "unknown part $part"; exit 2 ;;
+esac
