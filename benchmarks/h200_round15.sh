@@ -9,6 +9,12 @@
 # problems (issue 14); then a whole model searched in lanes from an empty database AND an empty
 # Triton cache (benchmarks/search_wall.py --fresh-triton-cache), with the host's CPU busy share and
 # each problem's compile CPU time beside the GPU's busy share (issue 20).
+# Part B: after part A's findings — the compile workers niced and each lane given twice its even
+# share of them, each lane starting on another kernel; attention's untuned answer from the
+# default study (SDPA from 768 query rows, GQA packing up to 191 rows where it pads fewer): the GPU
+# tests of the lanes, the precompile workers and attention; a sweep of paged decode's split and
+# tile knobs on issue 15's long-context shapes that fall short (benchmarks/long_decode_sweep.py);
+# the whole model searched again as in part A (fresh database and Triton cache).
 part=${1:?part A|B}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
@@ -20,6 +26,13 @@ case $part in
     step 150 python benchmarks/attention_default_study.py --out "$OUT/attention_default_study_h200_round15_A.json"
     step $(left 590) python benchmarks/search_wall.py --fresh-triton-cache \
       --out "$OUT/search_wall_h200_round15_A.json" --timeout $(left 560)
+    ;;
+  B)
+    step 200 python -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/test_lanes.py tests/test_precompile.py \
+      tests/test_attention.py
+    step 170 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round15_B.json"
+    step $(left 590) python benchmarks/search_wall.py --fresh-triton-cache \
+      --out "$OUT/search_wall_h200_round15_B.json" --timeout $(left 560)
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -166,7 +166,8 @@ def test_the_default_loads_through_tma_where_the_device_has_it(monkeypatch):
 @pytest.mark.parametrize("problem, backend", [
     (AttentionProblem(b=1, h=16, hkv=2, lq=3000, lk=3000, d=128, causal=True), "sdpa"),
     (AttentionProblem(b=2, h=24, hkv=24, lq=1100, lk=4000, d=64, causal=False), "sdpa"),
-    (AttentionProblem(b=1, h=16, hkv=2, lq=700, lk=700, d=128, causal=True), "triton"),  # short (its bucket too)
+    (AttentionProblem(b=1, h=16, hkv=2, lq=600, lk=600, d=128, causal=True), "triton"),  # short (its bucket too)
+    (AttentionProblem(b=1, h=16, hkv=2, lq=700, lk=700, d=128, causal=True), "sdpa"),  # its bucket's bound: 768
     (AttentionProblem(b=1, h=16, hkv=2, lq=3000, lk=3000, d=128, causal=True, spans=2, span_len=256), "triton"),
     (AttentionProblem(b=1, h=16, hkv=2, lq=4000, lk=2000, d=128, causal=True), "sdpa"),  # rows seeing no key: zeros
 ])

@@ -138,3 +138,18 @@ def test_the_wide_tile_computes_attention():
         out = SPEC.new_output(inputs)
         assert SPEC.launch(inputs, out, cfg) is None
         assert SPEC.compare(out, SPEC.reference(inputs)) < SPEC.tolerance[torch.float16]
+
+
+@pytest.mark.parametrize("lq, h, hkv, packed", [
+    (4, 16, 2, True),     # fewer rows than a tile: packed, as before
+    (80, 28, 4, True),    # 80 rows pad to 128 a head; 7 heads packed, 560 rows pad to 576
+    (160, 24, 8, True),   # 3 heads: 480 rows pad to 512, against 3 × 192
+    (128, 64, 8, False),  # whole tiles either way: one head a tile
+    (200, 28, 4, False),  # past the measured range: one head a tile
+    (80, 16, 16, False),  # no GQA: nothing to pack
+])
+def test_the_default_packs_query_heads_where_it_pads_fewer_rows(lq, h, hkv, packed):
+    problem = AttentionProblem(b=8, h=h, hkv=hkv, lq=lq, lk=3000, d=128, causal=True)
+    default = SPEC.default_config(problem, BF16)
+    assert bool(default["PACK_GQA"]) is packed
+    assert not SPEC.violations(problem, default, BF16)

@@ -275,6 +275,29 @@ def test_lanes_default_on_a_gpu_and_never_exceed_the_problems():
         lanes_to_run(2, 9, interpret=False, isolate=False, gpus=[0, 1], in_lane=False)
 
 
+def test_each_lane_gets_twice_its_share_of_the_compile_processes_and_starts_on_another_kernel():
+    from omnitune.cli.search_lanes import in_lane_order, lane_workers
+
+    assert lane_workers(14, 3) == 9 and lane_workers(14, 1) == 14 and lane_workers(14, 2) == 14
+    assert lane_workers(2, 8) == 1 and lane_workers(0, 3) == 0  # at least one; none when off
+    kernels = ["attention", "kv_cache_write", "paged_decode_attention", "cross_attention_layer"]
+    orders = [in_lane_order(kernels, lane) for lane in range(5)]
+    assert [order[0] for order in orders] == kernels + kernels[:1]  # lane 4 goes round to the first
+    assert all(sorted(order) == sorted(kernels) for order in orders)  # every lane may reach every kernel
+    assert orders[2] == ["paged_decode_attention", "cross_attention_layer", "attention", "kv_cache_write"]
+    assert in_lane_order([], 3) == []
+
+
+def test_compile_processes_run_at_a_lower_priority_than_the_search():
+    from omnitune.measure.precompile import COMPILE_NICENESS, compile_processes
+
+    pool = compile_processes(1)
+    try:
+        assert pool.submit(os.nice, 0).result(timeout=120) == min(19, os.nice(0) + COMPILE_NICENESS)
+    finally:
+        pool.shutdown()
+
+
 def test_lanes_is_explained_in_the_help():
     result = CliRunner().invoke(app, ["search", "--help"])
     assert "--lanes" in result.output and "--lane-session" not in result.output

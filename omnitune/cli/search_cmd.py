@@ -28,9 +28,22 @@ from omnitune.cli.common import (
     search_dtype,
     search_dtype_option,
 )
-from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
+from omnitune.cli.live import (
+    LiveView,
+    ProgressLines,
+    finalist_lines,
+    search_title,
+    summary_line,
+)
 from omnitune.cli.profile_top import profile_best, profile_top_possible
-from omnitune.cli.search_lanes import lane_argv, lanes_to_run, leave_lane_stats, search_in_lanes
+from omnitune.cli.search_lanes import (
+    in_lane_order,
+    lane_argv,
+    lane_workers,
+    lanes_to_run,
+    leave_lane_stats,
+    search_in_lanes,
+)
 from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
@@ -123,7 +136,8 @@ def search(
         None, "--precompile", min=0,
         help="Compile the search's next configs in this many processes while the GPU measures the current "
         "one: the driver keeps as many proposals queued as there are processes (TPE with its constant liar). "
-        "0: off. "
+        "They run at a lower priority than the search. With lanes, each lane gets twice its even share "
+        "of them (up to all). 0: off. "
         "\\[default: the CPU cores less two on a GPU; off with --interpret]",
         show_default=False,
     ),
@@ -174,7 +188,7 @@ def search(
                          timeout=remaining_s, sampler=sampler_name.value, seed=seed, db=str(db_path(db)),
                          storage=storage, finalists=finalists, profile_top=profile_top, isolate=isolate,
                          trial_timeout=trial_timeout, interpret=interpret,
-                         precompile=max(1, precompile_workers // lanes) if precompile_workers else 0)
+                         precompile=lane_workers(precompile_workers, lanes))
         returncode = search_in_lanes(argv, lanes, db=str(db_path(db)), storage=storage)
         if returncode == 130:
             err_console.print(_interrupted_line(None))
@@ -190,6 +204,7 @@ def search(
             lane.take_interrupts()
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        targets = in_lane_order(targets, lane.index)
     # With --precompile, each problem's first configs compile while the one before it is measured,
     # across kernels too: the session knows every problem in the order they are searched.
     ahead = None
@@ -315,13 +330,24 @@ def search_problems(
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
 
-    from omnitune.profile.device import current_device_facts
     from omnitune.measure.gpu_lock import gpu_lock_from_env
     from omnitune.measure.runner import Runner
-    from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
+    from omnitune.profile.device import current_device_facts
+    from omnitune.search.driver import (
+        SearchInterrupted,
+        SearchOptions,
+        StopReason,
+        run_search,
+    )
     from omnitune.spec import DeviceLimits, dtype_name
-    from omnitune.store import default_storage_url, open_db, record_device, record_search_run, utc_now
-    from omnitune.store import SearchRunRecord
+    from omnitune.store import (
+        SearchRunRecord,
+        default_storage_url,
+        open_db,
+        record_device,
+        record_search_run,
+        utc_now,
+    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
     path = db_path(db)

@@ -29,6 +29,31 @@ def lanes_to_run(requested: int | None, problems: int, *, interpret: bool, isola
     return max(1, min(requested, problems))
 
 
+def lane_workers(workers: int, lanes: int) -> int:
+    """Compile processes each lane gets out of `workers` (0: none): twice its even share, up to all
+    of them. In round 15's whole-model search, lanes of an even share (4 of 14) waited for compiles
+    while the host's cores were 47% busy: a lane on a kernel that compiles slowly (attention, ~1.5 s
+    of CPU a config) needs more processes than one on a kernel that compiles fast, and they seldom
+    all compile at once (in_lane_order). The workers run at a lower priority than the lanes
+    (omnitune.measure.precompile.COMPILE_NICENESS), so that a busy host slows compiling, not
+    measuring."""
+    if not workers:
+        return 0
+    return max(1, min(workers, 2 * workers // lanes))
+
+
+def in_lane_order(targets: list, index: int) -> list:
+    """The session's kernels in the order lane `index` takes them: each lane starts on another
+    kernel (lane 1 on the second, ...) and goes round. Lanes that all started on the first kernel
+    compiled the same kind of kernel at the same time — attention's configs compile in ~1.5 s of
+    CPU each — and left the GPU idle while they did; started apart, a lane compiling overlaps one
+    measuring. Each problem is still searched once: by the first lane to claim it."""
+    if not targets:
+        return targets
+    turn = index % len(targets)
+    return targets[turn:] + targets[:turn]
+
+
 def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,
               trials: int, timeout: float | None, sampler: str, seed: int, db: str, storage: str | None,
               finalists: int, profile_top: int, isolate: bool, trial_timeout: float, precompile: int,

@@ -875,10 +875,30 @@ WIDE_KEY_TILE_MAX_ROWS = 32
 WIDE_KEY_TILE_MIN_KEYS = 1024
 
 
+# GQA packing (one program's rows drawn from all query heads of a kv head) in the default: where
+# there are fewer query rows than a 64-row tile, and — from the attention default study's training
+# problems (benchmarks/results/attention_default_study_h200_round15_A.json, none held out) — up to
+# 191 rows where packing pads fewer rows: b24 h28/4 80 causal queries over 3,300 keys and fp16 b8
+# h24/8 160 over 2,500 took 1/1.36 and 1/1.38 of the unpacked default's time (10x and 4.4x the
+# SMs of programs); 80 rows unpacked pad to 128 per head, packed 560 rows to 576. Longer prefill
+# keeps one head per tile (no measurement says otherwise; a tile across two heads' causal ranges
+# would walk the longer one).
+PACK_GQA_MAX_QUERIES = 191
+
+
+def _packing_pays(problem: AttentionProblem, block_m: int = 64) -> bool:
+    if problem.group == 1:
+        return False
+    if problem.lq < block_m:
+        return True
+    padded = lambda rows: -(-rows // block_m) * block_m  # noqa: E731 — rows rounded up to whole tiles
+    return problem.lq <= PACK_GQA_MAX_QUERIES and padded(problem.lq * problem.group) < problem.group * padded(problem.lq)
+
+
 def _base_default(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     """64×64 tiles, 4 warps, 3 stages, TMA where the device has it; smaller tiles, fewer stages or
     pointer loads only where the problem or the device demands it."""
-    pack = problem.group > 1 and problem.lq < 64
+    pack = _packing_pays(problem)
     tma_choices = (True, False) if _tma_here() else (False,)
     for block_m in (64, 32, 16):
         for stages in (3, 2, 1):
@@ -934,7 +954,13 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
 # the held-out set (round 13, fp16 b16 h16/2, 4 queries over 3,000 keys) SDPA took 3.7x the time
 # of this kernel's tuned config there — the rule's first form had reached that far and was cut
 # back to what its data covers. Elsewhere, and wherever spans need this kernel, its own default.
-SDPA_UNTUNED_MIN_QUERIES = 1024
+# From 768 query rows, not 1,024: in the attention default study's training problems (span-free,
+# Lq = Lk, none held out: benchmarks/results/attention_default_study_h200_round15_A.json) SDPA took
+# 1/1.14 and 1/1.15 of this kernel's default time at 768 and 896 rows (non-causal b2 h24/24;
+# causal fp16 b4 h32/8), tied at 640 and 512 (1.003, 1.023) and lost at 576 (d=64, non-causal:
+# 0.83) and with Lq < Lk (256–640 queries over 16k–24k keys: 0.49–0.89). The runtime answers a
+# bucket of lengths by its bound (quarter octaves: 640, 768, ...), so from 641 rows on.
+SDPA_UNTUNED_MIN_QUERIES = 768
 SDPA_UNTUNED_MIN_KEYS_FEW_PROGRAMS = 1024
 
 
@@ -946,7 +972,7 @@ def _programs(problem: AttentionProblem, config: Config) -> int:
 
 
 def untuned_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
-    """PyTorch's SDPA for span-free long prefill (≥ 1,024 query rows) and for non-causal grids too
+    """PyTorch's SDPA for span-free long prefill (≥ 768 query rows) and for non-causal grids too
     small to fill the SMs over ≥ 1,024 keys, else the default config: the runtime's answer for an
     attention problem nothing tuned answers (see above)."""
     default = default_config(problem, dtype)

@@ -21,7 +21,6 @@ it is done with every kernel and problem it was given.
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -31,6 +30,7 @@ import torch
 from omnitune.measure.precompile import (
     PrecompileReport,
     _launch_for,
+    compile_processes,
     default_workers,
     end_workers,
     launched,
@@ -64,8 +64,7 @@ class _SharedWorkers:
     def get(self, workers: int) -> concurrent.futures.ProcessPoolExecutor:
         if self.executor is None or self.workers != workers or getattr(self.executor, "_broken", False):
             self.discard()
-            self.executor = concurrent.futures.ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+            self.executor = compile_processes(workers)
             self.workers = workers
         return self.executor
 

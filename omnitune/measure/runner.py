@@ -172,7 +172,10 @@ class Runner:
         try:
             with CompileWatch(self._kernel_module) as watch:
                 def keep_facts() -> None:
-                    self._loaded_facts[config] = self._compiled_extra(watch)
+                    # Only what this load compiled: loading a config again (compiled by then) must
+                    # not wipe the facts its first load kept for the check.
+                    if facts := self._compiled_extra(watch):
+                        self._loaded_facts[config] = facts
 
                 self._capture.load(lambda: self.spec.launch(self.inputs, self._capture_out, config),
                                    before_end=keep_facts)
