@@ -15,7 +15,10 @@
 # tests of the lanes, the precompile workers and attention; a sweep of paged decode's split and
 # tile knobs on issue 15's long-context shapes that fall short (benchmarks/long_decode_sweep.py);
 # the whole model searched again as in part A (fresh database and Triton cache).
-part=${1:?part A|B}
+# Part C: attention's held-out set, all 32 problems, a fresh file, with part B's untuned rules
+# (benchmarks/coverage.py: the runtime's pick from the shipped tables against a warm-started
+# 40-trial search of each problem, the default config and the best PyTorch path).
+part=${1:?part A|B|C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -33,6 +36,10 @@ case $part in
     step 170 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round15_B.json"
     step $(left 590) python benchmarks/search_wall.py --fresh-triton-cache \
       --out "$OUT/search_wall_h200_round15_B.json" --timeout $(left 560)
+    ;;
+  C)
+    step $(left 590) python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_h200_round15_C.json" \
+      --time-budget $(left 560) --trials 40 --work-dir /tmp/cov
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
