@@ -18,7 +18,10 @@
 # Part C: attention's held-out set, all 32 problems, a fresh file, with part B's untuned rules
 # (benchmarks/coverage.py: the runtime's pick from the shipped tables against a warm-started
 # 40-trial search of each problem, the default config and the best PyTorch path).
-part=${1:?part A|B|C}
+# Part D: a probe of paged decode over long contexts in one-tile programs (no loop, as many
+# programs as tiles), beside the library's best config of part B's sweep
+# (benchmarks/long_decode_probe.py, issue 15).
+part=${1:?part A|B|C|D}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -40,6 +43,9 @@ case $part in
   C)
     step $(left 590) python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_h200_round15_C.json" \
       --time-budget $(left 560) --trials 40 --work-dir /tmp/cov
+    ;;
+  D)
+    step 200 python benchmarks/long_decode_probe.py --out "$OUT/long_decode_probe_h200_round15_D.json"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
