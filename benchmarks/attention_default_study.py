@@ -69,6 +69,7 @@ from omnitune.spec import Config, DeviceLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coverage_set import HELD_OUT
+from decode_default_study import failed_checks
 
 A = AttentionProblem
 TRAINING = [
@@ -626,9 +627,7 @@ def main(argv=None) -> int:
             print("--tiny runs under TRITON_INTERPRET=1", file=sys.stderr)
             return 2
         rows = study(TINY, interpret=True, repetitions=1, most_tiles=1, on_row=write)
-        bad = [(r["problem"], n) for r in rows for n, c in r["candidates"].items() if c["status"] != "ok"]
-        if bad:
-            print(f"failed their check: {bad}", file=sys.stderr)
+        if failed_checks(rows):
             return 1
     else:
         if not torch.cuda.is_available():

@@ -163,6 +163,14 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def failed_checks(rows: list[dict]) -> list[tuple[str, str]]:
+    """The (problem, candidate) pairs of a --tiny run whose check failed, said on stderr."""
+    bad = [(r["problem"], n) for r in rows for n, c in r["candidates"].items() if c["status"] != "ok"]
+    if bad:
+        print(f"failed their check: {bad}", file=sys.stderr)
+    return bad
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -185,9 +193,7 @@ def main(argv=None) -> int:
         problems = [(P(b=2, h=4, hkv=2, lq=2, ctx=200, d=32, block_size=16), "fp32"),
                     (P(b=1, h=2, hkv=2, lq=1, ctx=300, d=32, block_size=32), "fp16")]
         rows = study(problems, interpret=True, repetitions=1, on_row=write)
-        bad = [(r["problem"], n) for r in rows for n, c in r["candidates"].items() if c["status"] != "ok"]
-        if bad:
-            print(f"failed their check: {bad}", file=sys.stderr)
+        if failed_checks(rows):
             return 1
     else:
         if not torch.cuda.is_available():

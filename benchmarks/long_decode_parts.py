@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.ops_bench import ROUNDS, capture, graph_call_us
+from benchmarks.ops_bench import ROUNDS, capture, copy_bandwidth_report, graph_call_us
 from benchmarks.read_ceiling import check as check_reads
 from benchmarks.read_ceiling import read_variants
 
@@ -84,12 +84,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("long_decode_parts needs a CUDA GPU", file=sys.stderr)
         return 2
-    from omnitune.profile.calibrate import measure_copy_tbps
-
     device = torch.device("cuda")
-    copy_tbps, copy_detail = measure_copy_tbps(device)
-    report = {"device": torch.cuda.get_device_name(device), "command": " ".join(sys.argv), "copy_tbps": copy_tbps,
-              "copy_detail": copy_detail, "shapes": {}}
+    copy_tbps, report = copy_bandwidth_report(device, shapes={})
     for b, ctx in SHAPES:
         result = parts(device, b, ctx)
         moved = result["bytes_moved"]

@@ -201,12 +201,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or args.out is None:
         print("long_decode_probe needs a CUDA GPU and --out (or --tiny)", file=sys.stderr)
         return 2
-    from omnitune.profile.calibrate import measure_copy_tbps
+    from benchmarks.ops_bench import copy_bandwidth_report
 
     device = torch.device("cuda")
-    copy_tbps, copy_detail = measure_copy_tbps(device)
-    report = {"device": torch.cuda.get_device_name(device), "command": " ".join(sys.argv), "copy_tbps": copy_tbps,
-              "copy_detail": copy_detail, "shapes": {}}
+    copy_tbps, report = copy_bandwidth_report(device, shapes={})
     for b, ctx in SHAPES:
         result = run_shape(device, b, ctx, copy_tbps)
         report["shapes"][f"b{b} ctx{ctx}"] = result

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ops_bench import capture, graph_call_us
+from benchmarks.ops_bench import capture, copy_bandwidth_report, graph_call_us
 
 SHAPES = ((1, 32768), (1, 65536), (2, 32768))
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 28, 4, 128, 16
@@ -100,12 +100,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("long_decode_sweep needs a CUDA GPU", file=sys.stderr)
         return 2
-    from omnitune.profile.calibrate import measure_copy_tbps
-
     device = torch.device("cuda")
-    copy_tbps, copy_detail = measure_copy_tbps(device)
-    report = {"device": torch.cuda.get_device_name(device), "command": " ".join(sys.argv), "copy_tbps": copy_tbps,
-              "copy_detail": copy_detail, "grid": GRID, "shapes": {}}
+    copy_tbps, report = copy_bandwidth_report(device, grid=GRID, shapes={})
     for b, ctx in SHAPES:
         report["shapes"][f"b{b} ctx{ctx}"] = sweep_shape(device, b, ctx, copy_tbps)
         torch.cuda.empty_cache()

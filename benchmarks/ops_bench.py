@@ -106,6 +106,16 @@ def graph_call_us(graph, calls: int = GRAPH_CALLS, replays: int = GRAPH_REPLAYS)
     return start.elapsed_time(end) / (replays * calls) * 1e3
 
 
+def copy_bandwidth_report(device: torch.device, **fields) -> tuple[float, dict]:
+    """This device's copy bandwidth (TB/s, omnitune.profile.calibrate), and the head of a results
+    file that reports against it: device, command, the bandwidth and how it was measured, `fields`."""
+    from omnitune.profile.calibrate import measure_copy_tbps
+
+    copy_tbps, copy_detail = measure_copy_tbps(device)
+    return copy_tbps, {"device": torch.cuda.get_device_name(device), "command": " ".join(sys.argv),
+                       "copy_tbps": copy_tbps, "copy_detail": copy_detail, **fields}
+
+
 def measure(case: Case, copy_tbps: float) -> dict:
     outputs = {name: fn() for name, fn in case.impls.items()}
     torch.cuda.synchronize()
