@@ -65,10 +65,13 @@ def test_fp32_keeps_64_key_tiles_where_3_stages_of_128_do_not_fit():
 
 def test_the_rule_reads_the_devices_sms_and_tma(monkeypatch):
     problem = AttentionProblem(b=8, h=32, hkv=4, lq=2, lk=4096, d=128, causal=True)  # 32 programs
+    few = AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=128)  # 16 programs: fewer than 132 SMs
     assert SPEC.default_config(problem, BF16)["BLOCK_N"] == 128
-    # a GPU of 16 SMs: 32 programs are more than its SMs
+    assert SPEC.untuned_answer(few, BF16)["BACKEND"] == "sdpa"
+    # a GPU of 16 SMs: 32 programs are more than its SMs, and 16 fill them
     monkeypatch.setattr(attention_module, "_device_limits", lambda: DeviceLimits(multiprocessors=16))
     assert SPEC.default_config(problem, BF16)["BLOCK_N"] == 64
+    assert SPEC.untuned_answer(few, BF16)["BACKEND"] == "triton"
     monkeypatch.undo()
     # no TMA (before sm_90): the same wide tile through pointer loads, valid there
     monkeypatch.setattr(attention_module, "_tma_here", lambda: False)

@@ -978,7 +978,7 @@ def untuned_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     default = default_config(problem, dtype)
     if not problem.spans:
         few_programs = (not problem.causal and problem.lk >= SDPA_UNTUNED_MIN_KEYS_FEW_PROGRAMS
-                        and _programs(problem, default) < DeviceLimits().multiprocessors)
+                        and _programs(problem, default) < _device_limits().multiprocessors)
         if problem.lq >= SDPA_UNTUNED_MIN_QUERIES or few_programs:
             sdpa_config = Config(BACKEND="sdpa", **PARKED)
             if not SPEC.violations(problem, sdpa_config, dtype):
