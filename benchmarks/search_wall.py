@@ -15,7 +15,8 @@ The same thread reads the host's CPU counters (/proc/stat, where there is one): 
 cores busy, over the search and per sample, and each problem's row carries the CPU time its search
 took (its own process's, and its precompile workers' for its configs). Both series are also kept
 in 5-second bins (`timeline`), so that a phase bound by compiling shows as the CPU full and the
-GPU idle. `--fresh-triton-cache` runs the search with an empty Triton cache of its own (what a
+GPU idle; `events` keeps when each problem started and ended (and its compile report came), so
+each lane's problems can be laid out along that timeline. `--fresh-triton-cache` runs the search with an empty Triton cache of its own (what a
 first search on a machine meets: every config compiled).
 
 Without NVML (no driver, no nvidia-ml-py) the search still runs; the busy fraction is then null
@@ -117,6 +118,25 @@ def busy_fraction(samples: list[dict], start: float, end: float) -> float | None
 def _mean(samples: list[dict], field: str) -> float | None:
     values = [s[field] for s in samples if s[field] is not None]  # a field this GPU does not report
     return sum(values) / len(values) if values else None
+
+
+# The lines of the search's output whose arrival times `events` keeps: the session and each
+# problem starting and ending, and each problem's compile report (a lane's lines carry its number).
+EVENT_MARKERS = ("searching ", ": best ", ": precompiled ", " lanes: ")
+
+
+def run_following(command: list[str], env: dict[str, str], started: float) -> tuple[int, list[dict]]:
+    """Run `command`, passing its output through line by line, and note when each line of
+    EVENT_MARKERS arrived (seconds after `started`, a time.monotonic() value)."""
+    events = []
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          bufsize=1) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            print(line, end="", flush=True)
+            if any(marker in line for marker in EVENT_MARKERS):
+                events.append({"t": round(time.monotonic() - started, 2), "line": line.rstrip("\n")[:200]})
+    return process.returncode, events
 
 
 def search_command(args: argparse.Namespace, db: str) -> list[str]:
@@ -262,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler = GpuSampler(args.gpu)
     sampler.start()
     started = time.monotonic()
-    returncode = subprocess.run(command, cwd=REPO, env=env).returncode
+    returncode, events = run_following(command, env, started)
     ended = time.monotonic()
     sampler.stop()
     within = [s for s in sampler.samples if started <= s["t"] <= ended]
@@ -277,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 "unavailable": sampler.unavailable if not within else None},
         "cpu": {"busy_fraction": sum(cpu_within) / len(cpu_within) if cpu_within else None,
                 "cores": os.cpu_count(), "samples": len(cpu_within)},
+        "events": events,
         "timeline": {"bin_s": TIMELINE_BIN_S, "gpu_busy": timeline(sampler.samples, "util", started, ended),
                      "cpu_busy": timeline(sampler.cpu_samples, "busy", started, ended)},
         "problems": problem_rows(db, since_utc) if Path(db).is_file() else [],

@@ -37,6 +37,18 @@ def test_the_hosts_cpu_share_comes_from_proc_stat_and_bins_into_a_timeline(tmp_p
     assert search_wall.timeline(samples, "busy", 0.0, 21.0, bin_s=5.0) == [0.75, 0.2, 0.4, None, None]
 
 
+def test_the_search_is_followed_line_by_line_and_its_problem_lines_timed(capsys):
+    lines = ["searching in 2 lanes", "0│ searching attention b=1 bf16: up to 3 trials", "0│   trial 1/3: ...",
+             "0│ attention b=1 bf16: best 0.01 ms", "2 lanes: 3.0 s in all"]
+    script = "import sys, time\nfor line in sys.argv[1:]:\n    print(line, flush=True); time.sleep(0.05)\nsys.exit(3)"
+    started = time.monotonic()
+    code, events = search_wall.run_following([sys.executable, "-c", script, *lines], {}, started)
+    assert code == 3
+    assert [e["line"] for e in events] == [lines[0], lines[1], lines[3], lines[4]]  # the trial line is not an event
+    assert all(0 <= a["t"] <= b["t"] for a, b in zip(events, events[1:]))
+    assert capsys.readouterr().out.splitlines() == lines  # passed through as it came
+
+
 def test_without_nvml_the_sampler_says_why_and_takes_no_samples(monkeypatch):
     from omnitune.profile import telemetry
 
