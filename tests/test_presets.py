@@ -225,3 +225,41 @@ def test_plan_says_how_long_the_lanes_take_from_the_gpu_time_the_searches_held(t
     con.close()
     older = measured_rates(path, "NVIDIA_H200")
     assert older.per_trial_s == pytest.approx((40.0 - 3.0) / 50) and older.gpu_share is None
+
+
+def test_the_lanes_estimate_is_bounded_by_the_cpu_the_searches_took(tmp_path):
+    import re
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app
+    from omnitune.cli.plan_rates import measured_rates
+    from omnitune.store import SearchRunRecord, open_db, record_search_run
+
+    path = tmp_path / "results.db"
+    db = open_db(path)
+    # 30 s of own time each, 6 s on the GPU, 60 s of CPU (15 its own, 45 its compile workers'): 2 cores.
+    for _ in range(2):
+        record_search_run(db, SearchRunRecord("k|p|bf16|NVIDIA_H200", "NVIDIA_H200", "NVIDIA H200", "2026-12-03",
+                                              "budget", 50, 30.0, setup_s=2.0, retime_s=1.0, gpu_s=6.0,
+                                              lock_wait_s=0.0, cpu_s=15.0, compile_cpu_s=45.0))
+    rates = measured_rates(path, "NVIDIA_H200")
+    assert rates.gpu_share == pytest.approx(0.2) and rates.cores_busy == pytest.approx(2.0)
+    assert rates.in_lanes_s(300.0, 3, cores=16) == pytest.approx(100.0)  # three lanes at a time
+    assert rates.in_lanes_s(300.0, 3, cores=4) == pytest.approx(150.0)  # 600 s of CPU on 4 cores
+    assert rates.in_lanes_s(300.0, 3) == pytest.approx(100.0)  # cores unknown: not a bound
+    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30",
+                                      "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"held the GPU 20% of their own time and kept 2\.0 CPU cores busy \(this host has \d+\)",
+                     result.output)
+    # A database from before the CPU time was recorded (schema 4): the GPU's bound alone.
+    db.conn.close()
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE search_runs DROP COLUMN cpu_s")
+    con.execute("ALTER TABLE search_runs DROP COLUMN compile_cpu_s")
+    con.commit()
+    con.close()
+    older = measured_rates(path, "NVIDIA_H200")
+    assert older.cores_busy is None and older.gpu_share == pytest.approx(0.2)

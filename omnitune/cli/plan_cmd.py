@@ -5,6 +5,7 @@ how the tables already cover the preset instead, and what to tune next (plan_cov
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -13,8 +14,14 @@ from rich.markup import escape
 
 from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path
+from omnitune.cli.plan_rates import (
+    ASSUMED,
+    SECONDS_PER_TRIAL,
+    SETUP_S_PER_PROBLEM,
+    Rates,
+    measured_rates,
+)
 from omnitune.cli.search_lanes import DEFAULT_LANES
-from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
 from omnitune.durations import human_duration
 
 __all__ = ["SECONDS_PER_TRIAL", "SETUP_S_PER_PROBLEM", "PlannedProblem", "plan", "plan_kernel"]
@@ -131,10 +138,13 @@ def plan(
                           soft_wrap=True)
     console.print(f"\ntotal ~{human_duration(total_s)}: {escape(rates.source)}", soft_wrap=True)
     lanes = min(DEFAULT_LANES, problems_planned)
-    in_lanes_s = rates.in_lanes_s(total_s, lanes) if lanes > 1 else None
+    cores = os.cpu_count()
+    in_lanes_s = rates.in_lanes_s(total_s, lanes, cores) if lanes > 1 else None
     if in_lanes_s is not None:
+        cpu = (f" and kept {rates.cores_busy:.1f} CPU cores busy (this host has {cores})"
+               if rates.cores_busy is not None and cores else "")
         console.print(f"in {lanes} lanes (`omnitune search`'s default on a GPU) ~{human_duration(in_lanes_s)}: those "
-                      f"searches held the GPU {rates.gpu_share:.0%} of their own time", soft_wrap=True)
+                      f"searches held the GPU {rates.gpu_share:.0%} of their own time{cpu}", soft_wrap=True)
     if files:
         console.print("then `omnitune export` writes: " + ", ".join(files)
                       + ("" if torch.cuda.is_available() else "  (<device_key>: the GPU's name, e.g. NVIDIA_H200)"),

@@ -23,17 +23,25 @@ class Rates:
     gpu_share: float | None = None
     """The share of a search's own time (its wall less its wait behind other lanes) that it held
     the GPU, measured; None where the database does not say."""
+    cores_busy: float | None = None
+    """CPU seconds per second of a search's own time — its process's and its compile workers' —
+    measured; None where the database does not say."""
 
     def estimate_s(self, trials: int) -> float:
         return trials * self.per_trial_s + self.per_problem_s
 
-    def in_lanes_s(self, one_lane_s: float, lanes: int) -> float | None:
+    def in_lanes_s(self, one_lane_s: float, lanes: int, cores: int | None = None) -> float | None:
         """A session of `one_lane_s` (one problem after another) run in `lanes` lanes: the lanes
         overlap one search's host work with another's GPU work, but never run two on the GPU at
-        once — so no faster than `lanes` at a time, nor than the GPU's own share of the work."""
+        once — so no faster than `lanes` at a time, nor than the GPU's own share of the work, nor
+        than the host's `cores` can do its CPU work (compiling, mostly: round 15 measured ~14 s of
+        CPU for each second of GPU a whole-model search held)."""
         if self.gpu_share is None or lanes < 1:
             return None
-        return max(one_lane_s / lanes, one_lane_s * self.gpu_share)
+        bounds = [one_lane_s / lanes, one_lane_s * self.gpu_share]
+        if self.cores_busy is not None and cores:
+            bounds.append(one_lane_s * self.cores_busy / cores)
+        return max(bounds)
 
 
 ASSUMED = Rates(SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM,
@@ -48,15 +56,19 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     from omnitune.store import SEARCH_RUN_COLUMNS, read_table
     from omnitune.trial import INTERPRETER_DEVICE
 
-    try:
-        runs = read_table(db_path, "search_runs", SEARCH_RUN_COLUMNS)
-    except StoreError as exc:
-        # A database from before the GPU time was recorded (schema 3): its runs without it.
-        older = [c for c in SEARCH_RUN_COLUMNS if c not in ("gpu_s", "lock_wait_s")]
+    # A database from before the CPU time (schema 4) or the GPU time (schema 3) was recorded:
+    # its runs without those columns.
+    later = ("cpu_s", "compile_cpu_s", "gpu_s", "lock_wait_s")
+    first_error = None
+    for missing in ((), later[:2], later):
         try:
-            runs = read_table(db_path, "search_runs", older).assign(gpu_s=None, lock_wait_s=None)
-        except StoreError:
-            return _assumed(str(exc).split(";")[0])
+            runs = read_table(db_path, "search_runs", [c for c in SEARCH_RUN_COLUMNS if c not in missing])
+            break
+        except StoreError as exc:
+            first_error = first_error or exc
+    else:
+        return _assumed(str(first_error).split(";")[0])
+    runs = runs.assign(**{c: None for c in later if c not in runs.columns})
     # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost.
     runs = runs[(runs.measured > 0) & (runs.device_name != INTERPRETER_DEVICE)]
     if device_key is None and len(runs):
@@ -71,11 +83,14 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     problem_s = float((runs.setup_s + runs.retime_s).mean())
     timed = runs.gpu_s.notna()
     gpu_share = float(runs.gpu_s[timed].astype(float).sum() / own_s[timed].sum()) if timed.any() else None
+    counted = runs.cpu_s.notna() & runs.compile_cpu_s.notna()
+    cpu = runs.cpu_s[counted].astype(float) + runs.compile_cpu_s[counted].astype(float)
+    cores_busy = float(cpu.sum() / own_s[counted].sum()) if counted.any() else None
     name = runs.device_name.iloc[-1] or device_key
     return Rates(trial_s, problem_s,
                  f"{trial_s:.2g} s per trial, from {trials} trials measured on {name} + ~{problem_s:.0f} s per "
                  f"problem (inputs, reference, finalists; measured over {len(runs)} searches in {db_path})",
-                 gpu_share)
+                 gpu_share, cores_busy)
 
 
 def _assumed(why: str) -> Rates:
