@@ -887,11 +887,15 @@ PACK_GQA_MAX_QUERIES = 191
 
 
 def _packing_pays(problem: AttentionProblem, block_m: int = 64) -> bool:
+    """Whether the default packs the query heads of a kv head into one program's rows (above)."""
     if problem.group == 1:
         return False
     if problem.lq < block_m:
         return True
-    padded = lambda rows: -(-rows // block_m) * block_m  # noqa: E731 — rows rounded up to whole tiles
+
+    def padded(rows: int) -> int:  # rows rounded up to whole tiles
+        return -(-rows // block_m) * block_m
+
     return problem.lq <= PACK_GQA_MAX_QUERIES and padded(problem.lq * problem.group) < problem.group * padded(problem.lq)
 
 
