@@ -21,10 +21,7 @@
 # Part D: a probe of paged decode over long contexts in one-tile programs (no loop, as many
 # programs as tiles), beside the library's best config of part B's sweep
 # (benchmarks/long_decode_probe.py, issue 15).
-# Part E: where a lanes session's first seconds go — the KV write's 8 problems of the same preset
-# searched in lanes from an empty database and Triton cache, with each problem's start and end
-# timed against the session's (search_wall's `events`).
-part=${1:?part A|B|C|D|E}
+part=${1:?part A|B|C|D}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -49,10 +46,6 @@ case $part in
     ;;
   D)
     step 200 python benchmarks/long_decode_probe.py --out "$OUT/long_decode_probe_h200_round15_D.json"
-    ;;
-  E)
-    step 85 python benchmarks/search_wall.py --fresh-triton-cache --out "$OUT/search_wall_h200_round15_E_kv_write.json" \
-      --timeout 70 -- --kernels kv_cache_write
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
