@@ -129,12 +129,10 @@ def shape_inputs(b: int, ctx: int, device, dtype, heads=HEADS, kv_heads=KV_HEADS
 
     problem = pda.PagedDecodeProblem(b=b, h=heads, hkv=kv_heads, lq=1, ctx=ctx, d=head_dim, block_size=PAGE)
     inputs = pda.SPEC.make_inputs(problem, dtype, device, seed=0)
-    k_dense = torch.stack([pda.gather_context(inputs.key_cache, inputs.block_tables[i], ctx) for i in range(b)])
-    v_dense = torch.stack([pda.gather_context(inputs.value_cache, inputs.block_tables[i], ctx) for i in range(b)])
+    k_dense, v_dense = pda.contiguous_context(inputs, ctx)
     q = inputs.q[:, :, 0]  # [B, H, D]: one query token
-    expected = F.scaled_dot_product_attention(q[:, :, None].float(), k_dense.transpose(1, 2).float(),
-                                              v_dense.transpose(1, 2).float(), scale=inputs.sm_scale,
-                                              enable_gqa=True)[:, :, 0]
+    expected = F.scaled_dot_product_attention(q[:, :, None].float(), k_dense.float(), v_dense.float(),
+                                              scale=inputs.sm_scale, enable_gqa=True)[:, :, 0]
     return problem, inputs, q, expected
 
 

@@ -58,9 +58,7 @@ def sweep_shape(device, b: int, ctx: int, copy_tbps: float) -> dict:
     print(f"b{b} ctx{ctx}: {report.summary()}", flush=True)
     inputs = pda.SPEC.make_inputs(problem, dtype, device, seed=0)
     q, kc, vc, tables, lens = inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens
-    # The same context, contiguous, for SDPA: [B, Hkv, ctx, D]
-    k_dense = torch.stack([pda.gather_context(kc, tables[i], ctx) for i in range(b)]).transpose(1, 2)
-    v_dense = torch.stack([pda.gather_context(vc, tables[i], ctx) for i in range(b)]).transpose(1, 2)
+    k_dense, v_dense = pda.contiguous_context(inputs, ctx)  # the same context, contiguous, for SDPA
     expected = F.scaled_dot_product_attention(q, k_dense.contiguous(), v_dense.contiguous(), enable_gqa=True)
     moved = pda.SPEC.bytes_moved(problem, dtype)
     rows = []

@@ -174,8 +174,7 @@ def paged_decode_case(device, b=64, h=28, hkv=4, ctx=4096, d=128, block_size=16,
     inputs = pda.SPEC.make_inputs(problem, torch.bfloat16, device, seed=0)
     q, kc, vc, tables, lens = inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens
     # The same context, contiguous, for SDPA: [B, Hkv, ctx, D]
-    k_dense = torch.stack([pda.gather_context(kc, tables[i], ctx) for i in range(b)]).transpose(1, 2).contiguous()
-    v_dense = torch.stack([pda.gather_context(vc, tables[i], ctx) for i in range(b)]).transpose(1, 2).contiguous()
+    k_dense, v_dense = (t.contiguous() for t in pda.contiguous_context(inputs, ctx))
     plan = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=d, block_size=block_size,
                                max_blocks=tables.shape[1], max_context_len=ctx, dtype=torch.bfloat16, device=device)
     config = plan.config

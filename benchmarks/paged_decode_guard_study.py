@@ -61,9 +61,7 @@ def main() -> int:
                          "equal_to_unguarded": same}
         pda.PAGE_GUARD[0] = default_guard
         if b * ctx <= 64 * 16384:
-            k = torch.stack([pda.gather_context(inputs.key_cache, inputs.block_tables[i], ctx) for i in range(b)])
-            v = torch.stack([pda.gather_context(inputs.value_cache, inputs.block_tables[i], ctx) for i in range(b)])
-            k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            k, v = (t.contiguous() for t in pda.contiguous_context(inputs, ctx))
             sdpa = lambda: F.scaled_dot_product_attention(inputs.q, k, v, enable_gqa=True)  # noqa: E731
             g = graph_us(sdpa)
             flushed = time_cuda(sdpa, repetitions=30).median_ms * 1e3

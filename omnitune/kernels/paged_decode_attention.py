@@ -1186,6 +1186,18 @@ def gather_context(cache: torch.Tensor, table_row: torch.Tensor, ctx: int, scale
     return tokens if scale is None else _fp8.dequantize(tokens, scale, dtype or torch.float32)
 
 
+def contiguous_context(inputs: PagedDecodeInputs, ctx: int, dtype: torch.dtype | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's first ctx tokens of K and V, as SDPA takes them: [B, Hkv, ctx, D] each (views
+    of gathered copies; an fp8 cache's dequantized to `dtype`)."""
+    tables = inputs.block_tables
+    keys = torch.stack([gather_context(inputs.key_cache, tables[i], ctx, inputs.k_scale, dtype)
+                        for i in range(tables.shape[0])])
+    values = torch.stack([gather_context(inputs.value_cache, tables[i], ctx, inputs.v_scale, dtype)
+                          for i in range(tables.shape[0])])
+    return keys.transpose(1, 2), values.transpose(1, 2)
+
+
 def reference(inputs: PagedDecodeInputs) -> torch.Tensor:
     """Gather each sequence's keys and values from the pages (an fp8 cache's dequantized: the
     values it stands for), then masked softmax attention in float64 on the CPU, float32 (no
@@ -1443,15 +1455,10 @@ def _torch_baselines(problem: PagedDecodeProblem):
         b, h, lq, d = q.shape
         hkv = inputs.key_cache.shape[2]
         ctx = problem.ctx  # the factory gives every sequence the same context
-        keys = torch.stack([gather_context(inputs.key_cache, inputs.block_tables[i], ctx, inputs.k_scale, q.dtype)
-                            for i in range(b)])
-        values = torch.stack([gather_context(inputs.value_cache, inputs.block_tables[i], ctx, inputs.v_scale,
-                                             q.dtype) for i in range(b)])
+        keys, values = contiguous_context(inputs, ctx, q.dtype)
         mask = torch.arange(ctx, device=q.device)[None, :] <= (torch.arange(lq, device=q.device) + ctx - lq)[:, None]
-        return F.scaled_dot_product_attention(
-            q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
-            scale=inputs.sm_scale, enable_gqa=h != hkv,
-        )
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=inputs.sm_scale,
+                                              enable_gqa=h != hkv)
 
     prepared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -1464,11 +1471,8 @@ def _torch_baselines(problem: PagedDecodeProblem):
         ctx = problem.ctx
         if id(inputs) not in prepared:
             prepared.clear()
-            keys = torch.stack([gather_context(inputs.key_cache, inputs.block_tables[i], ctx, inputs.k_scale,
-                                               q.dtype) for i in range(b)])
-            values = torch.stack([gather_context(inputs.value_cache, inputs.block_tables[i], ctx, inputs.v_scale,
-                                                 q.dtype) for i in range(b)])
-            prepared[id(inputs)] = (keys.transpose(1, 2).contiguous(), values.transpose(1, 2).contiguous())
+            keys, values = contiguous_context(inputs, ctx, q.dtype)
+            prepared[id(inputs)] = (keys.contiguous(), values.contiguous())
         keys, values = prepared[id(inputs)]
         if lq == 1:
             return F.scaled_dot_product_attention(q, keys, values, scale=inputs.sm_scale, enable_gqa=h != hkv)
