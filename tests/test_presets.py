@@ -189,77 +189,77 @@ def test_plan_estimates_from_the_searches_a_database_measured(tmp_path):
     assert "assumed 0.22 s per trial" in result.output and f"no searches on a GPU in {empty}" in result.output
 
 
-def test_plan_says_how_long_the_lanes_take_from_the_gpu_time_the_searches_held(tmp_path):
-    import re
-    import sqlite3
+def _two_searches_recorded(path, **measured) -> None:
+    """A results database at `path` holding two searches of one problem on the H200, 50 trials
+    each, 2 s of setup and 1 s of re-timing, with `measured`'s wall and GPU/CPU figures."""
+    from omnitune.store import SearchRunRecord, open_db, record_search_run
 
+    db = open_db(path)
+    for _ in range(2):
+        record_search_run(db, SearchRunRecord("k|p|bf16|NVIDIA_H200", "NVIDIA_H200", "NVIDIA H200", "2026-12-03",
+                                              "budget", 50, setup_s=2.0, retime_s=1.0, **measured))
+    db.conn.close()
+
+
+def _plan_output(path) -> str:
     from typer.testing import CliRunner
 
     from omnitune.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30",
+                                      "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _drop_search_run_columns(path, *columns: str) -> None:
+    """The database as an older schema left it: without `columns` in search_runs."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    for column in columns:
+        con.execute(f"ALTER TABLE search_runs DROP COLUMN {column}")
+    con.commit()
+    con.close()
+
+
+def test_plan_says_how_long_the_lanes_take_from_the_gpu_time_the_searches_held(tmp_path):
+    import re
+
     from omnitune.cli.plan_rates import measured_rates
-    from omnitune.store import SearchRunRecord, open_db, record_search_run
 
     path = tmp_path / "results.db"
-    db = open_db(path)
     # Two lanes' searches: 40 s of wall each, 10 s of it waiting behind the other lane, 12 s on the GPU.
-    for _ in range(2):
-        record_search_run(db, SearchRunRecord("k|p|bf16|NVIDIA_H200", "NVIDIA_H200", "NVIDIA H200", "2026-12-03",
-                                              "budget", 50, 40.0, setup_s=2.0, retime_s=1.0, gpu_s=12.0,
-                                              lock_wait_s=10.0))
+    _two_searches_recorded(path, wall_s=40.0, gpu_s=12.0, lock_wait_s=10.0)
     rates = measured_rates(path, "NVIDIA_H200")
     assert rates.per_trial_s == pytest.approx((30.0 - 3.0) / 50)  # the wait is not the problem's own cost
     assert rates.gpu_share == pytest.approx(24.0 / 60.0)
     assert rates.in_lanes_s(300.0, 3) == pytest.approx(120.0)  # the GPU's share bounds it, not 300 / 3
     assert rates.in_lanes_s(300.0, 5) == pytest.approx(120.0)
-    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30",
-                                      "--db", str(path)])
-    assert result.exit_code == 0, result.output
     assert re.search(r"in 3 lanes \(`omnitune search`'s default on a GPU\) ~.*held the GPU 40% of their own time",
-                     result.output)
+                     _plan_output(path))
     # A database from before the GPU time was recorded: its rates all the same, no lanes line.
-    db.conn.close()
-    con = sqlite3.connect(path)
-    con.execute("ALTER TABLE search_runs DROP COLUMN gpu_s")
-    con.execute("ALTER TABLE search_runs DROP COLUMN lock_wait_s")
-    con.commit()
-    con.close()
+    _drop_search_run_columns(path, "gpu_s", "lock_wait_s")
     older = measured_rates(path, "NVIDIA_H200")
     assert older.per_trial_s == pytest.approx((40.0 - 3.0) / 50) and older.gpu_share is None
 
 
 def test_the_lanes_estimate_is_bounded_by_the_cpu_the_searches_took(tmp_path):
     import re
-    import sqlite3
 
-    from typer.testing import CliRunner
-
-    from omnitune.cli import app
     from omnitune.cli.plan_rates import measured_rates
-    from omnitune.store import SearchRunRecord, open_db, record_search_run
 
     path = tmp_path / "results.db"
-    db = open_db(path)
     # 30 s of own time each, 6 s on the GPU, 60 s of CPU (15 its own, 45 its compile workers'): 2 cores.
-    for _ in range(2):
-        record_search_run(db, SearchRunRecord("k|p|bf16|NVIDIA_H200", "NVIDIA_H200", "NVIDIA H200", "2026-12-03",
-                                              "budget", 50, 30.0, setup_s=2.0, retime_s=1.0, gpu_s=6.0,
-                                              lock_wait_s=0.0, cpu_s=15.0, compile_cpu_s=45.0))
+    _two_searches_recorded(path, wall_s=30.0, gpu_s=6.0, lock_wait_s=0.0, cpu_s=15.0, compile_cpu_s=45.0)
     rates = measured_rates(path, "NVIDIA_H200")
     assert rates.gpu_share == pytest.approx(0.2) and rates.cores_busy == pytest.approx(2.0)
     assert rates.in_lanes_s(300.0, 3, cores=16) == pytest.approx(100.0)  # three lanes at a time
     assert rates.in_lanes_s(300.0, 3, cores=4) == pytest.approx(150.0)  # 600 s of CPU on 4 cores
     assert rates.in_lanes_s(300.0, 3) == pytest.approx(100.0)  # cores unknown: not a bound
-    result = CliRunner().invoke(app, ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "-n", "30",
-                                      "--db", str(path)])
-    assert result.exit_code == 0, result.output
     assert re.search(r"held the GPU 20% of their own time and kept 2\.0 CPU cores busy \(this host has \d+\)",
-                     result.output)
+                     _plan_output(path))
     # A database from before the CPU time was recorded (schema 4): the GPU's bound alone.
-    db.conn.close()
-    con = sqlite3.connect(path)
-    con.execute("ALTER TABLE search_runs DROP COLUMN cpu_s")
-    con.execute("ALTER TABLE search_runs DROP COLUMN compile_cpu_s")
-    con.commit()
-    con.close()
+    _drop_search_run_columns(path, "cpu_s", "compile_cpu_s")
     older = measured_rates(path, "NVIDIA_H200")
     assert older.cores_busy is None and older.gpu_share == pytest.approx(0.2)

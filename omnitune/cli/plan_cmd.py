@@ -14,13 +14,7 @@ from rich.markup import escape
 
 from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path
-from omnitune.cli.plan_rates import (
-    ASSUMED,
-    SECONDS_PER_TRIAL,
-    SETUP_S_PER_PROBLEM,
-    Rates,
-    measured_rates,
-)
+from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
 from omnitune.cli.search_lanes import DEFAULT_LANES
 from omnitune.durations import human_duration
 

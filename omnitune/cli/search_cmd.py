@@ -28,22 +28,10 @@ from omnitune.cli.common import (
     search_dtype,
     search_dtype_option,
 )
-from omnitune.cli.live import (
-    LiveView,
-    ProgressLines,
-    finalist_lines,
-    search_title,
-    summary_line,
-)
+from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
 from omnitune.cli.profile_top import profile_best, profile_top_possible
-from omnitune.cli.search_lanes import (
-    in_lane_order,
-    lane_argv,
-    lane_workers,
-    lanes_to_run,
-    leave_lane_stats,
-    search_in_lanes,
-)
+from omnitune.cli.search_lanes import (in_lane_order, lane_argv, lane_workers, lanes_to_run, leave_lane_stats,
+                                      search_in_lanes)
 from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
@@ -333,21 +321,10 @@ def search_problems(
     from omnitune.measure.gpu_lock import gpu_lock_from_env
     from omnitune.measure.runner import Runner
     from omnitune.profile.device import current_device_facts
-    from omnitune.search.driver import (
-        SearchInterrupted,
-        SearchOptions,
-        StopReason,
-        run_search,
-    )
+    from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
     from omnitune.spec import DeviceLimits, dtype_name
-    from omnitune.store import (
-        SearchRunRecord,
-        default_storage_url,
-        open_db,
-        record_device,
-        record_search_run,
-        utc_now,
-    )
+    from omnitune.store import (SearchRunRecord, default_storage_url, open_db, record_device, record_search_run,
+                                utc_now)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
     path = db_path(db)
@@ -446,10 +423,11 @@ def search_problems(
                 outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
                 outcome.wall_s, outcome.setup_s, outcome.retime_s,
                 gpu_s=gpu_lock.held_s - held_before if in_process else None, lock_wait_s=lock_wait_s,
-                cpu_s=time.process_time() - cpu_before,
+                cpu_s=time.process_time() - cpu_before if in_process else None,
                 compile_cpu_s=compile_report.cpu_s if compile_report is not None else None))
             if compile_report is not None:
-                console.print(f"{escape(search_title(spec, problem, dtype))}: {compile_report.summary()}", soft_wrap=True)
+                console.print(f"{escape(search_title(spec, problem, dtype))}: {compile_report.summary()}",
+                              soft_wrap=True)
             console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
             for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
                 console.print(line, soft_wrap=True)

@@ -896,7 +896,8 @@ def _packing_pays(problem: AttentionProblem, block_m: int = 64) -> bool:
     def padded(rows: int) -> int:  # rows rounded up to whole tiles
         return -(-rows // block_m) * block_m
 
-    return problem.lq <= PACK_GQA_MAX_QUERIES and padded(problem.lq * problem.group) < problem.group * padded(problem.lq)
+    fewer_padded_rows = padded(problem.lq * problem.group) < problem.group * padded(problem.lq)
+    return problem.lq <= PACK_GQA_MAX_QUERIES and fewer_padded_rows
 
 
 def _base_default(problem: AttentionProblem, dtype: torch.dtype) -> Config:

@@ -227,7 +227,7 @@ def _cpu_s() -> float:
 def _launch_once(values: dict) -> str | None:
     """None when the config compiled (and, off the GPU, ran); otherwise a one-line reason.
 
-    On a GPU the launch is captured into a CUDA graph that is thrown away (load_by_capture): the
+    On a GPU the launch is captured into a CUDA graph that is thrown away (CaptureLoader): the
     compiler runs and the binary is loaded, and nothing reaches the GPU, where another process
     may be timing its kernels. A launch that cannot be captured is launched for real instead."""
     try:

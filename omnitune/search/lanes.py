@@ -74,14 +74,6 @@ class LaneSession:
             f.write(str(self.index))
         return True
 
-    def taken(self, key: Sequence[str]) -> bool:
-        """Whether another lane has claimed `key`."""
-        path = self._claim_file(key)
-        try:
-            return path.read_text().strip() != str(self.index)
-        except FileNotFoundError:
-            return False
-
     def write_stats(self, stats: dict) -> None:
         (self.folder / LANE_STATS.format(index=self.index)).write_text(json.dumps(stats))
 
