@@ -170,6 +170,25 @@ def get_preset(name: str) -> ModelPreset:
     return preset
 
 
+def get_presets(text: str) -> tuple[ModelPreset, ...]:
+    """--model 'a,b' → the presets named, each once, in the order given; UnknownModelError for a
+    name that is none (or for no name at all)."""
+    names = list(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    if not names:
+        raise UnknownModelError(f"no model named in {text!r}; choose one or more of {', '.join(PRESETS)}")
+    return tuple(get_preset(name) for name in names)
+
+
+def models_problems(presets: tuple[ModelPreset, ...], kernel: str, key) -> list[PresetProblem]:
+    """The problems `kernel` sees under any of `presets`, each once (the first preset's, where two
+    presets send it the same problem: `key` maps a problem to its identity, the spec's problem key)."""
+    found: dict[str, PresetProblem] = {}
+    for preset in presets:
+        for one in preset_problems(preset, kernel):
+            found.setdefault(key(one.problem), one)
+    return list(found.values())
+
+
 def parse_kernels(text: str | None) -> tuple[str, ...]:
     """--kernels 'k1,k2' → ('k1', 'k2'); None or empty → every kernel presets know."""
     if not text or not text.strip():

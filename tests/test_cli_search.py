@@ -263,8 +263,14 @@ def test_profile_best_stores_one_profile_per_config_and_stops_at_an_ncu_failure(
         (["search", "--model", "qwen2.5-omni-7b", "--kernels", "attention,matmul"], "no traffic for kernel 'matmul'"),
         (["search", "attention", "--model", "qwen2.5-omni-7b", "--kernels", "attention"], "not both"),
         (["search", "--shape", SHAPE], "--shape needs a KERNEL"),
+        (["search", "--model", "qwen2.5-omni-3b,llama-9"], "unknown model 'llama-9'"),
+        (["search", "--model", " , "], "no model named"),
+        (["search", "--model", "qwen2.5-omni-3b", "--dtype", "fp32,int3"], "int3"),
+        (["search", "--model", "qwen2.5-omni-3b", "--dtype", ","], "names no dtype"),
+        (["search", "--model", "qwen-image-dit", "--kernels", "kv_cache_write"], "nothing to search"),
     ],
-    ids=["shape-and-model", "neither", "unknown-model", "unknown-kernel", "kernel-twice", "shape-no-kernel"],
+    ids=["shape-and-model", "neither", "unknown-model", "unknown-kernel", "kernel-twice", "shape-no-kernel",
+         "one-of-two-models-unknown", "no-model", "one-of-two-dtypes-unknown", "no-dtype", "nothing-to-search"],
 )
 def test_model_mistakes_exit_2_with_one_line(args, message, tmp_db):
     assert_user_error(invoke(*args, *MODE, "--db", str(tmp_db)), message)
@@ -290,6 +296,40 @@ def test_search_model_searches_every_preset_problem_of_the_chosen_kernels(tmp_db
     assert result.exit_code == 0, result.output
     assert [name for name, *_ in searched] == ["attention"]  # a DiT has no KV cache
     assert "kv_cache_write: " in result.output and "skipped" in result.output
+
+
+def test_several_models_and_dtypes_search_each_problem_once_per_dtype(tmp_db, monkeypatch):
+    from omnitune.cli import search_cmd
+    from omnitune.presets import get_preset, preset_problems
+    from omnitune.registry import get_spec
+
+    searched = []
+    monkeypatch.setattr(search_cmd, "search_problems",
+                        lambda spec, problems, dtype, **kw: searched.append((spec.name, problems, dtype)))
+    # The 7B and VL-7B send the KV write the same problems (same heads); the 3B others.
+    result = invoke("search", "--model", "qwen2.5-omni-7b, qwen2.5-vl-7b,qwen2.5-omni-3b,qwen2.5-omni-7b",
+                    "--kernels", "kv_cache_write", "--dtype", "fp16,fp32,fp16", *MODE, "--db", str(tmp_db))
+    assert result.exit_code == 0, result.output
+    spec = get_spec("kv_cache_write")
+    keys = {m: [spec.problem_key(p.problem) for p in preset_problems(get_preset(m), "kv_cache_write")]
+            for m in ("qwen2.5-omni-7b", "qwen2.5-vl-7b", "qwen2.5-omni-3b")}
+    assert keys["qwen2.5-omni-7b"] == keys["qwen2.5-vl-7b"] and set(keys["qwen2.5-omni-3b"]).isdisjoint(keys["qwen2.5-omni-7b"])
+    expected = list(dict.fromkeys(keys["qwen2.5-omni-7b"] + keys["qwen2.5-omni-3b"]))
+    assert [(name, dtype) for name, _, dtype in searched] == [("kv_cache_write", torch.float16),
+                                                               ("kv_cache_write", torch.float32)]
+    for _, problems, _ in searched:
+        assert [spec.problem_key(p) for p in problems] == expected
+
+
+def test_several_dtypes_apply_to_shapes_too(tmp_db, monkeypatch):
+    from omnitune.cli import search_cmd
+
+    searched = []
+    monkeypatch.setattr(search_cmd, "search_problems",
+                        lambda spec, problems, dtype, **kw: searched.append((len(problems), dtype)))
+    result = invoke("search", "attention", "--shape", SHAPE, "--dtype", "fp32,fp16", *MODE, "--db", str(tmp_db))
+    assert result.exit_code == 0, result.output
+    assert searched == [(1, torch.float32), (1, torch.float16)]
 
 
 def test_precompile_workers_default_on_a_gpu_and_off_under_the_interpreter():

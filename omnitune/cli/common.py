@@ -130,11 +130,23 @@ def search_dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.d
     return dtype
 
 
-def search_dtype_option() -> str:
+def search_dtype_names(text: str | None) -> list[str | None]:
+    """A search's --dtype as the names it lists, comma-separated, each once ([None]: not given, the
+    default applies); OmnituneError when it lists none."""
+    if text is None:
+        return [None]
+    names = list(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    if not names:
+        raise OmnituneError(f"--dtype {text!r} names no dtype; use fp16, bf16 or fp32 (several comma-separated)")
+    return names
+
+
+def search_dtype_option(help_extra: str = "") -> str:
     """--dtype of the commands that search (search, worker): bf16 on a GPU, fp16 under the
     interpreter (which computes bf16 wrongly)."""
     return typer.Option(
-        None, "--dtype", help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret]", show_default=False,
+        None, "--dtype", help="fp16, bf16 or fp32." + help_extra + " \\[default: bf16; fp16 with --interpret]",
+        show_default=False,
     )
 
 

@@ -26,6 +26,7 @@ from omnitune.cli.common import (
     load_spec,
     parse_problems,
     search_dtype,
+    search_dtype_names,
     search_dtype_option,
 )
 from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
@@ -60,14 +61,15 @@ def search(
     model: str = typer.Option(
         None, "--model",
         help="Search every problem a model preset's traffic gives each kernel (see `omnitune plan --model`), "
-        "instead of --shape.", show_default=False,
+        "instead of --shape. Several presets, comma-separated, are searched in one session, each problem "
+        "once.", show_default=False,
     ),
     kernels: str = typer.Option(
         None, "--kernels",
         help="With --model: the kernels to search, comma-separated. \\[default: every kernel of the preset]",
         show_default=False,
     ),
-    dtype: str = search_dtype_option(),
+    dtype: str = search_dtype_option(" Several, comma-separated (bf16,fp16), search every problem in each."),
     trials: int = typer.Option(
         50, "--trials", "-n", min=1,
         help="Configs to measure per shape, in total: a rerun resumes and counts the configs already measured. "
@@ -237,7 +239,7 @@ class _SearchTarget:
 def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: str | None,
              dtype: str | None, interpret: bool) -> list[_SearchTarget]:
     """What to search: the kernel's --shape problems, or every problem of a model preset."""
-    from omnitune.presets import get_preset, parse_kernels, preset_problems
+    from omnitune.presets import get_presets, models_problems, parse_kernels
 
     if shapes and model:
         raise OmnituneError("give --shape (with a KERNEL) or --model (a model preset), not both")
@@ -252,18 +254,27 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
         if kernels is not None:
             raise OmnituneError("--kernels goes with --model; with --shape name the KERNEL")
         spec = load_spec(kernel, interpret)
-        return [_SearchTarget(kernel, spec, search_dtype(spec, dtype, interpret), parse_problems(spec, shapes))]
-    preset = get_preset(model)
+        problems = parse_problems(spec, shapes)
+        return [_SearchTarget(kernel, spec, search_dtype(spec, name, interpret), problems)
+                for name in search_dtype_names(dtype)]
+    presets = get_presets(model)
     if kernel is not None and kernels is not None:
         raise OmnituneError("name the kernels either as KERNEL or with --kernels, not both")
+    names = ", ".join(p.name for p in presets)
+    who = presets[0].description if len(presets) == 1 else names
+    dtype_names = search_dtype_names(dtype)
     targets = []
-    for name in parse_kernels(kernel or kernels):
-        spec = load_spec(name, interpret)  # before the presets build problems: --interpret must apply first
-        problems = [p.problem for p in preset_problems(preset, name)]
-        if not problems:
-            console.print(f"{name}: {preset.description} never runs it; skipped", soft_wrap=True)
-            continue
-        targets.append(_SearchTarget(name, spec, search_dtype(spec, dtype, interpret), problems))
+    for dtype_name in dtype_names:
+        for name in parse_kernels(kernel or kernels):
+            spec = load_spec(name, interpret)  # before the presets build problems: --interpret must apply first
+            problems = [p.problem for p in models_problems(presets, name, spec.problem_key)]
+            if not problems:
+                if dtype_name == dtype_names[0]:  # said once, not once per dtype
+                    console.print(f"{name}: {who} never runs it; skipped", soft_wrap=True)
+                continue
+            targets.append(_SearchTarget(name, spec, search_dtype(spec, dtype_name, interpret), problems))
+    if not targets:
+        raise OmnituneError(f"nothing to search: {names} sends none of the kernels asked for any problem")
     return targets
 
 

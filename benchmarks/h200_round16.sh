@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sixteenth H200 round, one H200:
+#   OUT=dir bash benchmarks/h200_round16.sh A|B      (B with part A's database at devstate/presets.db)
+# Tables for every preset in bf16 and fp16 (issue 14): `omnitune plan --model M --coverage` found
+# the shipped H200 tables answering 27 of the Qwen2.5-Omni-3B preset's 35 bf16 problems and 21 of
+# Qwen3-Omni's 35 with the default config, and every preset's fp16 problems from bf16 entries.
+# Each search runs under benchmarks/search_wall.py, which records its wall time, the GPU's and the
+# host's busy share and each problem's timings (issue 20), from an empty Triton cache.
+# Part A: the 3B and Qwen3-Omni presets in bf16, 50 trials a problem, in one session (a problem two
+# presets share is searched once); then every preset in fp16, 30 trials a problem (each search
+# warm-starts from the bf16 winners the runtime lends those problems today), as far as the time
+# allows; both exported over a copy of the shipped tables.
+# Part B: the fp16 search resumed to its end from part A's database, exported; every preset's
+# coverage read back from the new tables; then the cross-attention layer's held-out set
+# (benchmarks/coverage.py, issue 14) for the time that is left.
+part=${1:?part A|B}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
+
+bf16_models=qwen2.5-omni-3b,qwen3-omni-30b-a3b
+fp16_models=qwen2.5-omni-7b,qwen2.5-omni-3b,qwen3-omni-30b-a3b,qwen2.5-vl-7b,qwen-image-dit
+mkdir -p "$OUT/tc" && cp -r tuned_configs/* "$OUT/tc/"
+export_tables() { step 60 python -m omnitune export --db "$1" --out "$OUT/tc"; rm -f "$OUT"/tc/*/.*.lock; }
+
+case $part in
+  A)
+    db="$OUT/presets.db"
+    step $(left 590) python benchmarks/search_wall.py --fresh-triton-cache --model $bf16_models --trials 50 \
+      --db "$db" --timeout $(left 380) --out "$OUT/search_wall_h200_round16_A_bf16.json"
+    step $(left 590) python benchmarks/search_wall.py --fresh-triton-cache --model $fp16_models --trials 30 \
+      --db "$db" --timeout $(left 540) --out "$OUT/search_wall_h200_round16_A_fp16.json" -- --dtype fp16
+    export_tables "$db"
+    ;;
+  B)
+    db="$OUT/presets.db"
+    cp devstate/presets.db "$db"
+    step $(left 590) python benchmarks/search_wall.py --model $bf16_models --trials 50 --db "$db" \
+      --timeout $(left 300) --out "$OUT/search_wall_h200_round16_B_bf16_rest.json"
+    step $(left 590) python benchmarks/search_wall.py --model $fp16_models --trials 30 --db "$db" \
+      --timeout $(left 330) --out "$OUT/search_wall_h200_round16_B_fp16_rest.json" -- --dtype fp16
+    export_tables "$db"
+    (export OMNITUNE_CONFIG_DIR="$OUT/tc"; for dtype in bf16 fp16; do for model in ${fp16_models//,/ }; do
+      python -m omnitune plan --model $model --dtype $dtype --coverage --device "NVIDIA H200" | grep "coverage of"
+    done; done)
+    step $(left 590) python benchmarks/coverage.py --kernel cross_attention_layer --tables "$OUT/tc" \
+      --out "$OUT/coverage_layer_h200_round16_B.json" --time-budget $(left 540) --trials 40 --work-dir /tmp/cov
+    ;;
+esac
