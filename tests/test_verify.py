@@ -634,7 +634,13 @@ def test_the_shipped_tables_configs_are_right_on_derived_problems(tmp_path):
     assert_schema(report)
     numerics = checks(report, "numerics")
     assert numerics and all(c["status"] == "pass" for c in numerics), result.output
-    assert all(c["details"]["derived"] and c["details"]["dtype"] == "fp16" for c in numerics)
+    # The interpreter computes bf16 wrongly: bf16 entries are checked on fp16 problems derived from
+    # them; fp16 entries small enough for the interpreter run as they are.
+    table = json.loads((ROOT / "tuned_configs" / "kv_cache_write" / "NVIDIA_H200.json").read_text())
+    fp16_keys = {key.split("|", 1)[1] for key in table["entries"] if key.startswith("fp16|")}
+    assert all(c["details"]["dtype"] == "fp16" for c in numerics)
+    assert all(c["details"]["derived"] or c["details"]["problem"] in fp16_keys for c in numerics)
+    assert any(c["details"]["derived"] for c in numerics)
 
 
 @cpu_only
