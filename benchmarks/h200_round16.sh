@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sixteenth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round16.sh A|B      (B after part A's tables are in tuned_configs)
+#   OUT=dir bash benchmarks/h200_round16.sh A|B|C    (each after the last one's tables are in tuned_configs)
 # Tables for every preset in bf16 and fp16 (issue 14): `omnitune plan --model M --coverage` found
 # the shipped H200 tables answering 27 of the Qwen2.5-Omni-3B preset's 35 bf16 problems and 21 of
 # Qwen3-Omni's 35 with the default config, and every preset's fp16 problems from bf16 entries.
@@ -13,7 +13,8 @@
 # Part B: the four preset problems part A left answered by a neighbour, searched and exported;
 # every preset's coverage read back from the tables; then the cross-attention layer's held-out set
 # (benchmarks/coverage.py, issue 14) for the time that is left.
-part=${1:?part A|B}
+# Part C: kv_compress's held-out set, never measured before, against the tables as they now stand.
+part=${1:?part A|B|C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 bf16_models=qwen2.5-omni-3b,qwen3-omni-30b-a3b
@@ -51,5 +52,10 @@ case $part in
       --out "$OUT/coverage_layer_h200_round16_B.json" --time-budget $(left 560) --trials 40 --work-dir /tmp/cov
     # Only the tables this part changed come back (the device returns a few files).
     rm -rf "$OUT"/tc/kv_cache_write "$OUT"/tc/paged_decode_attention "$OUT"/tc/kv_compress "$OUT"/tc/README.md
+    ;;
+  C)
+    rm -rf "$OUT/tc"
+    step $(left 430) python benchmarks/coverage.py --kernel kv_compress \
+      --out "$OUT/coverage_kv_compress_h200_round16_C.json" --time-budget $(left 400) --trials 40 --work-dir /tmp/cov
     ;;
 esac
