@@ -313,7 +313,8 @@ def test_several_models_and_dtypes_search_each_problem_once_per_dtype(tmp_db, mo
     spec = get_spec("kv_cache_write")
     keys = {m: [spec.problem_key(p.problem) for p in preset_problems(get_preset(m), "kv_cache_write")]
             for m in ("qwen2.5-omni-7b", "qwen2.5-vl-7b", "qwen2.5-omni-3b")}
-    assert keys["qwen2.5-omni-7b"] == keys["qwen2.5-vl-7b"] and set(keys["qwen2.5-omni-3b"]).isdisjoint(keys["qwen2.5-omni-7b"])
+    assert keys["qwen2.5-omni-7b"] == keys["qwen2.5-vl-7b"]
+    assert set(keys["qwen2.5-omni-3b"]).isdisjoint(keys["qwen2.5-omni-7b"])
     expected = list(dict.fromkeys(keys["qwen2.5-omni-7b"] + keys["qwen2.5-omni-3b"]))
     assert [(name, dtype) for name, _, dtype in searched] == [("kv_cache_write", torch.float16),
                                                                ("kv_cache_write", torch.float32)]

@@ -70,6 +70,31 @@ def test_path_matches_the_reference(name, dtype, fusion, small):
     assert SPEC.compare(out, ref) <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous-out", "strided-out"])
+def test_the_unfused_path_writes_its_projection_into_out_without_a_copy(contiguous, monkeypatch):
+    # What a search times for FUSION=none must be what the op runs: the op returns the output
+    # projection itself, so the spec's launcher must not add a copy into `out` (it did, and every
+    # unfused trial was timed a launch slower than the PyTorch path it is).
+    problem = PROBLEMS["gqa2_bias"]
+    inputs = SPEC.make_inputs(problem, torch.float32, DEVICE, 3)
+    out = SPEC.new_output(inputs)
+    if not contiguous:
+        out = torch.full((out.shape[0], out.shape[2], out.shape[1]), float("nan"), device=DEVICE).transpose(1, 2)
+    copied_into_out = []
+    real_copy = torch.Tensor.copy_
+
+    def spy(self, *args, **kwargs):
+        copied_into_out.append(self.data_ptr() == out.data_ptr())
+        return real_copy(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", spy)
+    SPEC.launch(inputs, out, Config(UNFUSED))
+    monkeypatch.undo()
+    assert SPEC.compare(out, SPEC.reference(inputs)) <= TOLERANCE[torch.float32]
+    assert torch.equal(out, kernel.unfused(inputs))  # the same GEMMs as the op's own path
+    assert any(copied_into_out) is not contiguous  # a copy only where `out` cannot take the GEMM
+
+
 def test_hidden_different_from_heads_times_head_dim():
     problem = P(b=1, lq=4, lk=9, hidden=96, h=2, hkv=1, d=64)  # h·d = 128 ≠ 96
     cfg = kernel.fused_config(problem, torch.float32)
