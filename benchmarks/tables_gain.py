@@ -72,8 +72,11 @@ def gains(db: str, tables: Path, dtype: str | None) -> list[dict]:
     runtime.config_dirs = lambda: [tables]  # the earlier tables only, not the working tree's
     runtime.clear_cache()
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    studies = con.execute("SELECT study, kernel, problem_key, problem_json, dtype, device_name FROM trials "
-                          "GROUP BY study ORDER BY MIN(rowid)").fetchall()
+    try:
+        studies = con.execute("SELECT study, kernel, problem_key, problem_json, dtype, device_name FROM trials "
+                              "GROUP BY study ORDER BY MIN(rowid)").fetchall()
+    finally:
+        con.close()
     rows = []
     for study, kernel, problem_key, problem_json, dtype_name, device_name in studies:
         if dtype is not None and dtype_name != dtype:

@@ -263,19 +263,18 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
     names = ", ".join(p.name for p in presets)
     who = presets[0].description if len(presets) == 1 else names
     dtype_names = search_dtype_names(dtype)
-    targets = []
-    for dtype_name in dtype_names:
-        for name in parse_kernels(kernel or kernels):
-            spec = load_spec(name, interpret)  # before the presets build problems: --interpret must apply first
-            problems = [p.problem for p in models_problems(presets, name, spec.problem_key)]
-            if not problems:
-                if dtype_name == dtype_names[0]:  # said once, not once per dtype
-                    console.print(f"{name}: {who} never runs it; skipped", soft_wrap=True)
-                continue
-            targets.append(_SearchTarget(name, spec, search_dtype(spec, dtype_name, interpret), problems))
-    if not targets:
+    searched = []  # (kernel, spec, problems): built once, whatever the number of dtypes
+    for name in parse_kernels(kernel or kernels):
+        spec = load_spec(name, interpret)  # before the presets build problems: --interpret must apply first
+        problems = [p.problem for p in models_problems(presets, name, spec.problem_key)]
+        if not problems:
+            console.print(f"{name}: {who} never runs it; skipped", soft_wrap=True)
+            continue
+        searched.append((name, spec, problems))
+    if not searched:
         raise OmnituneError(f"nothing to search: {names} sends none of the kernels asked for any problem")
-    return targets
+    return [_SearchTarget(name, spec, search_dtype(spec, dtype_name, interpret), problems)
+            for dtype_name in dtype_names for name, spec, problems in searched]
 
 
 def parse_gpus(text: str, interpret: bool) -> list[int]:
