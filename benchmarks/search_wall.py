@@ -121,8 +121,9 @@ def _mean(samples: list[dict], field: str) -> float | None:
 
 
 # The lines of the search's output whose arrival times `events` keeps: the session and each
-# problem starting and ending, and each problem's compile report (a lane's lines carry its number).
-EVENT_MARKERS = ("searching ", ": best ", ": precompiled ", " lanes: ")
+# problem starting and ending, each problem's compile report and where its trial loop's time went
+# (a lane's lines carry its number).
+EVENT_MARKERS = ("searching ", ": best ", ": precompiled ", "trial loop: ", " lanes: ")
 
 
 def run_following(command: list[str], env: dict[str, str], started: float) -> tuple[int, list[dict]]:

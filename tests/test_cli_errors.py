@@ -305,6 +305,8 @@ def test_a_storage_that_is_the_database_itself_is_refused(command, tmp_path, mon
     # Relative to the folder the command runs in: the same file under another name.
     assert_one_line_error(invoke(*args, "--storage", "sqlite:///omnitune.db"), "names the results database")
     assert (db.read_bytes() if db.exists() else None) == before  # no Optuna tables inside the catalogue
+    assert_one_line_error(invoke(*args, "--storage", "journal:///omnitune.db"), "names the results database")
+    assert (db.read_bytes() if db.exists() else None) == before  # no journal lines appended to it
 
 
 # --- tables that a search and a lookup read --------------------------------------------------------

@@ -77,7 +77,7 @@ def test_search_stores_the_trials_default_first_and_resumes(tmp_db):
     assert seconds["measuring"] > 0 and sum(seconds.values()) <= run[1] + 0.1
     assert "4 measured (4 new)" in summary[0]
     assert ("not representative" in summary[0]) is not ON_GPU
-    assert (tmp_db.parent / "omnitune.optuna.db").is_file()
+    assert (tmp_db.parent / "omnitune.optuna.log").is_file()  # the default storage: a journal beside --db
     conn = sqlite3.connect(tmp_db)
     assert conn.execute("SELECT key FROM devices").fetchall() == [(device_key,)]
     conn.close()

@@ -106,7 +106,7 @@ def test_gpus_two_interpreter_workers_share_the_fault_sweep(tmp_path):
         "--db", str(db),
     ])
     assert result.exit_code == 0, result.output
-    study = only_study(f"sqlite:///{tmp_path / 'results.optuna.db'}")
+    study = only_study(f"journal:///{tmp_path / 'results.optuna.log'}")  # the default storage
     assert [c["FAULT"] for c in GRID_PREFIX][-3:] == ["hang", "abort", "segfault"]
     assert_fault_sweep_complete(study, GRID_PREFIX)
     slots = [t.user_attrs.get("slot") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -154,26 +154,25 @@ def is_running(pid: int) -> bool:
     return state != "Z"
 
 
-def finished_trials(optuna_db: Path) -> int:
-    """COMPLETE trials in Optuna's SQLite file, read with plain SQL: opening it through Optuna
-    while the search is still creating it would race it to create the tables."""
-    try:
-        with sqlite3.connect(f"file:{optuna_db}?mode=ro", uri=True, timeout=5) as conn:
-            return conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
-    except sqlite3.Error:
-        return 0  # not created yet
+def finished_trials(journal: Path) -> int:
+    """COMPLETE trials in the search's journal (read without a lock: a reader never takes one)."""
+    if not journal.exists():
+        return 0
+    storage = open_optuna_storage(f"journal:///{journal}")
+    return sum(len(storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.COMPLETE,)))
+               for study in storage.get_all_studies())
 
 
 def test_kill_9_mid_sweep_loses_at_most_one_trial_per_worker_and_the_rerun_completes(tmp_path):
     db = tmp_path / "results.db"
-    optuna_db = tmp_path / "results.optuna.db"
+    journal = tmp_path / "results.optuna.log"  # the default storage
     trials = 14
     args = [sys.executable, "-m", "omnitune", "search", "kv_cache_write", "--shape", KV_SHAPE, "--dtype", "fp32",
             "--interpret", "--sampler", "random", "--trials", str(trials), "--gpus", "0,1", "--db", str(db)]
     search = subprocess.Popen(args, env=cli_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while finished_trials(optuna_db) < 3:
+        while finished_trials(journal) < 3:
             assert search.poll() is None, search.stderr.read().decode()
             assert time.monotonic() < deadline, "the search finished no 3 trials in 60 s"
             time.sleep(0.02)
@@ -190,7 +189,7 @@ def test_kill_9_mid_sweep_loses_at_most_one_trial_per_worker_and_the_rerun_compl
         time.sleep(0.05)
     assert len(workers) == 2 and not any(is_running(pid) for pid in children)
 
-    url = f"sqlite:///{optuna_db}"
+    url = f"journal:///{journal}"
     study = only_study(url)
     before = measurements(study)
     assert 0 < sum(len(n) for n in before.values()) < trials + 20  # killed mid-sweep

@@ -3,6 +3,8 @@ failures are reported, never raised, and the measuring process is untouched."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 
 from omnitune.registry import get_spec
-from omnitune.measure.precompile import _importable_name, precompile
+from omnitune.measure.precompile import PrecompileReport, _importable_name, precompile
 from omnitune.spec import Config
 
 FAULT_KERNEL = str(Path(__file__).with_name("fault_kernel.py"))
@@ -39,6 +41,10 @@ def test_failing_configs_are_reported_not_raised():
     assert set(report.failed) == set(faulty)
     assert "OutOfResources" in report.failed[faulty[0]]
     assert "CompilationError" in report.failed[faulty[1]]
+    # The summary says why, with the commonest reason: a pool whose every config fails says so.
+    assert "2 did not compile or launch" in report.summary() and "1 with " in report.summary()
+    same = PrecompileReport(0, {c: "RuntimeError: CUDA driver initialization failed" for c in faulty}, 1.0, 2)
+    assert same.summary().endswith("all with RuntimeError: CUDA driver initialization failed")
 
 
 def test_a_file_kernel_is_found_again_by_its_path():
@@ -218,3 +224,62 @@ def test_a_worker_on_the_gpu_compiles_by_capture_and_puts_nothing_on_the_gpu(mon
         spec.launch(inputs, ran, config)  # the same launch for real writes the caches, rightly
         assert not same(ran, made[-1])
         assert spec.compare(ran, spec.reference(inputs)) <= spec.tolerance[torch.bfloat16]
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
+def test_compile_workers_start_with_the_kernels_imported_and_take_this_process_environment(monkeypatch):
+    from omnitune.measure.precompile import WORKER_PRELOAD, compile_processes
+    from tests.worker_probe import imported
+
+    first = compile_processes(1)
+    assert first.submit(os.getpid).result(timeout=120) != os.getpid()  # the fork server is up from here on
+    first.shutdown()
+    monkeypatch.setenv("OMNITUNE_WORKER_PROBE", "set after the fork server started")
+    pool = compile_processes(1)
+    try:
+        assert pool.submit(imported, list(WORKER_PRELOAD)).result(timeout=120) == list(WORKER_PRELOAD)
+        assert pool.submit(os.getenv, "OMNITUNE_WORKER_PROBE").result(timeout=120) == "set after the fork server started"
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.gpu
+def test_workers_forked_from_the_preloaded_server_compile_on_the_gpu():
+    """No module the fork server preloads may initialize CUDA: its workers could then not use it,
+    and every config would fail to precompile (what a launcher asking torch.cuda.is_available()
+    at import did)."""
+    from omnitune.measure import ahead
+
+    ahead.close_shared_workers()
+    torch.cuda.init()  # this process holds a CUDA context, as a search does
+    spec = get_spec("kv_cache_write")
+    problem = spec.parse_shape("t=37,hkv=2,d=64,block_size=16")
+    configs = spec.valid_configs(problem, torch.bfloat16)[:2]
+    report = precompile(spec, problem, torch.bfloat16, configs, device="cuda", workers=2)
+    assert report.compiled == 2 and not report.failed, report.summary()
+
+
+def test_importing_what_the_fork_server_preloads_never_asks_for_cuda():
+    """What initializes CUDA in the fork server (torch.cuda.is_available() does, on a CUDA build)
+    leaves its workers unable to use it; the GPU test above sees that, this one sees the cause on
+    any machine: a fresh interpreter imports WORKER_PRELOAD with torch.cuda's queries counted."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "asked = []\n"
+        "for name in ('is_available', 'device_count', 'init', 'get_device_capability', 'get_device_properties'):\n"
+        "    setattr(torch.cuda, name, lambda *a, name=name, **k: asked.append(name))\n"
+        "from omnitune.measure.precompile import WORKER_PRELOAD\n"
+        "for module in WORKER_PRELOAD:\n"
+        "    __import__(module)\n"
+        "print(len(WORKER_PRELOAD), asked)\n"
+    )
+    # As on a GPU: kernels compiled, not interpreted (an interpreted one never asks).
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1], env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[0].isdigit() and int(run.stdout.split()[0]) >= 5
+    assert run.stdout.strip().endswith("[]"), run.stdout

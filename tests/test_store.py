@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 
 import optuna
 import pytest
@@ -27,6 +31,7 @@ from omnitune.store import (
     default_storage_url,
     finished_trial_attrs,
     open_db,
+    open_optuna_storage,
     rebuild_catalogue,
     record_calibration,
     record_device,
@@ -120,9 +125,51 @@ def test_a_folder_is_not_a_database(tmp_path):
         open_db(tmp_path)
 
 
-def test_default_storage_sits_beside_the_results_database(tmp_path):
+def test_default_storage_is_a_journal_beside_the_results_database(tmp_path):
     url = default_storage_url(tmp_path / "runs" / "h200.db")
-    assert url == f"sqlite:///{tmp_path.resolve()}/runs/h200.optuna.db"
+    assert url == f"journal:///{tmp_path.resolve()}/runs/h200.optuna.log"
+    storage = open_optuna_storage(url)
+    assert isinstance(storage, optuna.storages.JournalStorage)
+    assert (tmp_path / "runs" / "h200.optuna.log").is_file()
+
+
+def test_default_storage_stays_the_sqlite_file_a_database_was_searched_with(tmp_path):
+    legacy = tmp_path / "h200.optuna.db"
+    open_optuna_storage(f"sqlite:///{legacy}")
+    assert default_storage_url(tmp_path / "h200.db") == f"sqlite:///{legacy.resolve()}"
+
+
+def test_a_journal_cannot_keep_heartbeats(tmp_path):
+    with pytest.raises(StoreError, match="workers with heartbeats need an RDB storage"):
+        open_optuna_storage(f"journal:///{tmp_path / 'j.log'}", heartbeat_interval_s=10)
+
+
+def test_a_corrupt_journal_is_a_store_error(tmp_path):
+    path = tmp_path / "j.log"
+    path.write_text('{"op_code": 0, "worker_id": "w"\n{"op_code": 0}\n')
+    with pytest.raises(StoreError, match="cannot open the Optuna journal"):
+        open_optuna_storage(f"journal:///{path}")
+
+
+def test_a_search_killed_while_writing_the_journal_leaves_it_unlocked(tmp_path):
+    path = tmp_path / "j.log"
+    holder = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from omnitune.store import open_optuna_storage\n"
+        "storage = open_optuna_storage('journal:///' + sys.argv[1])\n"
+        "storage._backend._lock.acquire()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"), str(path)], capture_output=True, timeout=120)
+    assert holder.returncode == -signal.SIGKILL, holder.stderr
+    started = time.monotonic()
+    storage = open_optuna_storage(f"journal:///{path}")
+    optuna.create_study(study_name="after the kill", storage=storage)  # writes: takes the lock
+    assert time.monotonic() - started < 10  # not Optuna's 30 s grace period for a lock left behind
+    assert [s.study_name for s in open_optuna_storage(f"journal:///{path}").get_all_studies()] == ["after the kill"]
+
+
+def test_a_journal_url_must_name_a_file(tmp_path):
+    with pytest.raises(StoreError, match="must name a file"):
+        open_optuna_storage(f"journal:///{tmp_path}")
 
 
 # --- rows ---------------------------------------------------------------------------------------
@@ -231,7 +278,7 @@ def store_trial(study: optuna.Study, result: TrialResult, value: float, *, is_de
 
 
 def make_study(storage_url: str, facts: StudyFacts = FACTS) -> optuna.Study:
-    study = optuna.create_study(study_name=facts.name, storage=storage_url)
+    study = optuna.create_study(study_name=facts.name, storage=open_optuna_storage(storage_url))
     study.set_user_attr(STUDY_ATTR, facts.as_user_attr())
     return study
 
@@ -248,8 +295,10 @@ def test_trial_attrs_round_trip_to_the_same_result():
     assert back.time_ms == math.inf and math.isnan(back.rel_error)
 
 
-def test_rebuild_catalogue_rederives_every_row_from_the_studies(db, tmp_path):
-    storage_url = f"sqlite:///{tmp_path / 'studies.optuna.db'}"
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_rebuild_catalogue_rederives_every_row_from_the_studies(db, tmp_path, kind):
+    storage_url = {"sqlite": f"sqlite:///{tmp_path / 'studies.optuna.db'}",
+                   "journal": f"journal:///{tmp_path / 'studies.optuna.log'}"}[kind]
     study = make_study(storage_url)
     store_trial(study, TrialResult(Config(BLOCK_M=64), TrialStatus.OK, time_ms=2.0, rel_error=1e-5,
                                    tflops=10.0, tbps=0.1), 2.0, is_default=True)
@@ -259,7 +308,7 @@ def test_rebuild_catalogue_rederives_every_row_from_the_studies(db, tmp_path):
     interrupted = study.ask(DISTRIBUTIONS)  # told FAIL: measured nothing, so no row
     study.tell(interrupted, state=optuna.trial.TrialState.FAIL)
     study.ask(DISTRIBUTIONS)  # still running: no row
-    foreign = optuna.create_study(study_name="not omnitune's", storage=storage_url)
+    foreign = optuna.create_study(study_name="not omnitune's", storage=open_optuna_storage(storage_url))
     foreign.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
 
     # a stale row of this study, and a row of a study kept in another storage

@@ -51,9 +51,14 @@ def require_writable_folder(path: Path, option: str) -> None:
     _writable_folder_below(path, option, path)
 
 
-def _sqlite_file(url: str) -> Path | None:
-    """The file an SQLAlchemy SQLite URL names (sqlite:///relative, sqlite:////absolute), or
-    None for another database or an in-memory one."""
+def _storage_file(url: str) -> Path | None:
+    """The file a storage URL names: an SQLAlchemy SQLite URL's (sqlite:///relative,
+    sqlite:////absolute) or a journal's (journal:///path); None for another database or an
+    in-memory one."""
+    from omnitune.store import journal_path
+
+    if (journal := journal_path(url)) is not None:
+        return journal
     if not url.startswith("sqlite:///"):
         return None
     name = url.removeprefix("sqlite:///").split("?", 1)[0]
@@ -68,8 +73,9 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def require_storage_apart(storage: str | None, db: Path) -> None:
     """That --storage does not name the results database: Optuna would create its own tables
-    inside the catalogue, which is derived from them and rebuilt from them."""
-    target = _sqlite_file(storage) if storage else None
+    inside the catalogue (or append its journal to it), which is derived from them and rebuilt
+    from them."""
+    target = _storage_file(storage) if storage else None
     if target is not None and _same_file(target, db):
         from omnitune.store import default_storage_url
 

@@ -90,8 +90,10 @@ def search(
     ),
     storage: str = typer.Option(
         None, "--storage",
-        help="Optuna storage URL holding the studies, e.g. postgresql://host/omnitune to share them between "
-        "hosts. \\[default: sqlite file <db stem>.optuna.db beside --db]",
+        help="Optuna storage holding the studies: journal:///path (a journal file, shared by the processes "
+        "of one host), sqlite:///path, or postgresql://host/omnitune to share them between hosts. "
+        "\\[default: the journal <db stem>.optuna.log beside --db; <db stem>.optuna.db if that SQLite "
+        "file is already there]",
         show_default=False,
     ),
     finalists: int = typer.Option(

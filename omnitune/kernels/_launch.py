@@ -78,11 +78,22 @@ class DirectLauncher:
     def __init__(self, jit_fn):
         self.jit = jit_fn
         self._lock = threading.Lock()
-        self._direct = _supports_direct_launch(jit_fn)
+        # `_direct` is decided on first use (__getattr__), not here: a launcher is made when its
+        # kernel module is imported, and asking torch.cuda.is_available() then initializes the
+        # CUDA driver, after which no process forked from this one can use CUDA (the compile
+        # workers fork from a server that imported the kernel modules: omnitune.measure.precompile).
         names = list(getattr(jit_fn, "arg_names", ()))
         params = getattr(jit_fn, "params", ())
         self._constexpr_names = [p.name for p in params if getattr(p, "is_constexpr", False)]
         self._runtime_count = len(names) - len(self._constexpr_names)
+
+    def __getattr__(self, name: str):
+        """`_direct`, whether the direct path applies, decided on its first read and then kept as
+        a plain attribute (so that reads after the first never come here)."""
+        if name == "_direct":
+            self._direct = _supports_direct_launch(self.jit)
+            return self._direct
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def bind(self, constexprs: dict, objects: int) -> BoundLauncher:
         """This kernel with its constexprs and launch options fixed (see BoundLauncher)."""

@@ -11,12 +11,15 @@ from disk (milliseconds) instead of compiling it.
 Precompiling is only an optimisation: whatever goes wrong in a worker (a compile error, a crash
 that takes the worker down, a hang past the deadline) is reported and otherwise ignored — the
 measuring process meets the same config later and records the failure as a trial status there.
-Workers are started with the "spawn" context (a fresh interpreter: CUDA cannot be forked) and
-inherit the environment, so TRITON_INTERPRET and TRITON_CACHE_DIR agree with the parent's.
+Workers are forked from a fork server that has imported torch, Triton and the kernels once (CUDA
+cannot be forked from the measuring process, and a fresh interpreter per worker imports them all
+again: worker_start_method) and inherit the environment, so TRITON_INTERPRET and TRITON_CACHE_DIR
+agree with the parent's.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import multiprocessing
@@ -31,6 +34,7 @@ from typing import Any, NamedTuple
 import torch
 
 from omnitune.measure.capture_load import CaptureLoader
+from omnitune.registry import BUILTIN_KERNELS
 from omnitune.spec import Config, KernelSpec
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,9 @@ class PrecompileReport:
             text += f"; measuring waited {self.waited_s:.1f} s of it for compiles"
         if self.failed:
             text += f"; {len(self.failed)} did not compile or launch (they are measured, and fail, later)"
+            reasons = collections.Counter(self.failed.values())
+            reason, count = reasons.most_common(1)[0]
+            text += f", {'all' if count == len(self.failed) else count} with {reason[:160]}"
         return text
 
 
@@ -132,13 +139,41 @@ def precompile(
 
 
 def compile_processes(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-    """A pool of `workers` fresh interpreters ("spawn": CUDA cannot be forked) that compile at a
-    lower priority than this process (COMPILE_NICENESS)."""
-    return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=_lower_priority)
+    """A pool of `workers` processes that compile at a lower priority than this process
+    (COMPILE_NICENESS), started by worker_start_method()."""
+    return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=worker_start_method(),
+                                                  initializer=_start_worker, initargs=(dict(os.environ),))
 
 
-def _lower_priority() -> None:
+# What a compile worker imports before its first config: torch, Triton, and the kernel modules with
+# what they import (torch._dynamo among it, for the custom ops). A whole-model search starts 27
+# workers at once (3 lanes × 9), and on the H200's host their start kept its 16 cores 91–100% busy
+# for 20 s before the GPU's first work (round 16). Nine workers' first configs took 59.6 s of CPU
+# spawned and 16.4 s forked from this preload (benchmarks/compile_worker_start.py, round 17). None of
+# these imports may initialize CUDA, which a forked process could then not use (a test holds it).
+WORKER_PRELOAD = ("torch", "triton", "omnitune.measure.precompile", "omnitune.registry", *BUILTIN_KERNELS.values())
+
+
+def worker_start_method() -> multiprocessing.context.BaseContext:
+    """How compile workers start: forked from a fork server that has imported WORKER_PRELOAD once
+    (each worker then starts with them, and makes its own CUDA context), or, where there is no fork
+    server, as fresh interpreters ("spawn"). Never forked from this process: it holds a CUDA
+    context, which a child cannot use. Each worker takes this process's environment when its pool
+    is made (_start_worker); what the preloaded modules read on import (TRITON_INTERPRET) is as it
+    was when the fork server started, and omnitune sets that before it imports any kernel."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(WORKER_PRELOAD))
+    return context
+
+
+def _start_worker(environ: dict[str, str]) -> None:
+    """A worker takes this process's environment as it is now, not as it was when the fork server
+    started (e.g. TRITON_CACHE_DIR), and runs at a lower priority."""
+    for name in set(os.environ) - set(environ):
+        del os.environ[name]
+    os.environ.update(environ)
     try:
         os.nice(COMPILE_NICENESS)
     except OSError:  # not permitted here: compile at the same priority, as before

@@ -10,6 +10,7 @@ config's time beside it.
 """
 
 from omnitune.store._catalogue import (
+    JOURNAL_SCHEME,
     STUDY_ATTR,
     Provenance,
     StudyFacts,
@@ -17,6 +18,7 @@ from omnitune.store._catalogue import (
     config_from_attrs,
     default_storage_url,
     finished_trial_attrs,
+    journal_path,
     open_optuna_storage,
     rebuild_catalogue,
     result_from_attrs,
@@ -49,6 +51,7 @@ __all__ = [
     "CALIBRATION_METRICS",
     "DEVICE_COLUMNS",
     "SCHEMA_VERSION",
+    "JOURNAL_SCHEME",
     "STUDY_ATTR",
     "TRIAL_COLUMNS",
     "ProfileKind",
@@ -62,6 +65,7 @@ __all__ = [
     "config_from_attrs",
     "config_json",
     "default_storage_url",
+    "journal_path",
     "finished_trial_attrs",
     "open_db",
     "open_optuna_storage",
