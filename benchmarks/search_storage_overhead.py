@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     for kind in STORAGES:
         mine = [r for r in rows if r["storage"] == kind]
         host = sum(r["choosing_s"] + r["storing_s"] for r in mine)
-        totals[kind] = {"host_s": round(host, 2), "ms_per_trial": round(1000 * host / sum(r["measured"] for r in mine), 1)}
+        measured = sum(r["measured"] for r in mine)
+        totals[kind] = {"host_s": round(host, 2), "ms_per_trial": round(1000 * host / measured, 1)}
     print("per trial, all kernels:", ", ".join(f"{k} {v['ms_per_trial']} ms" for k, v in totals.items()))
     report = {"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine(),
               "cpus": os.cpu_count(), "optuna": optuna.__version__, "trials": TRIALS, "ahead": AHEAD,

@@ -238,7 +238,8 @@ def test_compile_workers_start_with_the_kernels_imported_and_take_this_process_e
     pool = compile_processes(1)
     try:
         assert pool.submit(imported, list(WORKER_PRELOAD)).result(timeout=120) == list(WORKER_PRELOAD)
-        assert pool.submit(os.getenv, "OMNITUNE_WORKER_PROBE").result(timeout=120) == "set after the fork server started"
+        seen = pool.submit(os.getenv, "OMNITUNE_WORKER_PROBE").result(timeout=120)
+        assert seen == "set after the fork server started"
     finally:
         pool.shutdown()
 
