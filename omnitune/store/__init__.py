@@ -10,7 +10,6 @@ config's time beside it.
 """
 
 from omnitune.store._catalogue import (
-    JOURNAL_SCHEME,
     STUDY_ATTR,
     Provenance,
     StudyFacts,
@@ -51,7 +50,6 @@ __all__ = [
     "CALIBRATION_METRICS",
     "DEVICE_COLUMNS",
     "SCHEMA_VERSION",
-    "JOURNAL_SCHEME",
     "STUDY_ATTR",
     "TRIAL_COLUMNS",
     "ProfileKind",

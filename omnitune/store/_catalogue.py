@@ -164,8 +164,7 @@ def open_optuna_storage(url: str, *, heartbeat_interval_s: int | None = None) ->
             if _lost_schema_race(exc) and attempt + 1 < SCHEMA_RACE_ATTEMPTS:
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreError(f"cannot open the Optuna storage {_without_password(url)!r}: {first_line}") from None
+            raise StoreError(f"cannot open the Optuna storage {_without_password(url)!r}: {_first_line(exc)}") from None
     if sqlite:
         _use_write_ahead_log(storage)
     return storage
@@ -187,8 +186,13 @@ def _open_journal(path: Path, *, heartbeats: bool) -> optuna.storages.BaseStorag
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=_journal_lock(path)))
     except Exception as exc:  # noqa: BLE001 — a corrupt line, a file that cannot be read or made
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StoreError(f"cannot open the Optuna journal {path}: {first_line}") from None
+        raise StoreError(f"cannot open the Optuna journal {path}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    """What a one-line error says of `exc`: its message's first line, or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _journal_lock(path: Path):
