@@ -19,6 +19,11 @@ GPU idle; `events` keeps when each problem started and ended (and its compile re
 each lane's problems can be laid out along that timeline. `--fresh-triton-cache` runs the search with an empty Triton cache of its own (what a
 first search on a machine meets: every config compiled).
 
+With lanes, the search writes each lane's GPU-lock accounting (`--lane-stats`): what the lanes held
+the GPU for (checking, timing, ...), and when each holding began and ended, which `lanes` lays beside
+the utilization: the share of the wall a lane held the GPU, how busy the GPU was while held and
+while not, and the held share per 5-second bin.
+
 Without NVML (no driver, no nvidia-ml-py) the search still runs; the busy fraction is then null
 and the JSON says why. Extra arguments after `--` go to omnitune search unchanged.
 """
@@ -115,6 +120,65 @@ def busy_fraction(samples: list[dict], start: float, end: float) -> float | None
     return sum(within) / (100.0 * len(within)) if within else None
 
 
+def merged(intervals: list[list[float]]) -> list[list[float]]:
+    """The union of (start, end) intervals, as sorted, non-overlapping intervals."""
+    union: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if union and start <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], end)
+        else:
+            union.append([start, end])
+    return union
+
+
+def covered(union: list[list[float]], start: float, end: float) -> float:
+    """The share of [start, end] inside `union` (merged intervals)."""
+    if end <= start:
+        return 0.0
+    inside = sum(max(0.0, min(b, end) - max(a, start)) for a, b in union)
+    return inside / (end - start)
+
+
+def held_analysis(holdings: list[list[float]], samples: list[dict], start: float, end: float,
+                  window_s: float = 2 * SAMPLE_PERIOD_S, bin_s: float = TIMELINE_BIN_S) -> dict:
+    """The lanes' holdings of the GPU lock (monotonic (start, end) pairs) beside the GPU's
+    utilization: the share of the wall some lane held it; the mean utilization of the samples whose
+    last `window_s` a lane held throughout (the GPU's use of the time it was held) and of those
+    whose last `window_s` nobody held; and the held share per `bin_s` of the timeline."""
+    union = merged(holdings)
+    held = [s["util"] for s in samples if start <= s["t"] <= end and covered(union, s["t"] - window_s, s["t"]) >= 0.9]
+    idle = [s["util"] for s in samples if start <= s["t"] <= end and covered(union, s["t"] - window_s, s["t"]) <= 0.1]
+    bins = max(1, math.ceil((end - start) / bin_s))
+    return {
+        "held_fraction": covered(union, start, end),
+        "busy_while_held": sum(held) / (100.0 * len(held)) if held else None, "samples_held": len(held),
+        "busy_while_not_held": sum(idle) / (100.0 * len(idle)) if idle else None, "samples_not_held": len(idle),
+        "window_s": window_s,
+        "held_timeline": [round(covered(union, start + i * bin_s, min(end, start + (i + 1) * bin_s)), 3)
+                          for i in range(bins)],
+    }
+
+
+def lanes_accounting(path: Path, samples: list[dict], start: float, end: float) -> dict | None:
+    """What `omnitune search --lane-stats` wrote (each lane's GPU-lock accounting), summed: what the
+    lanes held the GPU for (phases), and their holdings beside the GPU's utilization; None when
+    the search ran no lanes."""
+    try:
+        written = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    phases: dict[str, float] = {}
+    holdings: list[list[float]] = []
+    for stats in written.get("stats", []):
+        for phase, seconds in (stats.get("gpu_lock_phase_s") or {}).items():
+            phases[phase] = phases.get(phase, 0.0) + seconds
+        holdings += stats.get("gpu_lock_holdings") or []
+    held_s = sum(s.get("gpu_lock_held_s", 0.0) for s in written.get("stats", []))
+    return {"lanes": written.get("lanes"), "held_s": held_s, "phase_s": phases,
+            "acquisitions": sum(s.get("gpu_lock_acquisitions", 0) for s in written.get("stats", [])),
+            **held_analysis(holdings, samples, start, end)}
+
+
 def _mean(samples: list[dict], field: str) -> float | None:
     values = [s[field] for s in samples if s[field] is not None]  # a field this GPU does not report
     return sum(values) / len(values) if values else None
@@ -140,9 +204,9 @@ def run_following(command: list[str], env: dict[str, str], started: float) -> tu
     return process.returncode, events
 
 
-def search_command(args: argparse.Namespace, db: str) -> list[str]:
+def search_command(args: argparse.Namespace, db: str, lane_stats: str) -> list[str]:
     command = [sys.executable, "-m", "omnitune", "search", "--model", args.model, "-n", str(args.trials),
-               "--db", db]
+               "--db", db, "--lane-stats", lane_stats]
     if args.timeout is not None:
         command += ["--timeout", str(args.timeout)]
     return command + list(args.extra)
@@ -234,6 +298,12 @@ def summary(result: dict) -> str:
     if held and result["wall_s"] > 0:
         lines.append(f"the searches held the GPU {sum(held):.0f} s ({sum(held) / result['wall_s']:.0%} of the wall): "
                      "the reference, checks, timings and re-timing, one search at a time")
+    lanes = result.get("lanes")
+    if lanes and lanes.get("busy_while_held") is not None:
+        phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in
+                           sorted(lanes["phase_s"].items(), key=lambda item: -item[1]))
+        lines.append(f"a lane held the GPU {lanes['held_fraction']:.0%} of the wall ({phases}); the GPU was busy "
+                     f"{lanes['busy_while_held']:.0%} while held, {lanes['busy_while_not_held'] or 0:.0%} while not")
     cpu = result.get("cpu", {})
     if cpu.get("busy_fraction") is not None:
         searching = sum(r.get("cpu_s") or 0 for r in rows)
@@ -268,18 +338,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to sample")
     parser.add_argument("--fresh-triton-cache", action="store_true",
                         help="search with an empty Triton cache of its own: every config compiled, as on a first run")
+    parser.add_argument("--triton-cache", default=None,
+                        help="search with this Triton cache folder (e.g. one a search before filled: nothing compiled)")
     parser.add_argument("extra", nargs="*", help="after --: more arguments for omnitune search")
     return parser.parse_args(argv)
+
+
+def _files_in(folder: str | None) -> int | None:
+    """How many files a Triton cache folder holds (None: the default cache, not counted)."""
+    if folder is None:
+        return None
+    return sum(len(files) for _, _, files in os.walk(folder))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     db = args.db or str(Path(tempfile.mkdtemp(prefix="search_wall_")) / "omnitune.db")
-    command = search_command(args, db)
+    lane_stats = Path(tempfile.mkdtemp(prefix="search_wall_lanes_")) / "lanes.json"
+    command = search_command(args, db, str(lane_stats))
     since_utc = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+00:00")
     env = os.environ.copy()
     if args.fresh_triton_cache:
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="search_wall_triton_")
+    elif args.triton_cache:
+        Path(args.triton_cache).mkdir(parents=True, exist_ok=True)
+        env["TRITON_CACHE_DIR"] = args.triton_cache
+    cached_at_start = _files_in(env.get("TRITON_CACHE_DIR"))
     sampler = GpuSampler(args.gpu)
     sampler.start()
     started = time.monotonic()
@@ -291,13 +375,15 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": command, "db": db, "returncode": returncode, "wall_s": ended - started,
         "triton_cache_dir": env.get("TRITON_CACHE_DIR", "~/.triton/cache"),
-        "fresh_triton_cache": args.fresh_triton_cache,
+        "fresh_triton_cache": args.fresh_triton_cache or cached_at_start == 0,
+        "triton_cache_files_at_start": cached_at_start,
         "gpu": {"busy_fraction": busy_fraction(sampler.samples, started, ended), "samples": len(within),
                 "sample_period_s": SAMPLE_PERIOD_S, "mean_sm_mhz": _mean(within, "sm_mhz"),
                 "mean_power_w": _mean(within, "power_w"),
                 "unavailable": sampler.unavailable if not within else None},
         "cpu": {"busy_fraction": sum(cpu_within) / len(cpu_within) if cpu_within else None,
                 "cores": os.cpu_count(), "samples": len(cpu_within)},
+        "lanes": lanes_accounting(lane_stats, sampler.samples, started, ended),
         "events": events,
         "timeline": {"bin_s": TIMELINE_BIN_S, "gpu_busy": timeline(sampler.samples, "util", started, ended),
                      "cpu_busy": timeline(sampler.cpu_samples, "busy", started, ended)},

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from omnitune.cli import app
 from omnitune.measure.gpu_lock import GPU_LOCK_ENV, NO_GPU_LOCK, GpuLock, gpu_lock_from_env
-from omnitune.search.lanes import STOP_FILE, LaneSession, LanesResult, run_lanes
+from omnitune.search.lanes import STOP_FILE, LaneProcesses, LaneSession, LanesResult, run_lanes
 from omnitune.spec import Config, DeviceLimits
 from tests.test_prepare_next import DTYPE, KEYS, _ahead
 
@@ -95,6 +95,16 @@ def test_the_lock_is_reentrant_and_accounts_for_its_time(tmp_path):
         assert lock._owner is not None
     assert lock._owner is None and lock.acquisitions == 1
     assert lock.held_s >= 0.01 and lock.waited_s >= 0
+    # One holding, however deep, with when it began and ended; and what the holder said it was for.
+    assert len(lock.holdings) == 1 and lock.holdings[0][1] - lock.holdings[0][0] >= 0.01
+    lock.spent("timing", 0.25)
+    lock.spent("timing", 0.5)
+    assert lock.phase_s == {"timing": 0.75}
+    # A process alone on its GPU counts its time but keeps no holdings (nothing lays them beside others').
+    before = len(NO_GPU_LOCK.holdings)
+    with NO_GPU_LOCK:
+        pass
+    assert len(NO_GPU_LOCK.holdings) == before
 
 
 def test_a_lane_finds_its_lock_in_the_environment_and_a_lone_process_has_none(tmp_path, monkeypatch):
@@ -112,6 +122,10 @@ class RecordingLock:
     def __init__(self):
         self.depth = 0
         self.entered = 0
+        self.phases: list[tuple[str, int, float]] = []  # (phase, depth when told, seconds)
+
+    def spent(self, phase, seconds):
+        self.phases.append((phase, self.depth, seconds))
 
     def __enter__(self):
         self.depth += 1
@@ -151,6 +165,10 @@ def test_the_runner_computes_the_reference_and_checks_each_config_under_the_lock
     assert result.status.value == "ok"
     assert seen[1:] and all(depth == 1 for name, depth in seen[1:])  # every launch under the lock
     assert lock.depth == 0 and lock.entered == 2
+    # What the lock was held for is told while it is held, each phase's time never negative.
+    timed = ["telemetry", "warm-up", "timing", "telemetry"] if device == "cuda" else []  # none under the interpreter
+    assert [phase for phase, _, _ in lock.phases] == ["reference", "checking", *timed]
+    assert all(depth == 1 and seconds >= 0 for _, depth, seconds in lock.phases)
     # A config a constraint rejects is pruned without the GPU, so without the lock.
     bad = Config({**config.as_dict(), "BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4})
     assert spec.violations(problem, bad, dtype, runner.limits)
@@ -229,6 +247,68 @@ def test_run_lanes_relays_each_lanes_lines_and_reports_their_exit_codes(tmp_path
     assert LanesResult([0, 0], 1.0, [{"gpu_lock_held_s": 1.5}, {"gpu_lock_held_s": 2.0}]).gpu_held_s == 3.5
 
 
+_WAITING_LANE = """
+import sys
+from omnitune.search.lanes import LaneSession
+print("starting", flush=True)
+settings = LaneSession(sys.argv[1], int(sys.argv[2])).wait_for_go()
+print("called off" if settings is None else f"go {settings['lanes']}", flush=True)
+"""
+
+
+def test_lanes_started_early_say_nothing_until_the_go_and_take_its_settings(tmp_path):
+    lines: list[tuple[int, str]] = []
+    commands = [[sys.executable, "-c", _WAITING_LANE, str(tmp_path), str(i)] for i in range(2)]
+    started = LaneProcesses(commands, tmp_path, echo=lambda lane, line: lines.append((lane, line)))
+    time.sleep(1.0)
+    assert lines == []  # their first lines are held back
+    started.go({"lanes": 2})
+    result = started.wait()
+    assert result.returncodes == [0, 0]
+    assert sorted(lines) == [(0, "go 2"), (0, "starting"), (1, "go 2"), (1, "starting")]
+
+
+def test_lanes_called_off_end_without_a_word(tmp_path):
+    lines: list[tuple[int, str]] = []
+    sleeper = [sys.executable, "-c", "print('starting', flush=True); import time; time.sleep(600)"]
+    started = LaneProcesses([sleeper, sleeper], tmp_path, echo=lambda lane, line: lines.append((lane, line)))
+    time.sleep(0.5)
+    began = time.monotonic()
+    started.cancel()
+    assert time.monotonic() - began < 30 and all(p.poll() is not None for p in started.processes)
+    assert lines == []
+    # A lane still waiting for the go when its session calls it off hears it from the stop file.
+    assert LaneSession(tmp_path, 0).wait_for_go() is None
+
+
+def test_lanes_start_early_only_where_the_search_will_likely_run_in_lanes():
+    from omnitune.cli.search_lanes import DEFAULT_LANES, lanes_to_start
+
+    common = {"dtype": None, "interpret": False, "isolate": False, "gpus": None}
+    assert lanes_to_start(None, shapes=0, model="qwen2.5-omni-7b", **common) == DEFAULT_LANES
+    assert lanes_to_start(None, shapes=2, model=None, **common) == DEFAULT_LANES
+    assert lanes_to_start(None, shapes=1, model=None, **common) == 0  # one problem: searched in-process
+    assert lanes_to_start(None, shapes=1, model=None, **{**common, "dtype": "bf16,fp16"}) == DEFAULT_LANES
+    assert lanes_to_start(1, shapes=0, model="qwen2.5-omni-7b", **common) == 0
+    assert lanes_to_start(None, shapes=3, model=None, **{**common, "interpret": True}) == 0
+    assert lanes_to_start(2, shapes=3, model=None, **{**common, "interpret": True}) == 2
+    assert lanes_to_start(None, shapes=3, model=None, **{**common, "isolate": True}) == 0
+    assert lanes_to_start(None, shapes=3, model=None, **{**common, "gpus": "0,1"}) == 0
+
+
+def test_the_session_says_what_the_lanes_held_the_gpu_for():
+    from omnitune.cli.search_lanes import lanes_summary
+
+    stats = [{"gpu_lock_held_s": 6.0, "gpu_lock_phase_s": {"timing": 4.0, "checking": 1.0}},
+             {"gpu_lock_held_s": 4.0, "gpu_lock_phase_s": {"timing": 3.0, "reference": 0.01}}]
+    result = LanesResult([0, 0], 20.0, stats)
+    assert result.held_by_phase == {"timing": 7.0, "checking": 1.0, "reference": 0.01}
+    assert lanes_summary(result, 2) == ("2 lanes: 20.0 s in all; a lane held the GPU 10.0 s of it (50%): "
+                                        "timing 7.0 s, checking 1.0 s, the rest 2.0 s")
+    assert lanes_summary(LanesResult([0], 2.0, [{"gpu_lock_held_s": 1.0}]), 1) == (
+        "1 lanes: 2.0 s in all; a lane held the GPU 1.0 s of it (50%)")
+
+
 # --- omnitune search --lanes, for real -------------------------------------------------------------------
 
 
@@ -258,6 +338,26 @@ def test_search_in_lanes_searches_each_problem_once_and_resumes(tmp_db):
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert again.output.count("(0 new)") == 3 and _trials_per_study(tmp_db) == counts
+
+
+def test_a_mistake_found_while_the_lanes_start_is_said_once_and_the_lanes_say_nothing(tmp_db):
+    bad = ["b=1,h=2,hkv=1,lq=17,lk=23,d=48", "b=1,h=2,hkv=1,lq=9,lk=23,d=64"]  # d=48: not a supported head dim
+    args = ["search", "attention", *sum((["--shape", s] for s in bad), []), "--dtype", "fp32", *MODE,
+            "--db", str(tmp_db), "--trials", "1", "--lanes", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0
+    assert result.output.count("head dim d=48") == 1 and "│" not in result.output
+    assert not tmp_db.exists()  # nothing written
+
+
+def test_lanes_started_for_more_problems_than_there_are_leave_the_extra_lanes_out(tmp_db):
+    args = ["search", "attention", "--shape", SHAPES[0], "--shape", SHAPES[2], "--dtype", "fp32", *MODE,
+            "--db", str(tmp_db), "--trials", "1", "--finalists", "0", "--lanes", "3"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "searching in 2 lanes" in result.output and "2 lanes: " in result.output
+    assert not re.search(r"^2│", result.output, re.M)  # the third lane started, was told it is not needed, said nothing
+    assert sorted(_trials_per_study(tmp_db)) == sorted(f"{s},spans=0,span_len=0" for s in (SHAPES[0], SHAPES[2]))
 
 
 def test_lanes_default_on_a_gpu_and_never_exceed_the_problems():

@@ -105,6 +105,30 @@ def test_the_rows_come_from_the_database_with_the_shipped_tables_beside_them(tmp
 
 def test_the_command_is_the_model_search_with_its_timeout_and_the_extra_arguments():
     args = search_wall.parse_args(["--trials", "7", "--", "--sampler", "random"])
-    command = search_wall.search_command(args, "x.db")
+    command = search_wall.search_command(args, "x.db", "lanes.json")
     assert command[1:] == ["-m", "omnitune", "search", "--model", "qwen2.5-omni-7b", "-n", "7",
-                           "--db", "x.db", "--timeout", "540.0", "--sampler", "random"]
+                           "--db", "x.db", "--lane-stats", "lanes.json", "--timeout", "540.0", "--sampler", "random"]
+
+
+def test_the_lanes_holdings_are_laid_beside_the_gpus_utilization(tmp_path):
+    assert search_wall.merged([[3.0, 4.0], [0.0, 1.0], [0.5, 2.0]]) == [[0.0, 2.0], [3.0, 4.0]]
+    union = search_wall.merged([[0.0, 2.0], [3.0, 4.0]])
+    assert search_wall.covered(union, 1.0, 3.0) == pytest.approx(0.5)
+    assert search_wall.covered(union, 5.0, 5.0) == 0.0
+    # Held from 0 to 2 s and 3 to 4 s of a 6 s search; busy 80% while held, 10% while not.
+    samples = [{"t": t / 10, "util": 80 if (t <= 20 or 32 <= t <= 40) else 10} for t in range(2, 61)]
+    found = search_wall.held_analysis([[0.0, 2.0], [3.0, 4.0]], samples, 0.0, 6.0, window_s=0.2, bin_s=2.0)
+    assert found["held_fraction"] == pytest.approx(0.5)
+    assert found["busy_while_held"] == pytest.approx(0.8) and found["busy_while_not_held"] == pytest.approx(0.1)
+    assert found["held_timeline"] == [1.0, 0.5, 0.0]
+    stats = tmp_path / "lanes.json"
+    stats.write_text(json.dumps({"lanes": 2, "wall_s": 6.0, "stats": [
+        {"lane": 0, "gpu_lock_held_s": 2.0, "gpu_lock_acquisitions": 3,
+         "gpu_lock_phase_s": {"timing": 1.5, "checking": 0.25}, "gpu_lock_holdings": [[0.0, 2.0]]},
+        {"lane": 1, "gpu_lock_held_s": 1.0, "gpu_lock_acquisitions": 2,
+         "gpu_lock_phase_s": {"timing": 0.5}, "gpu_lock_holdings": [[3.0, 4.0]]}]}))
+    summed = search_wall.lanes_accounting(stats, samples, 0.0, 6.0)
+    assert summed["held_s"] == 3.0 and summed["acquisitions"] == 5
+    assert summed["phase_s"] == {"timing": 2.0, "checking": 0.25}
+    assert summed["held_fraction"] == pytest.approx(0.5)
+    assert search_wall.lanes_accounting(tmp_path / "absent.json", samples, 0.0, 6.0) is None  # no lanes ran

@@ -31,8 +31,8 @@ from omnitune.cli.common import (
 )
 from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
 from omnitune.cli.profile_top import profile_best, profile_top_possible
-from omnitune.cli.search_lanes import (in_lane_order, lane_argv, lane_workers, lanes_to_run, leave_lane_stats,
-                                      search_in_lanes)
+from omnitune.cli.search_lanes import (call_off, in_lane_order, lane_argv, lane_workers, lanes_to_run, lanes_to_start,
+                                      leave_lane_stats, search_in_lanes, start_lanes)
 from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
@@ -142,6 +142,8 @@ def search(
         show_default=False,
     ),
     lane_session: str = typer.Option(None, "--lane-session", hidden=True),
+    lane_stats: str = typer.Option(None, "--lane-stats", hidden=True,
+                                   help="With lanes: write each lane's GPU-lock accounting to this JSON file."),
     lane_index: int = typer.Option(0, "--lane-index", hidden=True),
     interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
 ) -> None:
@@ -153,45 +155,71 @@ def search(
     Results go to the results database (see `omnitune report`).
     Ctrl-C keeps every finished trial; rerunning the same command resumes.
     """
-    targets = _targets(kernel, shape, model, kernels, dtype, interpret)
-    gpu_list = parse_gpus(gpus, interpret) if gpus is not None else None
-    lanes = lanes_to_run(lanes, sum(len(t.problems) for t in targets), interpret=interpret, isolate=isolate,
-                         gpus=gpu_list, in_lane=lane_session is not None)
-    # Imports Optuna: not at module level, so that `omnitune --help` stays quick.
-    from omnitune.search.driver import make_sampler, parse_sampler
-
-    sampler_name = parse_sampler(sampler)
-    make_sampler(sampler_name, seed)  # a sampler that cannot run fails now, before anything is written
-    if not interpret and not torch.cuda.is_available():
-        raise DeviceError(
-            "no CUDA GPU here; search measures on a GPU — run it on one, or add --interpret to check "
-            "configs on the CPU (timings not representative)"
-        )
-    if finalists and interpret:
-        console.print("finalists not re-timed under --interpret (the interpreter's times mean nothing); "
-                      "--finalists applies on a GPU", soft_wrap=True)
-        finalists = 0
-    profile_top = profile_top_possible(profile_top, interpret)
     deadline = None if timeout is None else time.monotonic() + timeout
-    precompile_workers = _precompile_workers(precompile, interpret)
+    in_lane = lane_session is not None
+    if in_lane and _precompile_workers(precompile, interpret):
+        from omnitune.measure.precompile import start_worker_server
+
+        start_worker_server()  # its imports overlap this lane's; its first compile waits for none
+    # Lanes start now, while this process checks the arguments: each takes ~10 s to import torch and
+    # Triton and load the kernels, and they wait for the go before they touch the database.
+    early = lanes_to_start(lanes, shapes=len(shape), model=model, dtype=dtype, interpret=interpret,
+                           isolate=isolate, gpus=gpus) if not in_lane else 0
+    started = _start_lanes(kernel, shape, model, kernels, dtype, trials, sampler, seed, db, storage, isolate,
+                           trial_timeout, precompile, interpret, early) if early else None
+    try:
+        targets = _targets(kernel, shape, model, kernels, dtype, interpret, quiet=in_lane)
+        gpu_list = parse_gpus(gpus, interpret) if gpus is not None else None
+        lanes = lanes_to_run(lanes, sum(len(t.problems) for t in targets), interpret=interpret, isolate=isolate,
+                             gpus=gpu_list, in_lane=in_lane)
+        # Imports Optuna: not at module level, so that `omnitune --help` stays quick.
+        from omnitune.search.driver import make_sampler, parse_sampler
+
+        sampler_name = parse_sampler(sampler)
+        make_sampler(sampler_name, seed)  # a sampler that cannot run fails now, before anything is written
+        if not interpret and not torch.cuda.is_available():
+            raise DeviceError(
+                "no CUDA GPU here; search measures on a GPU — run it on one, or add --interpret to check "
+                "configs on the CPU (timings not representative)"
+            )
+        if not in_lane:  # a lane is told what its session decided (with the go)
+            if finalists and interpret:
+                console.print("finalists not re-timed under --interpret (the interpreter's times mean nothing); "
+                              "--finalists applies on a GPU", soft_wrap=True)
+                finalists = 0
+            profile_top = profile_top_possible(profile_top, interpret)
+        precompile_workers = _precompile_workers(precompile, interpret)
+        if lanes > 1 and started is None:
+            started = _start_lanes(kernel, shape, model, kernels, dtype, trials, sampler, seed, db, storage, isolate,
+                                   trial_timeout, precompile, interpret, lanes)
+    except BaseException:
+        if started is not None:
+            call_off(started)
+        raise
     if lanes > 1:
-        remaining_s = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-        argv = lane_argv(kernel=kernel, shape=shape, model=model, kernels=kernels, dtype=dtype, trials=trials,
-                         timeout=remaining_s, sampler=sampler_name.value, seed=seed, db=str(db_path(db)),
-                         storage=storage, finalists=finalists, profile_top=profile_top, isolate=isolate,
-                         trial_timeout=trial_timeout, interpret=interpret,
-                         precompile=lane_workers(precompile_workers, lanes))
-        returncode = search_in_lanes(argv, lanes, db=str(db_path(db)), storage=storage)
+        settings = {"deadline": deadline, "precompile": lane_workers(precompile_workers, lanes),
+                    "finalists": finalists, "profile_top": profile_top}
+        returncode = search_in_lanes(started, lanes, settings, db=str(db_path(db)), storage=storage,
+                                     lane_stats=lane_stats)
         if returncode == 130:
             err_console.print(_interrupted_line(None))
         if returncode:
             raise typer.Exit(returncode)
         return
+    if started is not None:  # one problem after all: searched here
+        call_off(started)
     lane = None
-    if lane_session is not None:
+    if in_lane:
         from omnitune.search.lanes import LaneSession
 
         lane = LaneSession(lane_session, lane_index)
+        settings = lane.wait_for_go()
+        if settings is None or lane.index >= settings.get("lanes", lane.index + 1):
+            return  # called off, or more lanes were started than the session has problems for
+        deadline = settings.get("deadline", deadline)
+        precompile_workers = settings.get("precompile", precompile_workers)
+        finalists = settings.get("finalists", finalists)
+        profile_top = settings.get("profile_top", profile_top)
         try:
             lane.take_interrupts()
         except KeyboardInterrupt:
@@ -228,6 +256,16 @@ def search(
             leave_lane_stats(lane)
 
 
+def _start_lanes(kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,
+                 trials: int, sampler: str, seed: int, db: str | None, storage: str | None, isolate: bool,
+                 trial_timeout: float, precompile: int | None, interpret: bool, lanes: int):
+    """Start `lanes` lanes of this search (search_lanes.start_lanes), each with this search's arguments."""
+    argv = lane_argv(kernel=kernel, shape=shape, model=model, kernels=kernels, dtype=dtype, trials=trials,
+                     sampler=sampler, seed=seed, db=str(db_path(db)), storage=storage, isolate=isolate,
+                     trial_timeout=trial_timeout, precompile=precompile, interpret=interpret)
+    return start_lanes(argv, lanes)
+
+
 @dataclass(frozen=True)
 class _SearchTarget:
     """One kernel to search, and the problems to search it on."""
@@ -239,8 +277,9 @@ class _SearchTarget:
 
 
 def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: str | None,
-             dtype: str | None, interpret: bool) -> list[_SearchTarget]:
-    """What to search: the kernel's --shape problems, or every problem of a model preset."""
+             dtype: str | None, interpret: bool, quiet: bool = False) -> list[_SearchTarget]:
+    """What to search: the kernel's --shape problems, or every problem of a model preset. `quiet`:
+    say nothing of kernels skipped (a lane, whose session says it)."""
     from omnitune.presets import get_presets, models_problems, parse_kernels
 
     if shapes and model:
@@ -270,7 +309,8 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
         spec = load_spec(name, interpret)  # before the presets build problems: --interpret must apply first
         problems = [p.problem for p in models_problems(presets, name, spec.problem_key)]
         if not problems:
-            console.print(f"{name}: {who} never runs it; skipped", soft_wrap=True)
+            if not quiet:
+                console.print(f"{name}: {who} never runs it; skipped", soft_wrap=True)
             continue
         searched.append((name, spec, problems))
     if not searched:

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rich.markup import escape
 
 from omnitune.cli.common import console
 from omnitune.errors import OmnituneError
-from omnitune.search.lanes import LaneSession
+from omnitune.search.lanes import LaneProcesses, LanesResult, LaneSession, lane_command
 
 # Lanes a search of several problems runs by default on a GPU: on the H200's host a trial's host
 # work (choosing, storing) took about as long as its measuring (~40 ms each, round 13), so two
@@ -27,6 +28,20 @@ def lanes_to_run(requested: int | None, problems: int, *, interpret: bool, isola
     if requested > 1 and gpus:
         raise OmnituneError("--lanes share one GPU; --gpus measures one study on several: give one of them")
     return max(1, min(requested, problems))
+
+
+def lanes_to_start(requested: int | None, *, shapes: int, model: str | None, dtype: str | None, interpret: bool,
+                   isolate: bool, gpus: str | None) -> int:
+    """How many lanes to start before the search has checked its arguments (0: none), so that
+    their start overlaps its own: a search that will run in lanes unless its arguments say
+    otherwise. lanes_to_run decides afterwards, and lanes it does not need are told to exit."""
+    if gpus is not None or isolate:
+        return 0
+    count = requested if requested is not None else (1 if interpret else DEFAULT_LANES)
+    dtypes = max(1, len([name for name in (dtype or "").split(",") if name.strip()]))
+    if count <= 1 or (model is None and shapes * dtypes <= 1):
+        return 0
+    return count
 
 
 def lane_workers(workers: int, lanes: int) -> int:
@@ -55,11 +70,12 @@ def in_lane_order(targets: list, index: int) -> list:
 
 
 def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,
-              trials: int, timeout: float | None, sampler: str, seed: int, db: str, storage: str | None,
-              finalists: int, profile_top: int, isolate: bool, trial_timeout: float, precompile: int,
-              interpret: bool) -> list[str]:
+              trials: int, sampler: str, seed: int, db: str, storage: str | None, isolate: bool,
+              trial_timeout: float, precompile: int | None, interpret: bool) -> list[str]:
     """The arguments of a lane's own `omnitune search`: this search's, with the session's
-    problems and its share of the compile processes."""
+    problems. What the session decides once it has checked them (its deadline, each lane's share
+    of the compile processes, the finalists and profiling that can run here) reaches the lanes
+    with the go (LaneProcesses.go)."""
     from omnitune.cli._app import debugging
 
     argv = ["--debug"] if debugging() else []
@@ -72,10 +88,9 @@ def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernel
         argv += ["--kernels", kernels]
     if dtype is not None:
         argv += ["--dtype", dtype]
-    argv += ["--trials", str(trials), "--sampler", sampler, "--seed", str(seed), "--db", db,
-             "--finalists", str(finalists), "--profile-top", str(profile_top), "--precompile", str(precompile)]
-    if timeout is not None:
-        argv += ["--timeout", repr(timeout)]
+    argv += ["--trials", str(trials), "--sampler", sampler, "--seed", str(seed), "--db", db]
+    if precompile is not None:
+        argv += ["--precompile", str(precompile)]
     if storage is not None:
         argv += ["--storage", storage]
     if isolate:
@@ -85,32 +100,76 @@ def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernel
     return argv
 
 
-def search_in_lanes(argv: list[str], lanes: int, *, db: str, storage: str | None) -> int:
-    """Run the search as `lanes` lane processes sharing this GPU (omnitune.search.lanes), relaying
-    what each prints, then say how long the session took and how long the lanes held the GPU.
-    Returns the session's exit code (130: interrupted)."""
+def start_lanes(argv: list[str], lanes: int) -> LaneProcesses:
+    """Start `lanes` processes of this session's search (`argv`: lane_argv's), each with its index,
+    in a session folder of their own. They start while this process checks its arguments, and wait
+    for search_in_lanes to let them go before they touch the database."""
     import tempfile
 
     from omnitune.measure.gpu_lock import GPU_LOCK_ENV
-    from omnitune.search.lanes import lane_command, run_lanes
+
+    folder = tempfile.mkdtemp(prefix="omnitune-lanes-")
+    env = dict(os.environ, **{GPU_LOCK_ENV: str(LaneSession(folder, 0).gpu_lock_path)})
+    commands = [lane_command() + argv + ["--lane-session", folder, "--lane-index", str(i)] for i in range(lanes)]
+
+    def echo(index: int, line: str) -> None:  # the console takes its own lock: relays may call at once
+        console.print(f"[dim]{index}│[/] {escape(line)}", soft_wrap=True, highlight=False)
+
+    return LaneProcesses(commands, folder, env=env, echo=echo)
+
+
+def call_off(started: LaneProcesses) -> None:
+    """End lanes started for a session that will not run them (a mistake in its arguments, one
+    problem only, Ctrl-C while it started): they exit, and what they printed is dropped."""
+    import shutil
+
+    started.cancel()
+    shutil.rmtree(started.folder, ignore_errors=True)
+
+
+def search_in_lanes(started: LaneProcesses, lanes: int, settings: dict, *, db: str, storage: str | None,
+                    lane_stats: str | None = None) -> int:
+    """Let `lanes` of the lanes `started` search with `settings` (LaneSession.wait_for_go; any
+    further lane exits), relaying what each prints, then say how long the session took, how long
+    the lanes held the GPU, and what for. `lane_stats`: a file to write each lane's accounting to
+    (JSON). Returns the session's exit code (130: interrupted)."""
+    import json
+    import shutil
+
     from omnitune.store import default_storage_url, open_db, open_optuna_storage
 
-    # Made once here, so that the lanes do not race to create the database's tables.
-    open_db(db)
-    open_optuna_storage(storage or default_storage_url(db))
-    with tempfile.TemporaryDirectory(prefix="omnitune-lanes-") as folder:
-        env = dict(os.environ, **{GPU_LOCK_ENV: str(LaneSession(folder, 0).gpu_lock_path)})
-        commands = [lane_command() + argv + ["--lane-session", folder, "--lane-index", str(i)] for i in range(lanes)]
-        console.print(f"searching in {lanes} lanes sharing the GPU (--lanes); each problem's lines carry its lane",
-                      soft_wrap=True)
-        def echo(index: int, line: str) -> None:  # the console takes its own lock: relays may call at once
-            console.print(f"[dim]{index}│[/] {escape(line)}", soft_wrap=True, highlight=False)
-
-        result = run_lanes(commands, folder, env=env, echo=echo)
-    held, wall = result.gpu_held_s, max(result.wall_s, 1e-9)
-    console.print(f"{lanes} lanes: {result.wall_s:.1f} s in all; a lane held the GPU {held:.1f} s of it "
-                  f"({held / wall:.0%})", soft_wrap=True)
+    try:
+        # Made once here, so that the lanes do not race to create the database's tables.
+        open_db(db)
+        open_optuna_storage(storage or default_storage_url(db))
+    except BaseException:
+        call_off(started)
+        raise
+    console.print(f"searching in {lanes} lanes sharing the GPU (--lanes); each problem's lines carry its lane",
+                  soft_wrap=True)
+    try:
+        started.go({**settings, "lanes": lanes})
+        result = started.wait()
+    finally:
+        shutil.rmtree(started.folder, ignore_errors=True)
+    console.print(lanes_summary(result, lanes), soft_wrap=True)
+    if lane_stats is not None:
+        Path(lane_stats).write_text(json.dumps({"lanes": lanes, "wall_s": result.wall_s, "stats": result.stats}))
     return result.returncode
+
+
+def lanes_summary(result: LanesResult, lanes: int) -> str:
+    """How long the session took, how long a lane held the GPU, and what the lanes held it for."""
+    held, wall = result.gpu_held_s, max(result.wall_s, 1e-9)
+    line = f"{lanes} lanes: {result.wall_s:.1f} s in all; a lane held the GPU {held:.1f} s of it ({held / wall:.0%})"
+    phases = {phase: seconds for phase, seconds in result.held_by_phase.items() if seconds >= 0.05}
+    if phases:
+        other = held - sum(result.held_by_phase.values())
+        parts = [f"{phase} {seconds:.1f} s" for phase, seconds in phases.items()]
+        if other >= 0.05:
+            parts.append(f"the rest {other:.1f} s")
+        line += ": " + ", ".join(parts)
+    return line
 
 
 def leave_lane_stats(lane: LaneSession) -> None:
@@ -119,4 +178,5 @@ def leave_lane_stats(lane: LaneSession) -> None:
 
     lock = gpu_lock_from_env()
     lane.write_stats({"lane": lane.index, "gpu_lock_held_s": lock.held_s, "gpu_lock_waited_s": lock.waited_s,
-                      "gpu_lock_acquisitions": lock.acquisitions})
+                      "gpu_lock_acquisitions": lock.acquisitions, "gpu_lock_phase_s": dict(lock.phase_s),
+                      "gpu_lock_holdings": [[round(a, 6), round(b, 6)] for a, b in lock.holdings]})

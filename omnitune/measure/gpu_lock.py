@@ -16,6 +16,7 @@ A process that is alone on its GPU uses `NO_GPU_LOCK`, which costs nothing.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
 import threading
@@ -26,20 +27,36 @@ from pathlib import Path
 GPU_LOCK_ENV = "OMNITUNE_GPU_LOCK"
 
 
+# Each holding's (start, end) in time.monotonic() seconds, which all processes of a host share:
+# enough to lay a session's holdings beside the GPU's utilization (benchmarks/search_wall.py).
+# A whole-model search takes the lock a few thousand times; past this many the earliest are kept.
+KEPT_HOLDINGS = 100_000
+
+
 class _Held:
     """Taking and giving back, re-entrant within a thread (a holder may take it again, e.g. a
     reference computed inside a measurement), with its accounting: `held_s`, how long it was held
-    (the GPU time of this process's searches, which `omnitune plan` reads), and `acquisitions`.
-    Subclasses say what taking it waits for (`_take`, `_give`)."""
+    (the GPU time of this process's searches, which `omnitune plan` reads), `acquisitions`,
+    `holdings` (when each began and ended) and `phase_s` (what the holder says it spent the time
+    on: `spent`). Subclasses say what taking it waits for (`_take`, `_give`)."""
 
     waited_s = 0.0
+    keeps_holdings = True
 
     def __init__(self) -> None:
         self._depth = 0
         self._owner: int | None = None
         self._taken_at = 0.0
+        self._taken_mono = 0.0
         self.held_s = 0.0
         self.acquisitions = 0
+        self.holdings: list[tuple[float, float]] = []
+        self.phase_s: collections.Counter[str] = collections.Counter()
+
+    def spent(self, phase: str, seconds: float) -> None:
+        """Count `seconds` of holding it as spent on `phase` (checking, timing, ...): where a
+        lane's GPU time goes, beside how long it held the lock."""
+        self.phase_s[phase] += seconds
 
     def __enter__(self):
         me = threading.get_ident()
@@ -49,6 +66,7 @@ class _Held:
         self._take()
         self._owner, self._depth = me, 1
         self._taken_at = time.perf_counter()
+        self._taken_mono = time.monotonic()
         self.acquisitions += 1
         return self
 
@@ -57,6 +75,8 @@ class _Held:
         if self._depth:
             return
         self.held_s += time.perf_counter() - self._taken_at
+        if self.keeps_holdings and len(self.holdings) < KEPT_HOLDINGS:
+            self.holdings.append((self._taken_mono, time.monotonic()))
         self._owner = None
         self._give()
 
@@ -115,9 +135,10 @@ class GpuLock(_Held):
 
 class _NoGpuLock(_Held):
     """The lock of a process alone on its GPU: nothing to wait for, but the time it is held is
-    counted all the same."""
+    counted all the same (but not each holding: nothing lays it beside other processes')."""
 
     path = None
+    keeps_holdings = False
 
 
 NO_GPU_LOCK = _NoGpuLock()

@@ -168,6 +168,18 @@ def worker_start_method() -> multiprocessing.context.BaseContext:
     return context
 
 
+def start_worker_server() -> None:
+    """Start the fork server that compile workers come from (worker_start_method) now, rather than
+    when the first problem makes its pool: it imports WORKER_PRELOAD (~8 s on the H200's host, where
+    the first problem's first compile waited for it in round 17) while this process still starts.
+    Quick here (the server is spawned, not waited for); nothing where workers are spawned."""
+    context = worker_start_method()
+    if context.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def _start_worker(environ: dict[str, str]) -> None:
     """A worker takes this process's environment as it is now, not as it was when the fork server
     started (e.g. TRITON_CACHE_DIR), and runs at a lower priority."""

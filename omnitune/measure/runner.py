@@ -30,6 +30,14 @@ from omnitune.spec import Config, DeviceLimits, KernelSpec
 
 log = logging.getLogger(__name__)
 
+# What the runner tells its GPU lock it held it for (GpuLock.spent): where a lane's GPU time goes.
+PHASE_REFERENCE = "reference"
+PHASE_CHECK = "checking"
+PHASE_WARMUP = "warm-up"
+PHASE_TIMING = "timing"
+PHASE_TELEMETRY = "telemetry"
+PHASE_RETIMING = "re-timing"
+
 
 class Observer(Protocol):
     """Something that watches the GPU while a candidate is timed (e.g. NVML telemetry). What
@@ -94,10 +102,12 @@ class Runner:
         self._capture = CaptureLoader()
         self._loaded_facts: dict[Config, dict[str, Any]] = {}  # what loading ahead compiled, for the check
         with self.gpu_lock:
+            began = time.perf_counter()
             self.reference = spec.reference(self.inputs)
             self._capture_out = spec.new_output(self.inputs) if self._loads_ahead else None
             if not interpret:
                 torch.cuda.synchronize()  # the reference's kernels end before the lock goes
+            self.gpu_lock.spent(PHASE_REFERENCE, time.perf_counter() - began)
         self._flusher: L2Flusher | None = None
         self.context_lost = False
         self.last_compiled: dict[str, Any] = {}
@@ -188,6 +198,7 @@ class Runner:
     def _check_and_time(self, config: Config) -> TrialResult:
         wall_start = time.perf_counter()
         status, err, detail = self.check(config)
+        self.gpu_lock.spent(PHASE_CHECK, time.perf_counter() - wall_start)
         compiled = dict(self.last_compiled)
         if status is not TrialStatus.OK:
             return TrialResult(config, status, rel_error=err, detail=detail, representative=not self.interpret,
@@ -201,9 +212,12 @@ class Runner:
         out = self.spec.new_output(self.inputs)
         if self._flusher is None:
             self._flusher = L2Flusher()
+        observing = time.perf_counter()
         for obs in self.observers:
             obs.start()
         timing = None
+        timing_began = time.perf_counter()
+        self.gpu_lock.spent(PHASE_TELEMETRY, timing_began - observing)
         try:
             timing = time_cuda(
                 lambda: self.spec.launch(self.inputs, out, config),
@@ -220,11 +234,16 @@ class Runner:
                 self.context_lost = True
             return TrialResult(config, status, rel_error=err, detail=detail, extra=compiled)
         finally:
+            timing_ended = time.perf_counter()
+            warmup_s = timing.warmup_s if timing else 0.0
+            self.gpu_lock.spent(PHASE_WARMUP, warmup_s)
+            self.gpu_lock.spent(PHASE_TIMING, timing_ended - timing_began - warmup_s)
             extra: dict[str, Any] = dict(compiled)
             for obs in self.observers:
                 # warm-up calls run inside the observed window too
                 calls = (timing.repetitions + self.settings.warmup) if timing else 0
                 extra.setdefault(OBSERVERS_KEY, {})[observer_name(obs)] = obs.stop(calls)
+            self.gpu_lock.spent(PHASE_TELEMETRY, time.perf_counter() - timing_ended)
         extra["repetitions"] = timing.repetitions
         return TrialResult(
             config,
@@ -245,12 +264,19 @@ class Runner:
         if self.interpret:
             raise OmnituneError("interleaved timing needs a GPU; the interpreter's times mean nothing")
         with self.gpu_lock:  # the outputs are poisoned, the flush buffer filled: GPU work too
-            if self._flusher is None:
-                self._flusher = L2Flusher()
-            launches = []
-            for config in configs:
-                out = self.spec.new_output(self.inputs)
-                launches.append(lambda config=config, out=out: self.spec.launch(self.inputs, out, config))
-            # Each config gets the kernel-time budget it had in the search.
-            return time_interleaved(launches, rounds=rounds, warmup=self.settings.warmup,
-                                    max_seconds=self.settings.max_seconds * len(launches), flusher=self._flusher)
+            began = time.perf_counter()
+            try:
+                return self._time_interleaved(configs, rounds)
+            finally:
+                self.gpu_lock.spent(PHASE_RETIMING, time.perf_counter() - began)
+
+    def _time_interleaved(self, configs: Sequence[Config], rounds: int) -> list[list[float]]:
+        if self._flusher is None:
+            self._flusher = L2Flusher()
+        launches = []
+        for config in configs:
+            out = self.spec.new_output(self.inputs)
+            launches.append(lambda config=config, out=out: self.spec.launch(self.inputs, out, config))
+        # Each config gets the kernel-time budget it had in the search.
+        return time_interleaved(launches, rounds=rounds, warmup=self.settings.warmup,
+                                max_seconds=self.settings.max_seconds * len(launches), flusher=self._flusher)

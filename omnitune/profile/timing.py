@@ -46,6 +46,9 @@ class Timing:
     p80_ms: float
     min_ms: float
     repetitions: int
+    # Host seconds of the warm-up calls before the timed repetitions (each alone, synchronized, to
+    # size the host cushion): GPU time a search holds without timing anything.
+    warmup_s: float = 0.0
 
     @property
     def spread(self) -> float:
@@ -63,7 +66,7 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def summarize(samples_ms: list[float]) -> Timing:
+def summarize(samples_ms: list[float], warmup_s: float = 0.0) -> Timing:
     s = sorted(samples_ms)
     return Timing(
         median_ms=statistics.median(s),
@@ -71,6 +74,7 @@ def summarize(samples_ms: list[float]) -> Timing:
         p80_ms=quantile(s, 0.8),
         min_ms=s[0],
         repetitions=len(s),
+        warmup_s=warmup_s,
     )
 
 
@@ -158,7 +162,9 @@ def time_cuda(
     costs the search a bounded amount of time."""
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device")
+    warming = time.perf_counter()
     cushion = HostCushion.warm_up([fn], warmup)
+    warmup_s = time.perf_counter() - warming
     flusher = flusher if flusher is not None else (L2Flusher() if flush_l2 else None)
     samples: list[float] = []
     spent_ms = 0.0
@@ -179,7 +185,7 @@ def time_cuda(
             spent_ms += sum(batch)
             if spent_ms > max_seconds * 1000 and len(samples) >= 5:
                 break
-    return summarize(samples)
+    return summarize(samples, warmup_s)
 
 
 def tflops(flop_count: float, time_ms: float) -> float:

@@ -32,8 +32,17 @@ from pathlib import Path
 # What a lane leaves in the session folder when it ends: its GPU lock's accounting.
 LANE_STATS = "lane-{index}.json"
 # Left in the session folder on Ctrl-C: a lane still starting stops as soon as it can take the
-# interrupt (it ignores SIGINT until then, so that none dies mid-import with a traceback).
+# interrupt (it ignores SIGINT until then, so that none dies mid-import with a traceback). Left
+# before GO_FILE, it calls the session off: the lanes exit without a word.
 STOP_FILE = "stop"
+# Left in the session folder once the session has checked its arguments and made the database:
+# JSON settings every lane takes (how many lanes search, the compile processes each gets, the
+# timeout's deadline). Lanes start before that, so that their start (importing torch and Triton,
+# loading the kernels: ~10 s on the H200's host) overlaps the session's own, and wait for it before
+# they touch the database.
+GO_FILE = "go"
+# How often a lane waiting for GO_FILE looks.
+GO_POLL_S = 0.02
 # How long a lane may take to stop after the parent passed on Ctrl-C before it is killed.
 STOP_GRACE_S = 60.0
 
@@ -46,6 +55,18 @@ class LaneSession:
         self.index = index
         self.claims = self.folder / "claims"
         self.claims.mkdir(parents=True, exist_ok=True)
+        self._session_pid = os.getppid()
+
+    def wait_for_go(self) -> dict | None:
+        """The settings the session gives its lanes (GO_FILE), once it has checked its arguments;
+        None when it called the lanes off (STOP_FILE first, or the session process is gone)."""
+        go, stop = self.folder / GO_FILE, self.folder / STOP_FILE
+        while True:
+            if go.exists():
+                return json.loads(go.read_text())
+            if stop.exists() or os.getppid() != self._session_pid:
+                return None
+            time.sleep(GO_POLL_S)
 
     @property
     def gpu_lock_path(self) -> Path:
@@ -110,40 +131,101 @@ class LanesResult:
         """How long some lane held the GPU lock, summed over lanes (they never hold it together)."""
         return sum(s.get("gpu_lock_held_s", 0.0) for s in self.stats)
 
+    @property
+    def held_by_phase(self) -> dict[str, float]:
+        """What the lanes said they held the GPU for (GpuLock.spent), summed over lanes, largest
+        first."""
+        phases: dict[str, float] = {}
+        for stats in self.stats:
+            for phase, seconds in (stats.get("gpu_lock_phase_s") or {}).items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+        return dict(sorted(phases.items(), key=lambda item: -item[1]))
+
+
+class LaneProcesses:
+    """The lane processes of one session, started before the session has checked its arguments.
+
+    Each runs in a session of its own, so that a Ctrl-C at the terminal reaches the session's
+    process alone and is passed on once to each lane. Every line a lane prints is relayed through
+    `echo(lane, line)` — held back until go(): a session whose arguments turn out wrong says so
+    once, and its lanes, called off (cancel), say nothing."""
+
+    def __init__(self, commands: Sequence[Sequence[str]], folder: str | Path, *, env: dict[str, str] | None = None,
+                 echo: Callable[[int, str], None]):
+        self.folder = Path(folder)
+        self.echo = echo
+        self.began = time.monotonic()
+        self._held: list[tuple[int, str]] | None = []  # lines printed before go()
+        self._lines = threading.Lock()
+        environment = dict(os.environ if env is None else env)
+        environment.setdefault("PYTHONUNBUFFERED", "1")
+        self.processes: list[subprocess.Popen] = []
+        self.relays: list[threading.Thread] = []
+        try:
+            for index, command in enumerate(commands):
+                process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                           bufsize=1, env=environment, start_new_session=True)
+                self.processes.append(process)
+                relay = threading.Thread(target=self._relay, args=(process, index), daemon=True,
+                                         name=f"omnitune-lane-{index}")
+                relay.start()
+                self.relays.append(relay)
+        except BaseException:
+            self.cancel()
+            raise
+
+    def _relay(self, process: subprocess.Popen, index: int) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            with self._lines:
+                if self._held is not None:
+                    self._held.append((index, line))
+                    continue
+            self.echo(index, line)
+
+    def go(self, settings: dict) -> None:
+        """Let the lanes search with `settings` (LaneSession.wait_for_go), and relay what they
+        printed so far."""
+        staging = self.folder / f".{GO_FILE}.{os.getpid()}"
+        staging.write_text(json.dumps(settings))
+        os.replace(staging, self.folder / GO_FILE)  # whole or not at all, for a lane that looks now
+        with self._lines:
+            held, self._held = self._held or [], None
+        for index, line in held:
+            self.echo(index, line)
+
+    def cancel(self) -> None:
+        """Call the lanes off before go(): they are ended at once, and what they printed is dropped."""
+        (self.folder / STOP_FILE).touch()
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+        for process in self.processes:
+            process.wait()
+        for relay in self.relays:
+            relay.join(timeout=5)
+
+    def wait(self) -> LanesResult:
+        """Wait for every lane (after go()); Ctrl-C is passed on to each."""
+        try:
+            codes = [process.wait() for process in self.processes]
+        except KeyboardInterrupt:
+            (self.folder / STOP_FILE).touch()
+            _interrupt(self.processes)
+            codes = [130 if p.returncode == -signal.SIGINT else p.returncode for p in self.processes]
+        for relay in self.relays:
+            relay.join(timeout=5)
+        return LanesResult(codes, time.monotonic() - self.began, read_lane_stats(self.folder, len(self.processes)))
+
 
 def run_lanes(commands: Sequence[Sequence[str]], folder: str | Path, *, env: dict[str, str] | None = None,
-              echo: Callable[[int, str], None]) -> LanesResult:
-    """Start one process per command (a lane), each in a session of its own so that a Ctrl-C at
-    the terminal reaches this process alone and is passed on once to each lane; relay every line
-    the lanes print through `echo(lane, line)`; wait for all of them."""
-    began = time.monotonic()
-    environment = dict(os.environ if env is None else env)
-    environment.setdefault("PYTHONUNBUFFERED", "1")
-    processes: list[subprocess.Popen] = []
-    relays: list[threading.Thread] = []
-    try:
-        for index, command in enumerate(commands):
-            process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       bufsize=1, env=environment, start_new_session=True)
-            processes.append(process)
-            relay = threading.Thread(target=_relay, args=(process, index, echo), daemon=True,
-                                     name=f"omnitune-lane-{index}")
-            relay.start()
-            relays.append(relay)
-        codes = [process.wait() for process in processes]
-    except KeyboardInterrupt:
-        (Path(folder) / STOP_FILE).touch()
-        _interrupt(processes)
-        codes = [130 if p.returncode == -signal.SIGINT else p.returncode for p in processes]
-    for relay in relays:
-        relay.join(timeout=5)
-    return LanesResult(codes, time.monotonic() - began, read_lane_stats(folder, len(commands)))
-
-
-def _relay(process: subprocess.Popen, index: int, echo: Callable[[int, str], None]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        echo(index, line.rstrip("\n"))
+              echo: Callable[[int, str], None], settings: dict | None = None) -> LanesResult:
+    """Start one process per command (a lane), let them go at once with `settings`, relay every
+    line they print through `echo(lane, line)`, and wait for all of them."""
+    lanes = LaneProcesses(commands, folder, env=env, echo=echo)
+    lanes.go(settings or {})
+    return lanes.wait()
 
 
 def _interrupt(processes: Sequence[subprocess.Popen]) -> None:

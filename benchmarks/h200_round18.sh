@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Eighteenth H200 round, one H200:
+#   OUT=dir bash benchmarks/h200_round18.sh A
+# Issue 20, the GPU's idle time in a whole-model search. Round 17's search of the Qwen2.5-Omni-7B
+# preset kept the GPU busy 50% of its 159 s: idle for its first 30 s (the session's first line at
+# 10 s, the lanes' first problems at 20 s, their first compiles waiting for the compile workers'
+# fork server to import torch and the kernels), and a lane held the GPU 72% of the wall against
+# 50% busy. Now the lanes start while the session checks its arguments, each lane starts its
+# fork server first thing, and each lane tells its GPU lock what it held it for (the reference,
+# checking, warm-up, timing, telemetry, re-timing); search_wall lays the holdings beside the
+# GPU's utilization.
+# Part A: the GPU-marked tests of the lanes, the runner and the timing (host code changed, no kernel
+# source); the whole preset, 50 trials a problem, from an empty Triton cache (the figure); then the
+# same search again on the cache it filled (nothing to compile: what the GPU side alone allows).
+part=${1:?part A}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
+
+case $part in
+  A)
+    step 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_lanes.py tests/test_timing.py tests/test_precompile.py
+    step 230 python benchmarks/search_wall.py --triton-cache /tmp/r18_triton --model qwen2.5-omni-7b --trials 50 \
+      --db /tmp/fresh/omnitune.db --timeout 205 --out "$OUT/search_wall_h200_round18_A_fresh.json"
+    step $(left 590) python benchmarks/search_wall.py --triton-cache /tmp/r18_triton --model qwen2.5-omni-7b --trials 50 \
+      --db /tmp/warm/omnitune.db --timeout $(left 565) --out "$OUT/search_wall_h200_round18_A_warm.json"
+    ;;
+esac
