@@ -35,6 +35,12 @@ class CaptureLoader:
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         graph = torch.cuda.CUDAGraph()
+        # A capture takes the device's random generator into capture mode, and only an end that
+        # succeeds takes it out again: after a launch that broke the capture (a host sync inside
+        # it), every random draw on the GPU in this process failed ("Offset increment outside
+        # graph capture"). Its state before the capture is put back then.
+        generator = torch.cuda.default_generators[torch.cuda.current_device()]
+        before = generator.clone_state()
         try:
             with torch.cuda.stream(self._stream):
                 graph.capture_begin(capture_error_mode="relaxed")
@@ -47,6 +53,7 @@ class CaptureLoader:
         except Exception:
             if _capturing(self._stream):
                 self.usable = False
+            generator.graphsafe_set_state(before)
             raise
 
 

@@ -1,8 +1,9 @@
 """GPU telemetry through NVML while a candidate is timed: clocks, power, temperature,
 utilization, clock-event (throttle) reasons and energy per call.
 
-`NvmlSampler` is an Observer for omnitune.measure.runner.Runner: start() opens a background thread
-that samples every ~10 ms; stop(calls) ends it and returns one flat dict with unit-named keys,
+`NvmlSampler` is an Observer for omnitune.measure.runner.Runner: start() opens a window on the
+GPU's recorder thread, which samples every ~10 ms while a window is open; stop(calls) closes it
+and returns one flat dict with unit-named keys,
 which the runner stores in the trial's extra facts. A trial measured while the GPU was thermally
 or power throttled is flagged (throttled_thermal / throttled_power), so that a report can tell a
 slow config from a hot GPU.
@@ -13,11 +14,13 @@ NVML is absent on CPU machines and in some containers: every entry point here de
 
 from __future__ import annotations
 
+import collections
 import enum
 import importlib
 import logging
 import statistics
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -210,70 +213,114 @@ def summarize(samples: Sequence[Sample], energy_j: float | None, calls: int) -> 
     }
 
 
+class _Recorder:
+    """Samples one GPU in a background thread of its own while any window is open (NvmlSampler),
+    keeping each reading with the time it began. One per GPU and process, started on first use:
+    opening and closing a window costs no NVML call, where a thread per window, with a reading at
+    each end and a join, cost ~11 ms per trial on the H200's host (round 18), all of it while the
+    search held the GPU."""
+
+    def __init__(self, device: _NvmlDevice, interval_s: float):
+        self.device = device
+        self.interval_s = interval_s
+        self.readings: collections.deque[tuple[float, Sample]] = collections.deque(maxlen=KEPT_READINGS)
+        self.windows = 0
+        self.changed = threading.Condition()
+        threading.Thread(target=self._run, name="omnitune-nvml", daemon=True).start()
+
+    def open(self) -> float:
+        with self.changed:
+            self.windows += 1
+            self.changed.notify_all()
+        return time.monotonic()
+
+    def close(self, since: float) -> list[Sample]:
+        """The readings that began in the window opened at `since`; one taken now if none did."""
+        until = time.monotonic()
+        with self.changed:
+            self.windows -= 1
+            found = [sample for at, sample in self.readings if since <= at <= until]
+        return found or [self.device.sample()]
+
+    def _run(self) -> None:
+        while True:
+            with self.changed:
+                while not self.windows:
+                    self.changed.wait()
+            at = time.monotonic()
+            try:
+                sample = self.device.sample()
+            except Exception as exc:  # noqa: BLE001 — telemetry must never break a measurement
+                log.warning("NVML sampling failed: %s", exc)
+                sample = Sample()
+            with self.changed:
+                self.readings.append((at, sample))
+                self.changed.wait(self.interval_s)
+
+
+# Readings a recorder keeps: at DEFAULT_INTERVAL_S, the last 100 s of open windows.
+KEPT_READINGS = 10_000
+_recorders: dict[tuple[int, float], _Recorder] = {}
+
+
+def _recorder(device: _NvmlDevice, interval_s: float) -> _Recorder:
+    """The recorder of `device` sampling every `interval_s`, started on first use."""
+    with _open_lock:
+        key = (id(device), interval_s)
+        if key not in _recorders or _recorders[key].device is not device:
+            _recorders[key] = _Recorder(device, interval_s)
+        return _recorders[key]
+
+
 @dataclass
 class NvmlSampler:
     """Samples one GPU through NVML while a candidate runs (the runner's Observer protocol).
 
     Energy comes from NVML's total-energy counter read at start() and stop(): on Hopper it ticks
     at ~1 mJ but refreshes only every few tens of ms, so energy_per_call_j is meaningful for
-    windows of 100 ms or more (the runner's default timing window is ~1 s)."""
+    windows of 100 ms or more (the runner's default timing window is ~1 s). Clocks, power,
+    temperature, utilization and clock-event reasons come from the GPU's recorder thread
+    (_Recorder), every `interval_s` while the window is open."""
 
     name: ClassVar[str] = "nvml"  # its facts land in a trial's extra["observers"]["nvml"]
     device_index: int | None = None
     interval_s: float = DEFAULT_INTERVAL_S
     _device: _NvmlDevice | None = field(default=None, init=False, repr=False)
-    _samples: list[Sample] = field(default_factory=list, init=False, repr=False)
-    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
-    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _recorder: _Recorder | None = field(default=None, init=False, repr=False)
+    _opened_at: float = field(default=0.0, init=False, repr=False)
     _energy_start_mj: int | None = field(default=None, init=False, repr=False)
 
     def available(self) -> bool:
         return _open(self.device_index) is not None
 
     def start(self) -> None:
-        """Begin sampling in a background thread (a no-op without NVML)."""
-        self._samples = []
+        """Open a window on the GPU's recorder (a no-op without NVML)."""
         self._device = _open(self.device_index)
         if self._device is None:
             return
         try:
             self._energy_start_mj = self._device.energy_mj()
-            # One reading now and one at stop(): a window shorter than the interval still has two.
-            self._samples.append(self._device.sample())
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="omnitune-nvml", daemon=True)
-            self._thread.start()
+            self._recorder = _recorder(self._device, self.interval_s)
+            self._opened_at = self._recorder.open()
         except Exception as exc:  # noqa: BLE001 — telemetry must never break a measurement
             log.warning("NVML sampling failed to start: %s", exc)
             self._device = None
 
-    def _run(self) -> None:
-        device = self._device
-        while device is not None and not self._stop.wait(self.interval_s):
-            try:
-                self._samples.append(device.sample())
-            except Exception as exc:  # noqa: BLE001
-                log.warning("NVML sampling stopped: %s", exc)
-                return
-
     def stop(self, calls: int) -> dict[str, Any]:
-        """End sampling; the summary of the window, energy divided over `calls` launches."""
+        """End the window; the summary of its readings, energy divided over `calls` launches."""
         device, self._device = self._device, None
-        if device is None:
+        recorder, self._recorder = self._recorder, None
+        if device is None or recorder is None:
             return dict(NOT_AVAILABLE)
         try:
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout=1.0)
-                self._thread = None
-            self._samples.append(device.sample())
             end_mj = device.energy_mj()
+            samples = recorder.close(self._opened_at)
             energy_j = (
                 (end_mj - self._energy_start_mj) / 1000.0
                 if end_mj is not None and self._energy_start_mj is not None
                 else None
             )
-            return summarize(self._samples, energy_j, calls)
+            return summarize(samples, energy_j, calls)
         except Exception as exc:  # noqa: BLE001
             log.warning("NVML sampling failed: %s", exc)
             return dict(NOT_AVAILABLE)
