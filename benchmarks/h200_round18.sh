@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Eighteenth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round18.sh A|B
+#   OUT=dir bash benchmarks/h200_round18.sh A|B|C
 # Issue 20, the GPU's idle time in a whole-model search. Round 17's search of the Qwen2.5-Omni-7B
 # preset kept the GPU busy 50% of its 159 s: idle for its first 30 s (the session's first line at
 # 10 s, the lanes' first problems at 20 s, their first compiles waiting for the compile workers'
@@ -19,7 +19,11 @@
 # the energy counter); the generator's state is put back after a broken capture. The GPU-marked
 # tests of what changed; where a lane's start goes (imports); the preset from an empty cache in 3
 # lanes (the figure) and in 4.
-part=${1:?part A|B}
+# Part B found the telemetry still holding the GPU 17.0 s: the two reads of the energy counter
+# alone (~10 ms a trial). Four lanes searched the preset in 136 s, three in 150 s.
+# Part C: the energy counter read by the recorder too (a search's window calls no NVML), four
+# lanes by default. The GPU-marked tests of what changed; the preset from an empty cache, twice.
+part=${1:?part A|B|C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -41,5 +45,13 @@ case $part in
     step $(left 590) python benchmarks/search_wall.py --triton-cache /tmp/r18b4_triton --model qwen2.5-omni-7b \
       --trials 50 --db /tmp/fresh4/omnitune.db --timeout $(left 570) --out "$OUT/search_wall_h200_round18_B_lanes4.json" \
       -- --lanes 4
+    ;;
+  C)
+    step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_capture_load.py tests/test_telemetry.py \
+      tests/test_lanes.py tests/test_timing.py tests/test_precompile.py tests/test_observers.py
+    step 180 python benchmarks/search_wall.py --triton-cache /tmp/r18c1_triton --model qwen2.5-omni-7b --trials 50 \
+      --db /tmp/c1/omnitune.db --timeout 160 --out "$OUT/search_wall_h200_round18_C_1.json"
+    step $(left 450) python benchmarks/search_wall.py --triton-cache /tmp/r18c2_triton --model qwen2.5-omni-7b \
+      --trials 50 --db /tmp/c2/omnitune.db --timeout $(left 430) --out "$OUT/search_wall_h200_round18_C_2.json"
     ;;
 esac

@@ -236,8 +236,10 @@ def test_plan_says_how_long_the_lanes_take_from_the_gpu_time_the_searches_held(t
     assert rates.gpu_share == pytest.approx(24.0 / 60.0)
     assert rates.in_lanes_s(300.0, 3) == pytest.approx(120.0)  # the GPU's share bounds it, not 300 / 3
     assert rates.in_lanes_s(300.0, 5) == pytest.approx(120.0)
-    assert re.search(r"in 3 lanes \(`omnitune search`'s default on a GPU\) ~.*held the GPU 40% of their own time",
-                     _plan_output(path))
+    from omnitune.cli.search_lanes import DEFAULT_LANES
+
+    assert re.search(rf"in {DEFAULT_LANES} lanes \(`omnitune search`'s default on a GPU\) ~.*held the GPU 40% of "
+                     "their own time", _plan_output(path))
     # A database from before the GPU time was recorded: its rates all the same, no lanes line.
     _drop_search_run_columns(path, "gpu_s", "lock_wait_s")
     older = measured_rates(path, "NVIDIA_H200")

@@ -73,7 +73,7 @@ def _window(sampler, calls, readings=2, timeout_s=10.0):
     since = sampler._opened_at
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if sum(1 for at, _ in list(sampler._recorder.readings) if at >= since) >= readings:
+        if sum(1 for reading in list(sampler._recorder.readings) if reading.at >= since) >= readings:
             break
         time.sleep(0.001)
     return sampler.stop(calls)
@@ -109,7 +109,7 @@ def test_derived_figures_from_the_readings_of_a_window(monkeypatch):
         reasons=(ClockEventReason.GPU_IDLE, ClockEventReason.SW_POWER_CAP | ClockEventReason.SW_THERMAL_SLOWDOWN),
         energy_mj=(1_000_000, 1_036_000),
     ))
-    result = _window(NvmlSampler(interval_s=0.001), calls=12)
+    result = _window(NvmlSampler(interval_s=0.001, bracket_energy=True), calls=12)
     assert result["samples"] >= 2
     assert 1755 <= result["sm_clock_mhz_median"] <= 1980
     assert result["mem_clock_mhz_median"] == 3201
@@ -123,13 +123,15 @@ def test_derived_figures_from_the_readings_of_a_window(monkeypatch):
     assert result["throttled_power"] is True
 
 
-def test_a_window_reads_only_the_energy_counter_on_the_callers_thread(monkeypatch):
+def test_a_window_reads_nothing_on_the_callers_thread(monkeypatch):
     import threading
 
     nvml = fake_pynvml()
     readers: list[str] = []
-    power = nvml.nvmlDeviceGetPowerUsage
+    power, energy = nvml.nvmlDeviceGetPowerUsage, nvml.nvmlDeviceGetTotalEnergyConsumption
     nvml.nvmlDeviceGetPowerUsage = lambda handle: (readers.append(threading.current_thread().name), power(handle))[1]
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: (readers.append(threading.current_thread().name),
+                                                               energy(handle))[1]
     _install(monkeypatch, nvml)
     caller = threading.current_thread().name
     for _ in range(5):  # the recorder's first reading in each window comes at once
@@ -183,11 +185,23 @@ def test_unsupported_fields_become_none(monkeypatch):
 
 def test_zero_calls_give_no_energy_per_call(monkeypatch):
     _install(monkeypatch, fake_pynvml(energy_mj=(10, 20)))
-    sampler = NvmlSampler(interval_s=NEVER_S)
-    sampler.start()
-    result = sampler.stop(0)
+    result = _window(NvmlSampler(interval_s=NEVER_S, bracket_energy=True), calls=0, readings=1)
     assert result["energy_j"] == pytest.approx(0.01)
     assert result["energy_per_call_j"] is None
+
+
+def test_a_windows_energy_is_the_counters_rise_scaled_from_its_readings_to_the_window():
+    from omnitune.profile.telemetry import Reading, Sample, window_energy_j
+
+    def read(at, mj):
+        return Reading(at, Sample(), mj)
+
+    # Readings from 0.0 to 0.9 s of a 1 s window: 900 mJ over 0.9 s, so 1 J over the window.
+    assert window_energy_j([read(0.0, 1000), read(0.5, None), read(0.9, 1900)], 0.0, 1.0) == pytest.approx(1.0)
+    assert window_energy_j([read(0.0, 1000), read(0.3, 1300)], 0.0, 1.0) is None  # spans under half the window
+    assert window_energy_j([read(0.0, 1000), read(0.9, 1000)], 0.0, 1.0) is None  # the counter did not refresh
+    assert window_energy_j([read(0.0, 1000)], 0.0, 1.0) is None
+    assert window_energy_j([read(0.0, None), read(0.9, None)], 0.0, 1.0) is None  # no counter on this GPU
 
 
 def test_stop_without_start_is_harmless(monkeypatch):

@@ -138,7 +138,7 @@ def search(
         help="Search this many problems at once in processes of their own (lanes) that share the GPU: each "
         "problem is searched by one lane, and only one lane at a time runs anything on the GPU, so timings "
         "stay as exact as with one, while the others choose, store or prepare their next problem. "
-        "\\[default: 3 on a GPU with several problems to search; 1 with --interpret, --isolate or --gpus]",
+        "\\[default: 4 on a GPU with several problems to search; 1 with --interpret, --isolate or --gpus]",
         show_default=False,
     ),
     lane_session: str = typer.Option(None, "--lane-session", hidden=True),

@@ -12,10 +12,12 @@ from omnitune.cli.common import console
 from omnitune.errors import OmnituneError
 from omnitune.search.lanes import LaneProcesses, LanesResult, LaneSession, lane_command
 
-# Lanes a search of several problems runs by default on a GPU: on the H200's host a trial's host
+# Lanes a search of several problems runs by default on a GPU. On the H200's host a trial's host
 # work (choosing, storing) took about as long as its measuring (~40 ms each, round 13), so two
-# lanes barely cover it and a third covers the trials whose measuring is short.
-DEFAULT_LANES = 3
+# lanes barely cover it; and a lane waits for compiles, not only for the GPU: from an empty Triton
+# cache the Qwen2.5-Omni-7B preset took 150 s in three lanes and 136 s in four, in one session
+# (round 18, search_wall_h200_round18_B_lanes{3,4}.json).
+DEFAULT_LANES = 4
 
 
 def lanes_to_run(requested: int | None, problems: int, *, interpret: bool, isolate: bool, gpus: list[int] | None,

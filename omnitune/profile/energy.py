@@ -33,7 +33,7 @@ def energy_per_call(
     """{"energy_per_call_mj", "power_w_median", "calls", "window_s", ...} for `run` called back to
     back, with "host_paced" when `timed_ms` (the call's device time) is given; {"energy": "not
     available"} without NVML, {"energy": "not measured"} when the counter did not move."""
-    sampler = sampler or NvmlSampler()
+    sampler = sampler or NvmlSampler(bracket_energy=True)
     if not sampler.available():
         return {"energy": "not available"}
     # Size the window from a short probe, so a 5 µs kernel and a 5 ms one both fill it.

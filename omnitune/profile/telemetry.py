@@ -214,48 +214,79 @@ def summarize(samples: Sequence[Sample], energy_j: float | None, calls: int) -> 
 
 
 class _Recorder:
-    """Samples one GPU in a background thread of its own while any window is open (NvmlSampler),
-    keeping each reading with the time it began. One per GPU and process, started on first use:
-    opening and closing a window costs no NVML call, where a thread per window, with a reading at
-    each end and a join, cost ~11 ms per trial on the H200's host (round 18), all of it while the
-    search held the GPU."""
+    """Reads one GPU in a background thread of its own while any window is open (NvmlSampler):
+    every `interval_s`, a Sample and the total-energy counter, each kept with the time it began.
+    One per GPU and process, started on first use, so that opening and closing a window calls no
+    NVML at all: a thread per window, with readings at both ends and a join, cost ~11 ms per trial
+    on the H200's host, and the two energy reads alone still ~10 ms, all of it while the search
+    held the GPU (round 18)."""
 
     def __init__(self, device: _NvmlDevice, interval_s: float):
         self.device = device
         self.interval_s = interval_s
-        self.readings: collections.deque[tuple[float, Sample]] = collections.deque(maxlen=KEPT_READINGS)
+        self.readings: collections.deque[Reading] = collections.deque(maxlen=KEPT_READINGS)
         self.windows = 0
         self.changed = threading.Condition()
         threading.Thread(target=self._run, name="omnitune-nvml", daemon=True).start()
 
     def open(self) -> float:
+        """Open a window; the time it opened (the recorder reads at once)."""
         with self.changed:
+            since = time.monotonic()
             self.windows += 1
             self.changed.notify_all()
-        return time.monotonic()
+        return since
 
-    def close(self, since: float) -> list[Sample]:
-        """The readings that began in the window opened at `since`; one taken now if none did."""
+    def close(self, since: float) -> tuple[list[Reading], float]:
+        """The readings that began in the window opened at `since` (one taken now if none did),
+        and when it closed."""
         until = time.monotonic()
         with self.changed:
             self.windows -= 1
-            found = [sample for at, sample in self.readings if since <= at <= until]
-        return found or [self.device.sample()]
+            found = [reading for reading in self.readings if since <= reading.at <= until]
+        return found or [self._read()], until
+
+    def _read(self) -> Reading:
+        at = time.monotonic()
+        try:
+            return Reading(at, self.device.sample(), self.device.energy_mj())
+        except Exception as exc:  # noqa: BLE001 — telemetry must never break a measurement
+            log.warning("NVML sampling failed: %s", exc)
+            return Reading(at, Sample(), None)
 
     def _run(self) -> None:
         while True:
             with self.changed:
                 while not self.windows:
                     self.changed.wait()
-            at = time.monotonic()
-            try:
-                sample = self.device.sample()
-            except Exception as exc:  # noqa: BLE001 — telemetry must never break a measurement
-                log.warning("NVML sampling failed: %s", exc)
-                sample = Sample()
+            reading = self._read()
             with self.changed:
-                self.readings.append((at, sample))
+                self.readings.append(reading)
                 self.changed.wait(self.interval_s)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of a recorder: when it began, the Sample, and the total-energy counter (mJ)."""
+
+    at: float
+    sample: Sample
+    energy_mj: int | None
+
+
+def window_energy_j(readings: Sequence[Reading], since: float, until: float) -> float | None:
+    """The energy of the window [since, until] from its readings: the counter's rise between the
+    first and the last that read it, scaled from their span to the whole window (the last reading
+    comes up to one interval before the window closes). None when they span less than half the
+    window, or the counter did not move (it refreshes every few tens of ms on Hopper)."""
+    counted = [r for r in readings if r.energy_mj is not None]
+    if len(counted) < 2:
+        return None
+    first, last = counted[0], counted[-1]
+    span = last.at - first.at
+    if span <= 0 or span < 0.5 * (until - since) or last.energy_mj <= first.energy_mj:
+        return None
+    return (last.energy_mj - first.energy_mj) / 1000.0 * (until - since) / span
 
 
 # Readings a recorder keeps: at DEFAULT_INTERVAL_S, the last 100 s of open windows.
@@ -276,16 +307,20 @@ def _recorder(device: _NvmlDevice, interval_s: float) -> _Recorder:
 class NvmlSampler:
     """Samples one GPU through NVML while a candidate runs (the runner's Observer protocol).
 
-    Energy comes from NVML's total-energy counter read at start() and stop(): on Hopper it ticks
-    at ~1 mJ but refreshes only every few tens of ms, so energy_per_call_j is meaningful for
-    windows of 100 ms or more (the runner's default timing window is ~1 s). Clocks, power,
-    temperature, utilization and clock-event reasons come from the GPU's recorder thread
-    (_Recorder), every `interval_s` while the window is open."""
+    start() and stop() open and close a window on the GPU's recorder (_Recorder), which reads
+    clocks, power, temperature, utilization, clock-event reasons and the total-energy counter
+    every `interval_s` while a window is open; they call no NVML themselves. Energy comes from the
+    counter's readings (window_energy_j): on Hopper it ticks at ~1 mJ but refreshes only every few
+    tens of ms, so energy_per_call_j is meaningful for windows of 100 ms or more (the runner's
+    default timing window is ~1 s). `bracket_energy`: read the counter at start() and stop()
+    instead, which counts the window exactly, at the cost of two NVML calls there (~10 ms on the
+    H200's host): for a measurement of energy itself (omnitune.profile.energy), not a search's
+    trials."""
 
     name: ClassVar[str] = "nvml"  # its facts land in a trial's extra["observers"]["nvml"]
     device_index: int | None = None
     interval_s: float = DEFAULT_INTERVAL_S
-    _device: _NvmlDevice | None = field(default=None, init=False, repr=False)
+    bracket_energy: bool = False
     _recorder: _Recorder | None = field(default=None, init=False, repr=False)
     _opened_at: float = field(default=0.0, init=False, repr=False)
     _energy_start_mj: int | None = field(default=None, init=False, repr=False)
@@ -295,32 +330,29 @@ class NvmlSampler:
 
     def start(self) -> None:
         """Open a window on the GPU's recorder (a no-op without NVML)."""
-        self._device = _open(self.device_index)
-        if self._device is None:
+        device = _open(self.device_index)
+        if device is None:
+            self._recorder = None
             return
-        try:
-            self._energy_start_mj = self._device.energy_mj()
-            self._recorder = _recorder(self._device, self.interval_s)
-            self._opened_at = self._recorder.open()
-        except Exception as exc:  # noqa: BLE001 — telemetry must never break a measurement
-            log.warning("NVML sampling failed to start: %s", exc)
-            self._device = None
+        self._recorder = _recorder(device, self.interval_s)
+        self._energy_start_mj = device.energy_mj() if self.bracket_energy else None
+        self._opened_at = self._recorder.open()
 
     def stop(self, calls: int) -> dict[str, Any]:
-        """End the window; the summary of its readings, energy divided over `calls` launches."""
-        device, self._device = self._device, None
+        """Close the window; the summary of its readings, energy divided over `calls` launches."""
         recorder, self._recorder = self._recorder, None
-        if device is None or recorder is None:
+        if recorder is None:
             return dict(NOT_AVAILABLE)
         try:
-            end_mj = device.energy_mj()
-            samples = recorder.close(self._opened_at)
-            energy_j = (
-                (end_mj - self._energy_start_mj) / 1000.0
-                if end_mj is not None and self._energy_start_mj is not None
-                else None
-            )
-            return summarize(samples, energy_j, calls)
+            if self.bracket_energy:
+                end_mj = recorder.device.energy_mj()
+                readings, _ = recorder.close(self._opened_at)
+                start_mj = self._energy_start_mj
+                energy_j = (end_mj - start_mj) / 1000.0 if end_mj is not None and start_mj is not None else None
+            else:
+                readings, until = recorder.close(self._opened_at)
+                energy_j = window_energy_j(readings, self._opened_at, until)
+            return summarize([r.sample for r in readings], energy_j, calls)
         except Exception as exc:  # noqa: BLE001
             log.warning("NVML sampling failed: %s", exc)
             return dict(NOT_AVAILABLE)
