@@ -174,7 +174,14 @@ def lanes_accounting(path: Path, samples: list[dict], start: float, end: float) 
             phases[phase] = phases.get(phase, 0.0) + seconds
         holdings += stats.get("gpu_lock_holdings") or []
     held_s = sum(s.get("gpu_lock_held_s", 0.0) for s in written.get("stats", []))
+
+    def since_start(stamp: float | None) -> float | None:  # monotonic stamps of the lanes: host-wide
+        return None if stamp is None else round(stamp - start, 2)
+
     return {"lanes": written.get("lanes"), "held_s": held_s, "phase_s": phases,
+            # when each lane was ready for the go (imports done, kernels loaded) and saw it
+            "ready_s": [since_start(s.get("ready_at")) for s in written.get("stats", [])],
+            "go_s": [since_start(s.get("go_at")) for s in written.get("stats", [])],
             "acquisitions": sum(s.get("gpu_lock_acquisitions", 0) for s in written.get("stats", [])),
             **held_analysis(holdings, samples, start, end)}
 

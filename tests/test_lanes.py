@@ -136,7 +136,7 @@ class RecordingLock:
         self.depth -= 1
 
 
-def test_the_runner_computes_the_reference_and_checks_each_config_under_the_lock(device):
+def test_the_runner_draws_the_inputs_computes_the_reference_and_checks_each_config_under_the_lock(device):
     from omnitune.measure.runner import Runner
     from omnitune.registry import get_spec
 
@@ -144,7 +144,11 @@ def test_the_runner_computes_the_reference_and_checks_each_config_under_the_lock
     problem = spec.parse_shape(SHAPES[0])
     lock = RecordingLock()
     seen = []
-    original_reference, original_launch = spec.reference, spec.launch
+    original_inputs, original_reference, original_launch = spec.make_inputs, spec.reference, spec.launch
+
+    def make_inputs(*args):
+        seen.append(("inputs", lock.depth))
+        return original_inputs(*args)
 
     def reference(inputs):
         seen.append(("reference", lock.depth))
@@ -156,18 +160,18 @@ def test_the_runner_computes_the_reference_and_checks_each_config_under_the_lock
 
     import dataclasses
 
-    watched = dataclasses.replace(spec, reference=reference, launch=launch)
+    watched = dataclasses.replace(spec, make_inputs=make_inputs, reference=reference, launch=launch)
     dtype = torch.float32
     runner = Runner(watched, problem, dtype, interpret=device == "cpu", gpu_lock=lock)
-    assert seen == [("reference", 1)] and lock.depth == 0
+    assert seen == [("inputs", 1), ("reference", 1)] and lock.depth == 0
     config = spec.default_config(problem, dtype)
     result = runner.measure(config)
     assert result.status.value == "ok"
-    assert seen[1:] and all(depth == 1 for name, depth in seen[1:])  # every launch under the lock
+    assert seen[2:] and all(depth == 1 for name, depth in seen[2:])  # every launch under the lock
     assert lock.depth == 0 and lock.entered == 2
     # What the lock was held for is told while it is held, each phase's time never negative.
     timed = ["telemetry", "warm-up", "timing", "telemetry"] if device == "cuda" else []  # none under the interpreter
-    assert [phase for phase, _, _ in lock.phases] == ["reference", "checking", *timed]
+    assert [phase for phase, _, _ in lock.phases] == ["inputs", "reference", "checking", *timed]
     assert all(depth == 1 and seconds >= 0 for _, depth, seconds in lock.phases)
     # A config a constraint rejects is pruned without the GPU, so without the lock.
     bad = Config({**config.as_dict(), "BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4})
@@ -251,7 +255,9 @@ _WAITING_LANE = """
 import sys
 from omnitune.search.lanes import LaneSession
 print("starting", flush=True)
-settings = LaneSession(sys.argv[1], int(sys.argv[2])).wait_for_go()
+lane = LaneSession(sys.argv[1], int(sys.argv[2]))
+settings = lane.wait_for_go()
+assert settings is None or lane.ready_at <= lane.go_at  # what the session's lane stats report
 print("called off" if settings is None else f"go {settings['lanes']}", flush=True)
 """
 
@@ -385,6 +391,26 @@ def test_each_lane_gets_twice_its_share_of_the_compile_processes_and_starts_on_a
     assert all(sorted(order) == sorted(kernels) for order in orders)  # every lane may reach every kernel
     assert orders[2] == ["paged_decode_attention", "cross_attention_layer", "attention", "kv_cache_write"]
     assert in_lane_order([], 3) == []
+
+
+def test_even_lanes_take_a_kernels_problems_longest_first_and_odd_lanes_shortest_first():
+    from omnitune.cli.search_cmd import _SearchTarget
+    from omnitune.cli.search_lanes import problems_in_lane_order
+    from omnitune.registry import get_spec
+
+    writes = get_spec("kv_cache_write")
+    shapes = ["t=64,hkv=4,d=128,block_size=16", "t=16384,hkv=4,d=128,block_size=16", "t=4,hkv=4,d=128,block_size=16"]
+    target = _SearchTarget("kv_cache_write", writes, torch.float16, [writes.parse_shape(s) for s in shapes])
+    assert [p.t for p in problems_in_lane_order(target, 0).problems] == [16384, 64, 4]
+    assert [p.t for p in problems_in_lane_order(target, 3).problems] == [4, 64, 16384]
+    assert [p.t for p in problems_in_lane_order(target, 2).problems] == [16384, 64, 4]
+    assert [p.t for p in target.problems] == [64, 16384, 4]  # the session's own list is left as it was
+    # Compute against bytes: a long causal prefill outweighs a decode that moves more bytes per FLOP.
+    attention = get_spec("attention")
+    prefill = attention.parse_shape("b=1,h=28,hkv=4,lq=8192,lk=8192,d=128,causal=1")
+    decode = attention.parse_shape("b=4,h=28,hkv=4,lq=1,lk=4096,d=128")
+    target = _SearchTarget("attention", attention, torch.float16, [decode, prefill])
+    assert problems_in_lane_order(target, 0).problems == [prefill, decode]
 
 
 def test_compile_processes_run_at_a_lower_priority_than_the_search():

@@ -124,11 +124,15 @@ def test_the_lanes_holdings_are_laid_beside_the_gpus_utilization(tmp_path):
     stats = tmp_path / "lanes.json"
     stats.write_text(json.dumps({"lanes": 2, "wall_s": 6.0, "stats": [
         {"lane": 0, "gpu_lock_held_s": 2.0, "gpu_lock_acquisitions": 3,
-         "gpu_lock_phase_s": {"timing": 1.5, "checking": 0.25}, "gpu_lock_holdings": [[0.0, 2.0]]},
+         "gpu_lock_phase_s": {"timing": 1.5, "checking": 0.25}, "gpu_lock_holdings": [[0.0, 2.0]],
+         "ready_at": 100.5, "go_at": 101.25},
         {"lane": 1, "gpu_lock_held_s": 1.0, "gpu_lock_acquisitions": 2,
          "gpu_lock_phase_s": {"timing": 0.5}, "gpu_lock_holdings": [[3.0, 4.0]]}]}))
     summed = search_wall.lanes_accounting(stats, samples, 0.0, 6.0)
     assert summed["held_s"] == 3.0 and summed["acquisitions"] == 5
     assert summed["phase_s"] == {"timing": 2.0, "checking": 0.25}
     assert summed["held_fraction"] == pytest.approx(0.5)
+    # When each lane was ready and saw the go, from the search's start (lane 1 wrote no times).
+    later = search_wall.lanes_accounting(stats, samples, 100.0, 106.0)
+    assert later["ready_s"] == [0.5, None] and later["go_s"] == [1.25, None]
     assert search_wall.lanes_accounting(tmp_path / "absent.json", samples, 0.0, 6.0) is None  # no lanes ran

@@ -32,7 +32,7 @@ from omnitune.cli.common import (
 from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
 from omnitune.cli.profile_top import profile_best, profile_top_possible
 from omnitune.cli.search_lanes import (call_off, in_lane_order, lane_argv, lane_workers, lanes_to_run, lanes_to_start,
-                                      leave_lane_stats, search_in_lanes, start_lanes)
+                                      leave_lane_stats, problems_in_lane_order, search_in_lanes, start_lanes)
 from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
@@ -224,7 +224,7 @@ def search(
             lane.take_interrupts()
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
-        targets = in_lane_order(targets, lane.index)
+        targets = [problems_in_lane_order(target, lane.index) for target in in_lane_order(targets, lane.index)]
     # With --precompile, each problem's first configs compile while the one before it is measured,
     # across kernels too: the session knows every problem in the order they are searched.
     ahead = None

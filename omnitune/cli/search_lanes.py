@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -69,6 +70,28 @@ def in_lane_order(targets: list, index: int) -> list:
         return targets
     turn = index % len(targets)
     return targets[turn:] + targets[:turn]
+
+
+# FLOPs that take as long as moving one byte on the H200 (~790 TFLOP/s of bf16 over ~4.8 TB/s):
+# how problems_in_lane_order weighs a compute-bound problem against a bandwidth-bound one. Only
+# the order of one kernel's problems depends on it.
+RIDGE_FLOPS_PER_BYTE = 165
+
+
+def problems_in_lane_order(target, index: int):
+    """`target` (a kernel, its dtype and its problems) with its problems in the order lane `index`
+    takes them, by the kernel's roofline time: longest first in even lanes, shortest first in odd
+    ones. A long problem keeps the GPU busy (its timing is long); a short one keeps the host busy
+    (choosing and storing take as long as its timing). The preset's own order ended a whole-model
+    search on its largest problems, one lane alone on the GPU for its last ~10 s (round 18); every
+    lane longest first kept the GPU saturated early and ended with four short problems, the GPU
+    59-78% busy for the last 25 s (round 19, part A). Lanes that meet in the middle search a long
+    and a short problem side by side throughout and end on middling ones."""
+    def work(problem) -> float:
+        return max(target.spec.flops(problem) / RIDGE_FLOPS_PER_BYTE, target.spec.bytes_moved(problem, target.dtype))
+
+    ordered = sorted(target.problems, key=work, reverse=index % 2 == 0)
+    return dataclasses.replace(target, problems=ordered)
 
 
 def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,
@@ -181,4 +204,5 @@ def leave_lane_stats(lane: LaneSession) -> None:
     lock = gpu_lock_from_env()
     lane.write_stats({"lane": lane.index, "gpu_lock_held_s": lock.held_s, "gpu_lock_waited_s": lock.waited_s,
                       "gpu_lock_acquisitions": lock.acquisitions, "gpu_lock_phase_s": dict(lock.phase_s),
-                      "gpu_lock_holdings": [[round(a, 6), round(b, 6)] for a, b in lock.holdings]})
+                      "gpu_lock_holdings": [[round(a, 6), round(b, 6)] for a, b in lock.holdings],
+                      "ready_at": lane.ready_at, "go_at": lane.go_at})

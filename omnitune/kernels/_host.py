@@ -22,35 +22,41 @@ def cdiv(a: int, b: int) -> int:
 
 
 # Set in the search's precompile workers, which launch each candidate once only to fill Triton's
-# disk cache: there the values do not matter, and drawing them on the CPU (what makes inputs
-# reproducible across devices) took seconds per worker at decode's largest shapes — 64 sequences
-# of 16k tokens are a billion floats per cache, drawn by 14 workers at once — while the measuring
-# process waited for their binaries.
+# disk cache: there the values do not matter, not even their seed.
 _draw_on_target = False
 
 
 def draw_on_target(enabled: bool = True) -> None:
-    """From now on (in this process) seeded_rand draws on its target device, without its seed:
-    for inputs whose values nobody checks."""
+    """From now on (in this process) seeded_rand draws on its target device without its seed: for
+    inputs whose values nobody checks."""
     global _draw_on_target
     _draw_on_target = enabled
 
 
 def seeded_rand(gen: torch.Generator, device=None, dtype: torch.dtype | None = None) -> Callable[..., torch.Tensor]:
-    """`rand(*shape, scale=1.0)`: standard normal draws from `gen`, times `scale`, on `device` in
-    `dtype` (None: left as drawn, float32 on the CPU).
+    """`rand(*shape, scale=1.0)`: standard normal draws, times `scale`, on `device` in `dtype`
+    (None: left as drawn, float32 on the CPU), one tensor after another from `gen`'s seed.
 
-    Drawn on the CPU in float32 whatever the target, then moved: make_inputs gives the same
-    numbers on every device and for every dtype, one tensor after another from one seed (unless
-    draw_on_target() was called: then on the device, from its own generator)."""
+    Drawn where they land: on the CPU from `gen` itself, on a GPU from a generator of that device
+    seeded with a number drawn from `gen`. Drawn in float32 and then cast, so a seed gives the same
+    numbers for every dtype and on every run of one kind of device; a GPU's numbers are not the
+    CPU's. Drawing on the CPU and copying was reproducible across devices too, but a 64-sequence
+    16k-token decode cache (a billion floats) then took ~10 s of a search's setup on the H200's host
+    (round 18), and the copies ran on the GPU outside a lane's GPU lock."""
+    target = torch.device("cpu" if device is None else device)
+    if target.type == "cpu":
+        source = gen
+    else:
+        # Drawn from `gen`, not its seed reused: two closures over one generator draw different numbers.
+        source = torch.Generator(device=target).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
 
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
         if _draw_on_target:
-            t = torch.randn(shape, dtype=torch.float32, device=device)
+            t = torch.randn(shape, dtype=torch.float32, device=target)
         else:
-            t = torch.randn(shape, generator=gen, dtype=torch.float32)
+            t = torch.randn(shape, generator=source, dtype=torch.float32, device=target)
         if scale != 1.0:
             t = t * scale
-        return t.to(device=device, dtype=dtype)
+        return t.to(dtype=dtype) if dtype is not None else t
 
     return rand

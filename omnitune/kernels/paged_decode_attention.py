@@ -1127,7 +1127,7 @@ def make_inputs(problem: PagedDecodeProblem, dtype: torch.dtype, device, seed: i
     gen = torch.Generator(device="cpu").manual_seed(seed)
     p = problem
 
-    rand = seeded_rand(gen, device, dtype)  # drawn on the CPU, moved one piece at a time
+    rand = seeded_rand(gen, device, dtype)  # drawn on the device, one sequence at a time
 
     pages = p.pages_per_sequence
     tables = torch.randperm(p.num_blocks, generator=gen)[: p.b * pages].view(p.b, pages).to(torch.int32)

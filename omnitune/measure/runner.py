@@ -31,6 +31,7 @@ from omnitune.spec import Config, DeviceLimits, KernelSpec
 log = logging.getLogger(__name__)
 
 # What the runner tells its GPU lock it held it for (GpuLock.spent): where a lane's GPU time goes.
+PHASE_INPUTS = "inputs"
 PHASE_REFERENCE = "reference"
 PHASE_CHECK = "checking"
 PHASE_WARMUP = "warm-up"
@@ -65,8 +66,8 @@ class Runner:
     `gpu_lock` (omnitune.measure.gpu_lock; default: the lane's lock when this process was started
     as a lane, else none) is held for every piece of GPU work — the reference, each config's
     check and timing, the finalists' re-timing — and for nothing else: several lanes then share one
-    GPU without timing each other's kernels. The inputs are drawn outside it (CPU work: seconds
-    for the largest decode caches)."""
+    GPU without timing each other's kernels. The inputs are drawn under it too: on the GPU
+    (omnitune.kernels._host.seeded_rand), milliseconds even for the largest decode caches."""
 
     def __init__(
         self,
@@ -96,12 +97,16 @@ class Runner:
         self.limits = limits or (DeviceLimits() if interpret else DeviceLimits.of_current_device())
         self.tolerance = spec.tolerance[dtype]
         self.gpu_lock = gpu_lock if gpu_lock is not None else gpu_lock_from_env()
-        self.inputs = spec.make_inputs(problem, dtype, self.device, settings.seed)
         # A lane loads each config's kernels before it takes the lock (_load_without_running).
         self._loads_ahead = not interpret and self.gpu_lock is not NO_GPU_LOCK
         self._capture = CaptureLoader()
         self._loaded_facts: dict[Config, dict[str, Any]] = {}  # what loading ahead compiled, for the check
         with self.gpu_lock:
+            began = time.perf_counter()
+            self.inputs = spec.make_inputs(problem, dtype, self.device, settings.seed)
+            if not interpret:
+                torch.cuda.synchronize()
+            self.gpu_lock.spent(PHASE_INPUTS, time.perf_counter() - began)
             began = time.perf_counter()
             self.reference = spec.reference(self.inputs)
             self._capture_out = spec.new_output(self.inputs) if self._loads_ahead else None

@@ -5,10 +5,12 @@ idle whenever its one process did host work: the sampler choosing the next confi
 on the H200's host, mostly Optuna reading the study back from SQLite), storing the last one, the
 next problem's inputs drawn on the CPU. In round 13 the GPU was busy 28% of a whole-model search.
 Lanes overlap that host work with measuring: N processes (`--lanes`), started by the `omnitune
-search` the user ran, each take the session's problems in order, the first lane to claim a problem
-searches it (a claim is a file created exclusively in the session's folder), and every piece of
-GPU work a lane does happens under one GPU lock (omnitune.measure.gpu_lock), so no lane ever
-times its kernels beside another's. The host work of one lane runs while another holds the lock.
+search` the user ran before it has checked its arguments (they wait for its go, GO_FILE), each
+take the session's problems in their own order (omnitune.cli.search_lanes), the first lane to
+claim a problem searches it (a claim is a file created exclusively in the session's folder), and
+every piece of GPU work a lane does happens under one GPU lock (omnitune.measure.gpu_lock), so no
+lane ever times its kernels beside another's. The host work of one lane runs while another holds
+the lock.
 
 Everything else about a problem's search is unchanged: its study, its budget, its finalists, its
 resume. A lane that dies frees the lock (the kernel drops a dead process's flock) and leaves its
@@ -56,13 +58,17 @@ class LaneSession:
         self.claims = self.folder / "claims"
         self.claims.mkdir(parents=True, exist_ok=True)
         self._session_pid = os.getppid()
+        self.ready_at: float | None = None  # time.monotonic() when wait_for_go began
+        self.go_at: float | None = None  # ... and when it saw the go
 
     def wait_for_go(self) -> dict | None:
         """The settings the session gives its lanes (GO_FILE), once it has checked its arguments;
         None when it called the lanes off (STOP_FILE first, or the session process is gone)."""
         go, stop = self.folder / GO_FILE, self.folder / STOP_FILE
+        self.ready_at = time.monotonic()  # when this lane could have started (CLOCK_MONOTONIC: host-wide)
         while True:
             if go.exists():
+                self.go_at = time.monotonic()
                 return json.loads(go.read_text())
             if stop.exists() or os.getppid() != self._session_pid:
                 return None
