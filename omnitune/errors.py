@@ -4,6 +4,24 @@ Library code raises these with a message written for the user (naming the valid 
 where there are any); the CLI prints the message on one line and exits non-zero.
 """
 
+# How much of an exception's message a one-line report keeps.
+ONE_LINE_LIMIT = 300
+
+
+def first_line(exc: BaseException, limit: int = ONE_LINE_LIMIT) -> str:
+    """The first line of `exc`'s message, at most `limit` characters; "" when it has none. What a
+    one-line error, warning or record keeps of an exception (the rest is often a traceback or a
+    compiler's dump)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
+def one_line(exc: BaseException, limit: int = ONE_LINE_LIMIT) -> str:
+    """`exc` as "Type: first line of its message" (its type's name alone when it has none), at
+    most `limit` characters."""
+    first = first_line(exc, limit)
+    return f"{type(exc).__name__}: {first}"[:limit] if first else type(exc).__name__
+
 
 class OmnituneError(Exception):
     """Base class: a user-facing error with a one-line message."""

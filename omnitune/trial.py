@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
+from omnitune.errors import ONE_LINE_LIMIT, first_line
 from omnitune.spec import Config
 
 
@@ -91,8 +92,7 @@ def classify_exception(exc: BaseException) -> tuple[TrialStatus, str]:
     """Map an exception raised by compiling or launching a candidate to a trial status, and
     the one line (at most 300 characters) that a trial's detail keeps of it."""
     name = type(exc).__name__
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else name
-    text = f"{name}: {message}"[:300]
+    text = f"{name}: {first_line(exc) or name}"[:ONE_LINE_LIMIT]
     lowered = str(exc).lower()
     if name == "OutOfResources" or "out of resource" in lowered:
         return TrialStatus.OUT_OF_RESOURCES, text

@@ -464,3 +464,16 @@ def test_interpret_is_judged_by_the_kernels_loaded_not_by_modules_without_any(mo
     monkeypatch.setitem(sys.modules, compiled.__name__, compiled)
     with pytest.raises(OmnituneError, match="imported before --interpret took effect"):
         enable_interpreter()
+
+
+def test_an_exception_is_reported_by_the_first_line_of_its_message():
+    """What one-line errors, warnings and trial records keep of an exception (omnitune.errors)."""
+    from omnitune.errors import first_line, one_line
+
+    dump = RuntimeError("  out of resource: shared memory, Required: 232448\nTraceback (most recent call last):\n")
+    assert first_line(dump) == "out of resource: shared memory, Required: 232448"
+    assert one_line(dump) == "RuntimeError: out of resource: shared memory, Required: 232448"
+    assert first_line(ValueError()) == "" and one_line(ValueError("  \n")) == "ValueError"  # no message: the type
+    long = RuntimeError("x" * 1000)
+    assert len(first_line(long, 200)) == 200 and len(one_line(long)) == 300
+    assert one_line(long, 50) == ("RuntimeError: " + "x" * 1000)[:50]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omnitune.errors import OmnituneError, ShapeError, StoreError
+from omnitune.errors import OmnituneError, ShapeError, StoreError, first_line
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -134,5 +134,5 @@ def allocation_errors(spec: Any, problem: Any) -> Iterator[None]:
         out_of_memory = isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or "allocate" in str(exc)
         if not out_of_memory:
             raise
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ShapeError(f"{spec.name} {spec.problem_key(problem)} does not fit in memory here: {first_line}") from None
+        why = first_line(exc) or type(exc).__name__
+        raise ShapeError(f"{spec.name} {spec.problem_key(problem)} does not fit in memory here: {why}") from None

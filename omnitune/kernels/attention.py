@@ -45,7 +45,7 @@ from torch.nn.attention import SDPBackend as _SDPBackend
 from torch.nn.attention import sdpa_kernel as _sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right as _causal_lower_right
 
-from omnitune.errors import InputError
+from omnitune.errors import InputError, one_line
 from omnitune.kernels import _dispatch
 from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
@@ -590,9 +590,9 @@ def _refuse_sdpa(identity: tuple, exc: Exception) -> None:
     if identity not in _sdpa_refused:
         _sdpa_refused.add(identity)
         logging.getLogger("omnitune.runtime").warning(
-            "attention: BACKEND=%s refused b=%s,h=%s,hkv=%s,lq=%s,lk=%s,d=%s,causal=%d %s (%s: %s); this "
+            "attention: BACKEND=%s refused b=%s,h=%s,hkv=%s,lq=%s,lk=%s,d=%s,causal=%d %s (%s); this "
             "kernel runs it from now on", identity[8], *identity[:6], int(identity[6]), identity[7],
-            type(exc).__name__, str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "")
+            one_line(exc, 200))
 
 
 def _triton_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:

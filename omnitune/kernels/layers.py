@@ -38,7 +38,7 @@ import threading
 
 import torch
 
-from omnitune.errors import InputError
+from omnitune.errors import InputError, one_line
 from omnitune.spec import Config
 
 # The runtime's logger, not this module's: every serving warning (a missing table, a refused
@@ -126,10 +126,9 @@ def _layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, config, kv) -> 
             _broken.add(identity)
         if first:
             logger.warning(
-                "the fused cross_attention_layer (%s) failed for %s %s: %s: %s; using the unfused "
+                "the fused cross_attention_layer (%s) failed for %s %s: %s; using the unfused "
                 "path (cuBLAS+SDPA) for this problem from now on",
-                cfg.label(), kernel.SPEC.problem_key(problem), x_q.dtype, type(exc).__name__,
-                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "",
+                cfg.label(), kernel.SPEC.problem_key(problem), x_q.dtype, one_line(exc, 200),
             )
         return kernel.unfused(inputs)
     return out

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from omnitune.errors import one_line
 from omnitune.measure.capture_load import CaptureLoader
 from omnitune.registry import BUILTIN_KERNELS
 from omnitune.spec import Config, KernelSpec
@@ -294,5 +295,4 @@ def _launch_once(values: dict) -> str | None:
             spec.restore_inputs(inputs)
         return None
     except Exception as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"{type(exc).__name__}: {text}"[:300]
+        return one_line(exc)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from omnitune.errors import OmnituneError
+from omnitune.errors import OmnituneError, one_line
 from omnitune.measure.runner import MeasureSettings, Observer
 from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config, DeviceLimits
@@ -119,7 +119,7 @@ class _Raised:
             pickle.loads(pickled)  # some exceptions pickle but cannot be rebuilt
         except Exception:  # noqa: BLE001 — then the parent gets a summary instead
             pickled = None
-        return cls(pickled, _one_line(exc), "".join(traceback.format_exception(exc)))
+        return cls(pickled, one_line(exc), "".join(traceback.format_exception(exc)))
 
     def exception(self) -> BaseException:
         exc = pickle.loads(self.pickled) if self.pickled is not None else WorkerLost(self.summary)
@@ -451,7 +451,3 @@ def _exit_detail(exitcode: int | None) -> str:
     return f"worker exited with code {exitcode}"
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from omnitune.errors import first_line
 from omnitune.profile.energy import energy_per_call
 from omnitune.profile.timing import L2Flusher, tbps, tflops, time_cuda
 from omnitune.trial import classify_exception
@@ -57,7 +58,7 @@ def _bench_one(
     except Exception as exc:  # noqa: BLE001 — a backend that cannot run here is a row, not a crash
         text = str(exc)
         if kind == "baseline" and any(s in text for s in ("No available kernel", "No viable backend", "not supported")):
-            return BenchRow(name, kind, "not available", detail=text.strip().splitlines()[0][:200], config=cfg)
+            return BenchRow(name, kind, "not available", detail=first_line(exc, 200), config=cfg)
         status, detail = classify_exception(exc)
         return BenchRow(name, kind, status.value, detail=detail, config=cfg)
     err = compare(out, reference)

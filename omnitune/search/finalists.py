@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from omnitune.errors import one_line
 from omnitune.spec import Config
 from omnitune.store import result_from_attrs
 from omnitune.trial import TrialResult, TrialStatus
@@ -212,9 +213,9 @@ class StudyFinalists:
         except OmnituneError:
             raise
         except Exception as exc:  # noqa: BLE001 — the search's results stand without the re-timing
-            detail = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            detail = one_line(exc)
             log.warning("re-timing the finalists of %s failed: %s", self.study.study_name, detail)
-            return Retiming(RetimeStatus.FAILED, detail=detail[:300])
+            return Retiming(RetimeStatus.FAILED, detail=detail)
         session = (stored.session if stored is not None else 0) + 1
         results = {t.config: self.store(t, session, searched[t.config]) for t in timings}
         return Retiming(RetimeStatus.RETIMED, tuple(ranked(timings)), results, session)

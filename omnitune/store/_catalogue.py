@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
-from omnitune.errors import StoreError
+from omnitune.errors import StoreError, first_line
 from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config
 from omnitune.store._migrations import transaction
@@ -191,8 +191,7 @@ def _open_journal(path: Path, *, heartbeats: bool) -> optuna.storages.BaseStorag
 
 def _first_line(exc: Exception) -> str:
     """What a one-line error says of `exc`: its message's first line, or its type's name."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return first_line(exc) or type(exc).__name__
 
 
 def _journal_lock(path: Path):

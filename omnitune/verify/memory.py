@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from omnitune.errors import first_line
 from omnitune.presets import PresetProblem
 from omnitune.spec import dtype_name
 from omnitune.verify import traffic
@@ -66,10 +67,10 @@ def check_memory(preset_problem: PresetProblem, dtype: torch.dtype, seed: int = 
         error, tolerance = op.compare(out, op.reference())
         details.update({"rel_error": error, "tolerance": tolerance})
     except torch.cuda.OutOfMemoryError as exc:
-        return Check(PART, subject, Status.FAIL, f"out of memory: {_first_line(exc)}", spec.name, details)
+        return Check(PART, subject, Status.FAIL, f"out of memory: {first_line(exc)}", spec.name, details)
     except Exception as exc:  # noqa: BLE001 — any failure at the largest shape is this check's
         details["context_lost"] = lost_context(exc)
-        return Check(PART, subject, Status.FAIL, f"{type(exc).__name__}: {_first_line(exc)}", spec.name, details)
+        return Check(PART, subject, Status.FAIL, f"{type(exc).__name__}: {first_line(exc)}", spec.name, details)
     finally:
         op = out = None  # the inputs and output go before the next kernel's largest shape
         _release()
@@ -85,7 +86,3 @@ def _release() -> None:
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from omnitune.errors import one_line
 from omnitune.measure.runner import MeasureSettings, Runner
 from omnitune.trial import classify_exception
 from omnitune.trial import TrialStatus
@@ -66,8 +67,7 @@ def check_entry(table: TableFile, entry: Entry, *, interpret: bool, limits: Devi
                         limits=limits)
         status, err, detail = runner.check(entry.config)
     except Exception as exc:  # noqa: BLE001 — inputs or reference failing here is this entry's failure
-        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        return NumericsOutcome(_check(table, entry, Status.FAIL, f"could not run: {type(exc).__name__}: {text}",
+        return NumericsOutcome(_check(table, entry, Status.FAIL, f"could not run: {one_line(exc)}",
                                       details), None, lost_context(exc))
     details["rel_error"] = err
     details["status"] = status.value

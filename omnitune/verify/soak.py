@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
+from omnitune.errors import one_line
 from omnitune.verify.numerics import lost_context
 from omnitune.verify.traffic import OpCall
 from omnitune.verify.verdict import Check, Status
@@ -173,7 +174,7 @@ def _prepare(call: OpCall, weight: float, backend: Backend, watcher: _RuntimeWar
         _check_output(op, out)
         _note_warnings(op, watcher, before)
     except Exception as exc:  # noqa: BLE001 — an op that cannot even start is that op's failure
-        op.setup_error = _text(exc)
+        op.setup_error = one_line(exc)
         op.note_error(f"first call: {op.setup_error}")
         op.broke_context = lost_context(exc)
         return op
@@ -184,11 +185,11 @@ def _prepare(call: OpCall, weight: float, backend: Backend, watcher: _RuntimeWar
             backend.synchronize()
             _check_output(op, static_out)
         except Exception as exc:  # noqa: BLE001 — reported, and the op runs eagerly instead
-            op.capture_error = _text(exc)
+            op.capture_error = one_line(exc)
             try:
                 backend.synchronize()
             except Exception as later:  # noqa: BLE001 — the failed capture broke the context
-                op.setup_error = f"after the failed capture: {_text(later)}"
+                op.setup_error = f"after the failed capture: {one_line(later)}"
                 op.broke_context = True
             return op
         op.graph = True
@@ -224,9 +225,9 @@ def _loop(ops: list[_Op], minutes: float, backend: Backend, sampler_factory, wat
             try:
                 out = op.run()
             except Exception as exc:  # noqa: BLE001 — counted; a broken context ends the soak
-                op.note_error(_text(exc))
+                op.note_error(one_line(exc))
                 if lost_context(exc):
-                    aborted = f"CUDA context lost: {_text(exc)}"
+                    aborted = f"CUDA context lost: {one_line(exc)}"
                     break
                 continue
             t1 = backend.stop(t0)
@@ -239,7 +240,7 @@ def _loop(ops: list[_Op], minutes: float, backend: Backend, sampler_factory, wat
         try:
             backend.synchronize()
         except Exception as exc:  # noqa: BLE001 — an asynchronous failure of some call of the chunk
-            aborted = f"a call failed on the device: {_text(exc)}"
+            aborted = f"a call failed on the device: {one_line(exc)}"
             break
         for op, t0, t1, sampled in pending:
             op.times.setdefault(index, []).append(backend.elapsed_ms(t0, t1))
@@ -347,6 +348,3 @@ def _nvml_sampler():
     return NvmlSampler(interval_s=0.05)
 
 
-def _text(exc: BaseException) -> str:
-    message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

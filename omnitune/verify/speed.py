@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from omnitune.errors import one_line
 from omnitune.search.finalists import DEFAULT_ROUNDS, NOISY_CV, FinalistTiming
 from omnitune.measure.runner import Runner
 from omnitune.trial import TrialStatus
@@ -225,7 +226,7 @@ def _baseline_candidates(spec: KernelSpec, runner: Runner) -> tuple[list[Candida
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 — a backend that cannot run here is left out
-            refused[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+            refused[name] = one_line(exc, 200)
             continue
         err = spec.compare(out, runner.reference)
         if not err <= runner.tolerance:
