@@ -311,6 +311,11 @@ def summary(result: dict) -> str:
                            sorted(lanes["phase_s"].items(), key=lambda item: -item[1]))
         lines.append(f"a lane held the GPU {lanes['held_fraction']:.0%} of the wall ({phases}); the GPU was busy "
                      f"{lanes['busy_while_held']:.0%} while held, {lanes['busy_while_not_held'] or 0:.0%} while not")
+    ready = [t for t in (lanes or {}).get("ready_s") or [] if t is not None]
+    went = [t for t in (lanes or {}).get("go_s") or [] if t is not None]
+    if ready and went:
+        lines.append(f"the lanes were ready for the go at {min(ready):.1f}-{max(ready):.1f} s and saw it at "
+                     f"{min(went):.1f}-{max(went):.1f} s")
     cpu = result.get("cpu", {})
     if cpu.get("busy_fraction") is not None:
         searching = sum(r.get("cpu_s") or 0 for r in rows)

@@ -135,4 +135,7 @@ def test_the_lanes_holdings_are_laid_beside_the_gpus_utilization(tmp_path):
     # When each lane was ready and saw the go, from the search's start (lane 1 wrote no times).
     later = search_wall.lanes_accounting(stats, samples, 100.0, 106.0)
     assert later["ready_s"] == [0.5, None] and later["go_s"] == [1.25, None]
+    text = search_wall.summary({"problems": [], "wall_s": 6.0, "returncode": 0, "gpu": {"busy_fraction": 0.5},
+                                "lanes": later})
+    assert "the lanes were ready for the go at 0.5-0.5 s and saw it at 1.2-1.2 s" in text
     assert search_wall.lanes_accounting(tmp_path / "absent.json", samples, 0.0, 6.0) is None  # no lanes ran
