@@ -6,7 +6,6 @@ import json
 import math
 from pathlib import Path
 
-import torch
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -41,6 +40,8 @@ def bench(
     interpret: bool = interpret_option(" Only the correctness part runs."),
 ) -> None:
     """Verify our kernel against the reference and time it beside PyTorch's baselines."""
+    import torch
+
     spec = load_spec(kernel, interpret)
     if interpret:
         torch_dtype = parse_dtype_option(spec, dtype)

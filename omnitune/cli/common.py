@@ -7,13 +7,17 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 import typer
 from rich.console import Console
 
 from omnitune.errors import ConfigError, DeviceError, OmnituneError, ShapeError
-from omnitune.spec import Config, KernelSpec, parse_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from omnitune.spec import Config, KernelSpec
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -57,10 +61,10 @@ def parse_problems(spec: KernelSpec, shapes: list[str], **overrides) -> list:
 
 
 def parse_dtype_option(spec: KernelSpec, name: str) -> torch.dtype:
+    from omnitune.spec import dtype_name, parse_dtype
+
     dtype = parse_dtype(name)
     if dtype not in spec.dtypes:
-        from omnitune.spec import dtype_name
-
         raise OmnituneError(
             f"{spec.name} does not support {name}; use one of {', '.join(dtype_name(d) for d in spec.dtypes)}"
         )
@@ -120,6 +124,8 @@ def _config_values(raw: str) -> dict:
 def search_dtype(spec: KernelSpec, name: str | None, interpret: bool) -> torch.dtype:
     """--dtype of a search (search, worker): bf16 on a GPU and fp16 (else fp32) under the
     interpreter when not given; bf16 refused under the interpreter, which computes it wrongly."""
+    import torch
+
     if name is None:
         if not interpret:
             return parse_dtype_option(spec, "bf16")

@@ -8,7 +8,6 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-import torch
 from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -16,6 +15,7 @@ from rich.table import Table
 from omnitune.cli.common import console
 
 if TYPE_CHECKING:
+    import torch
     from omnitune.search.driver import SearchOutcome, SearchProgress
     from omnitune.spec import Config, KernelSpec
     from omnitune.trial import TrialResult

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 import typer
 from rich.markup import escape
 
@@ -17,6 +17,9 @@ from omnitune.cli.common import console, db_path
 from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
 from omnitune.cli.search_lanes import DEFAULT_LANES
 from omnitune.durations import human_duration
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SECONDS_PER_TRIAL", "SETUP_S_PER_PROBLEM", "PlannedProblem", "plan", "plan_kernel"]
 
@@ -81,6 +84,7 @@ def plan(
     With --coverage: which rung of the runtime's chain (exact, nearest, predictor, default) answers
     each of the preset's problems from the tables, why, and the searches that would close the
     largest gaps first."""
+    import torch
     from omnitune.errors import OmnituneError
     from omnitune.presets import get_preset, parse_kernels, preset_problems
     from omnitune.profile.device import device_key

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from rich.markup import escape
 
 from omnitune.cli.common import console
@@ -16,11 +15,16 @@ from omnitune.errors import OmnituneError
 from omnitune.presets import ModelPreset
 from omnitune.runtime import Rung
 
+if TYPE_CHECKING:
+    import torch
+
 _RUNGS = (Rung.EXACT, Rung.NEAREST, Rung.PREDICTOR, Rung.DEFAULT)
 
 
 def coverage_device(device: str | None) -> str:
     """--device, else this machine's GPU; a one-line error naming the GPUs that have tables."""
+    import torch
+
     if device is not None:
         if not device.strip():
             raise OmnituneError("--device needs a GPU's name, e.g. --device 'NVIDIA H200'")

@@ -11,11 +11,12 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from omnitune.errors import OmnituneError, ShapeError, StoreError, first_line
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -87,6 +88,8 @@ def require_storage_apart(storage: str | None, db: Path) -> None:
 
 def _memory_bytes(interpret: bool) -> tuple[int, str] | None:
     """How much memory the problem's tensors are made in, and what it is; None if unknown."""
+    import torch
+
     if not interpret and torch.cuda.is_available():
         return torch.cuda.mem_get_info()[1], "this GPU's memory"
     try:
@@ -128,6 +131,8 @@ def require_fits_in_memory(spec: Any, problem: Any, dtype: torch.dtype, interpre
 def allocation_errors(spec: Any, problem: Any) -> Iterator[None]:
     """An allocator's refusal while a problem's tensors are made, as a ShapeError: a problem under
     the lower bound of require_fits_in_memory can still be too large for what is free."""
+    import torch
+
     try:
         yield
     except (RuntimeError, MemoryError) as exc:

@@ -4,9 +4,8 @@ counters through Nsight Compute."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -15,7 +14,11 @@ from omnitune.cli import preflight
 from omnitune.cli._app import app
 from omnitune.cli.common import console, db_path, load_spec, parse_config_option, parse_dtype_option, parse_problems
 from omnitune.errors import ConfigError, DeviceError
-from omnitune.spec import Config, KernelSpec, dtype_name
+
+if TYPE_CHECKING:
+    import torch
+
+    from omnitune.spec import Config, KernelSpec
 
 _DB_HELP = "Results database (default: $OMNITUNE_DB or ./omnitune.db)."
 _UNITS = {"copy_tbps": "TB/s", "matmul_bf16_tflops": "TFLOP/s", "matmul_fp16_tflops": "TFLOP/s",
@@ -23,6 +26,8 @@ _UNITS = {"copy_tbps": "TB/s", "matmul_bf16_tflops": "TFLOP/s", "matmul_fp16_tfl
 
 
 def _require_gpu(what: str) -> None:
+    import torch
+
     if not torch.cuda.is_available():
         raise DeviceError(f"no CUDA GPU here; {what} needs one")
 
@@ -60,6 +65,8 @@ def calibrate_cmd(db: str = typer.Option(None, "--db", help=_DB_HELP)) -> None:
 def _best_in_db(database: Any, spec: KernelSpec, problem: Any, dtype: torch.dtype, device: str) -> Config | None:
     """The best config the results database holds for this key (its `best` view: the finalists'
     latest re-timing where there is one, as in report and export), or None."""
+    from omnitune.spec import dtype_name
+
     if "best" not in database.view_names():
         return None
     rows = list(database.query(
@@ -89,6 +96,7 @@ def resolve_config(
     tuned: what omnitune.runtime picks from the exported tables (exact or nearest shape), else the
     fastest config the results database holds for this exact key; default: the spec's default;
     anything else: JSON text or a JSON file, laid over the default."""
+    from omnitune.spec import dtype_name
     from omnitune.profile.device import device_key
 
     if choice == "default":
@@ -124,6 +132,9 @@ def profile_cmd(
     """Profile one config with Nsight Compute: cache hit rates, DRAM throughput, occupancy.
 
     Also the kernel's duration. Needs a GPU, and ncu allowed to read the performance counters."""
+    from omnitune.spec import dtype_name
+    import torch
+
     spec = load_spec(kernel)
     torch_dtype = parse_dtype_option(spec, dtype)
     problem = parse_problems(spec, [shape])[0]

@@ -4,14 +4,13 @@ profiling, never the search."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
 from rich.markup import escape
+from typing import TYPE_CHECKING
 
 from omnitune.cli.common import console, err_console
 
 if TYPE_CHECKING:
+    import torch
     from omnitune.profile.ncu import NcuProfile
     from omnitune.spec import Config, KernelSpec
 

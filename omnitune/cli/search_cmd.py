@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-import torch
 import typer
 from rich.live import Live
 from rich.markup import escape
@@ -37,6 +36,7 @@ from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
 if TYPE_CHECKING:
+    import torch
     from omnitune.search.lanes import LaneSession
     from omnitune.search.prepare_next import ProblemsAhead
     from omnitune.spec import KernelSpec
@@ -161,8 +161,9 @@ def search(
         from omnitune.measure.precompile import start_worker_server
 
         start_worker_server()  # its imports overlap this lane's; its first compile waits for none
-    # Lanes start now, while this process checks the arguments: each takes ~10 s to import torch and
-    # Triton and load the kernels, and they wait for the go before they touch the database.
+    # Lanes start now, before this process imports torch and checks the arguments: each takes ~10 s
+    # to import torch and Triton and load the kernels, and they wait for the go before they touch the
+    # database.
     early = lanes_to_start(lanes, shapes=len(shape), model=model, dtype=dtype, interpret=interpret,
                            isolate=isolate, gpus=gpus) if not in_lane else 0
     started = _start_lanes(kernel, shape, model, kernels, dtype, trials, sampler, seed, db, storage, isolate,
@@ -177,6 +178,8 @@ def search(
 
         sampler_name = parse_sampler(sampler)
         make_sampler(sampler_name, seed)  # a sampler that cannot run fails now, before anything is written
+        import torch
+
         if not interpret and not torch.cuda.is_available():
             raise DeviceError(
                 "no CUDA GPU here; search measures on a GPU — run it on one, or add --interpret to check "
@@ -321,6 +324,8 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
 
 def parse_gpus(text: str, interpret: bool) -> list[int]:
     """--gpus 0,1,3 as GPU indices; an OmnituneError naming what is wrong."""
+    import torch
+
     try:
         gpus = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:

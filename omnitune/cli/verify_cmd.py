@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 import typer
 from rich.console import Console
 
@@ -59,6 +58,8 @@ def verify(
     soak (GPU, --model, --soak): mixed production calls, CUDA graphs for decode steps, sampled checks.
 
     Exit code: 0 when nothing failed, 1 when something did, 2 for a usage error."""
+    import torch
+
     if soak is not None and soak <= 0:
         raise OmnituneError(f"--soak {soak:g}: give a positive number of minutes")
     if soak is not None and model is None:

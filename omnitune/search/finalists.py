@@ -26,15 +26,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from omnitune.errors import one_line
-from omnitune.spec import Config
-from omnitune.store import result_from_attrs
-from omnitune.trial import TrialResult, TrialStatus
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the rest on first use: `omnitune --help` reads this module's defaults
     import optuna
 
     from omnitune.search.space import ConfigSpace
     from omnitune.search.study import Finished
+    from omnitune.spec import Config
+    from omnitune.trial import TrialResult
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +224,9 @@ class StudyFinalists:
         import optuna
         from optuna.trial import TrialState
 
+        from omnitune.store import result_from_attrs
+        from omnitune.trial import TrialResult, TrialStatus
+
         searched = original.result
         scale = searched.time_ms / timing.median_ms  # the rates follow the re-timed median
         result = TrialResult(
@@ -251,6 +253,8 @@ class StudyFinalists:
     def latest(self) -> Retiming | None:
         """The study's most recent re-timing (the highest session), as stored; None if none."""
         from optuna.trial import TrialState
+
+        from omnitune.store import result_from_attrs
 
         sessions: dict[int, dict[Config, tuple[TrialResult, FinalistTiming]]] = {}
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
