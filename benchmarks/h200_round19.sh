@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nineteenth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round19.sh A|B|C|D
+#   OUT=dir bash benchmarks/h200_round19.sh A|B|C|D|E
 # (parts D and C ran in one call: export started=$(date +%s); ... D; ... C)
 # Issue 20, the GPU's idle time in a whole-model search. Round 18 (part C) searched the
 # Qwen2.5-Omni-7B preset in 118 s and 114 s with the GPU busy 67% and 69% of the wall: idle for the
@@ -23,7 +23,10 @@
 # Part C: every GPU-marked test (the inputs every kernel test draws changed).
 # Part D: the lanes make their CUDA contexts where they did before part A (with the first
 # problem); the preset from an empty Triton cache, once.
-part=${1:?part A|B|C|D}
+# Part E: the session starts its lanes before it imports torch (the command line imports none at
+# module level); the preset from an empty Triton cache, once, as the first command on a fresh
+# machine like part D (the session's last ~200 s of device time).
+part=${1:?part A|B|C|D|E}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -44,6 +47,10 @@ case $part in
     ;;
   C)
     step $(left 580) python -m pytest -q -p no:cacheprovider -m gpu tests/
+    ;;
+  E)
+    step 175 python benchmarks/search_wall.py --triton-cache /tmp/r19e_triton --model qwen2.5-omni-7b \
+      --trials 50 --db /tmp/e/omnitune.db --timeout 150 --out "$OUT/search_wall_h200_round19_E.json"
     ;;
   D)
     step 180 python benchmarks/search_wall.py --triton-cache /tmp/r19d_triton --model qwen2.5-omni-7b \
