@@ -23,6 +23,8 @@
 # Part C: every GPU-marked test (the inputs every kernel test draws changed).
 # Part D: the lanes make their CUDA contexts where they did before part A (with the first
 # problem); the preset from an empty Triton cache, once.
+# Part C: 104 passed. Part D found the lanes ready only at 19-20 s (the first command on a fresh
+# machine): 127 s, GPU busy 65%.
 # Part E: the session starts its lanes before it imports torch (the command line imports none at
 # module level); the preset from an empty Triton cache, once, as the first command on a fresh
 # machine like part D (the session's last ~200 s of device time).
