@@ -16,6 +16,7 @@ from omnitune.cli.common import console
 
 if TYPE_CHECKING:
     import torch
+
     from omnitune.search.driver import SearchOutcome, SearchProgress
     from omnitune.spec import Config, KernelSpec
     from omnitune.trial import TrialResult

@@ -11,6 +11,7 @@ from omnitune.cli.common import console, err_console
 
 if TYPE_CHECKING:
     import torch
+
     from omnitune.profile.ncu import NcuProfile
     from omnitune.spec import Config, KernelSpec
 

@@ -37,6 +37,7 @@ from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_C
 
 if TYPE_CHECKING:
     import torch
+
     from omnitune.search.lanes import LaneSession
     from omnitune.search.prepare_next import ProblemsAhead
     from omnitune.spec import KernelSpec
