@@ -96,8 +96,8 @@ def resolve_config(
     tuned: what omnitune.runtime picks from the exported tables (exact or nearest shape), else the
     fastest config the results database holds for this exact key; default: the spec's default;
     anything else: JSON text or a JSON file, laid over the default."""
-    from omnitune.spec import dtype_name
     from omnitune.profile.device import device_key
+    from omnitune.spec import dtype_name
 
     if choice == "default":
         return spec.default_config(problem, dtype), "default"
@@ -132,8 +132,9 @@ def profile_cmd(
     """Profile one config with Nsight Compute: cache hit rates, DRAM throughput, occupancy.
 
     Also the kernel's duration. Needs a GPU, and ncu allowed to read the performance counters."""
-    from omnitune.spec import dtype_name
     import torch
+
+    from omnitune.spec import dtype_name
 
     spec = load_spec(kernel)
     torch_dtype = parse_dtype_option(spec, dtype)

@@ -4,8 +4,9 @@ profiling, never the search."""
 
 from __future__ import annotations
 
-from rich.markup import escape
 from typing import TYPE_CHECKING
+
+from rich.markup import escape
 
 from omnitune.cli.common import console, err_console
 

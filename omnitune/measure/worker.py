@@ -449,5 +449,3 @@ def _exit_detail(exitcode: int | None) -> str:
             name = f"signal {-exitcode}"
         return f"worker killed by {name}"
     return f"worker exited with code {exitcode}"
-
-

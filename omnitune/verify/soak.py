@@ -346,5 +346,3 @@ def _nvml_sampler():
     from omnitune.profile.telemetry import NvmlSampler
 
     return NvmlSampler(interval_s=0.05)
-
-
