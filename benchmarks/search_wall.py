@@ -182,6 +182,13 @@ def lanes_accounting(path: Path, samples: list[dict], start: float, end: float) 
             # when each lane was ready for the go (imports done, kernels loaded) and saw it
             "ready_s": [since_start(s.get("ready_at")) for s in written.get("stats", [])],
             "go_s": [since_start(s.get("go_at")) for s in written.get("stats", [])],
+            # when each lane's CUDA context was being made, beside its imports (omnitune.measure.cuda_start)
+            "cuda_start_s": [[since_start(s.get("cuda_start_began")), since_start(s.get("cuda_start_ended"))]
+                             for s in written.get("stats", [])],
+            # each lane's first holdings of the GPU lock (from, to) and what they were spent on
+            "first_holdings": [[{"from_s": since_start(h["start"]), "to_s": since_start(h["end"]),
+                                 "phases": h["phases"]} for h in s.get("gpu_lock_first_holdings") or []]
+                               for s in written.get("stats", [])],
             "acquisitions": sum(s.get("gpu_lock_acquisitions", 0) for s in written.get("stats", [])),
             **held_analysis(holdings, samples, start, end)}
 
@@ -316,6 +323,14 @@ def summary(result: dict) -> str:
     if ready and went:
         lines.append(f"the lanes were ready for the go at {min(ready):.1f}-{max(ready):.1f} s and saw it at "
                      f"{min(went):.1f}-{max(went):.1f} s")
+    made = [end for _, end in (lanes or {}).get("cuda_start_s") or [] if end is not None]
+    if made:
+        lines.append(f"their CUDA contexts were made by {min(made):.1f}-{max(made):.1f} s")
+    first = [holdings[0] for holdings in (lanes or {}).get("first_holdings") or [] if holdings]
+    if first:
+        lines.append("their first holdings of the GPU: " + "; ".join(
+            f"{h['from_s']:.1f}-{h['to_s']:.1f} s ({', '.join(f'{p} {s:.2f} s' for p, s in h['phases'].items())})"
+            for h in sorted(first, key=lambda h: h["from_s"])))
     cpu = result.get("cpu", {})
     if cpu.get("busy_fraction") is not None:
         searching = sum(r.get("cpu_s") or 0 for r in rows)

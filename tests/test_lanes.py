@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -19,7 +20,8 @@ import torch
 from typer.testing import CliRunner
 
 from omnitune.cli import app
-from omnitune.measure.gpu_lock import GPU_LOCK_ENV, NO_GPU_LOCK, GpuLock, gpu_lock_from_env
+from omnitune.measure.cuda_start import start_cuda_context
+from omnitune.measure.gpu_lock import DETAILED_HOLDINGS, GPU_LOCK_ENV, NO_GPU_LOCK, GpuLock, gpu_lock_from_env
 from omnitune.search.lanes import STOP_FILE, LaneProcesses, LaneSession, LanesResult, run_lanes
 from omnitune.spec import Config, DeviceLimits
 from tests.test_prepare_next import DTYPE, KEYS, _ahead
@@ -105,6 +107,42 @@ def test_the_lock_is_reentrant_and_accounts_for_its_time(tmp_path):
     with NO_GPU_LOCK:
         pass
     assert len(NO_GPU_LOCK.holdings) == before
+
+
+def test_the_first_holdings_are_kept_with_what_each_was_spent_on(tmp_path):
+    lock = GpuLock(tmp_path / "gpu.lock")
+    for round_ in range(DETAILED_HOLDINGS + 3):
+        with lock:
+            lock.spent("inputs", 0.5 + round_)
+            with lock:  # taken again inside: the same holding
+                lock.spent("timing", 0.25)
+    first = lock.first_holdings
+    assert len(first) == DETAILED_HOLDINGS and len(lock.holdings) == DETAILED_HOLDINGS + 3
+    assert [h["phases"] for h in first[:2]] == [{"inputs": 0.5, "timing": 0.25}, {"inputs": 1.5, "timing": 0.25}]
+    assert all(h["start"] <= h["end"] for h in first)
+    kept = [value for pair in lock.holdings[:DETAILED_HOLDINGS] for value in pair]
+    assert [value for h in first for value in (h["start"], h["end"])] == pytest.approx(kept, abs=1e-6)
+
+
+def test_the_cuda_context_made_ahead_says_why_not_where_there_is_no_gpu(monkeypatch):
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no driver\nmore")))
+    started = start_cuda_context()
+    started.wait(timeout_s=30)
+    stats = started.as_stats()
+    assert stats["cuda_start_error"] == "RuntimeError: no driver"  # one line; the lane's first GPU call says the rest
+    assert stats["cuda_start_began"] <= stats["cuda_start_ended"]
+
+
+@pytest.mark.gpu
+def test_the_cuda_context_is_made_ahead_in_a_thread():
+    code = ("import torch; from omnitune.measure.cuda_start import start_cuda_context\n"
+            "started = start_cuda_context(); started.wait()\n"
+            "assert started.error is None, started.error\n"
+            "assert torch.cuda.is_initialized()\n"
+            "print('made', started.ended - started.began)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("made ")
 
 
 def test_a_lane_finds_its_lock_in_the_environment_and_a_lone_process_has_none(tmp_path, monkeypatch):

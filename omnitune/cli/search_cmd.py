@@ -162,6 +162,13 @@ def search(
         from omnitune.measure.precompile import start_worker_server
 
         start_worker_server()  # its imports overlap this lane's; its first compile waits for none
+    # A lane's CUDA context is made beside its imports and its wait for the go, not under the GPU
+    # lock with its first problem (omnitune.measure.cuda_start).
+    cuda_start = None
+    if in_lane and not interpret:
+        from omnitune.measure.cuda_start import start_cuda_context
+
+        cuda_start = start_cuda_context()
     # Lanes start now, before this process imports torch and checks the arguments: each takes ~10 s
     # to import torch and Triton and load the kernels, and they wait for the go before they touch the
     # database.
@@ -218,6 +225,8 @@ def search(
 
         lane = LaneSession(lane_session, lane_index)
         settings = lane.wait_for_go()
+        if cuda_start is not None:  # also when called off: the thread is not left mid-way at exit
+            cuda_start.wait()
         if settings is None or lane.index >= settings.get("lanes", lane.index + 1):
             return  # called off, or more lanes were started than the session has problems for
         deadline = settings.get("deadline", deadline)
@@ -257,7 +266,7 @@ def search(
 
             close_shared_workers()
         if lane is not None:
-            leave_lane_stats(lane)
+            leave_lane_stats(lane, cuda_start)
 
 
 def _start_lanes(kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,

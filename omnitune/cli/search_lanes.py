@@ -6,12 +6,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from omnitune.cli.common import console
 from omnitune.errors import OmnituneError
 from omnitune.search.lanes import LaneProcesses, LanesResult, LaneSession, lane_command
+
+if TYPE_CHECKING:
+    from omnitune.measure.cuda_start import CudaStart
 
 # Lanes a search of several problems runs by default on a GPU. On the H200's host a trial's host
 # work (choosing, storing) took about as long as its measuring (~40 ms each, round 13), so two
@@ -197,12 +201,15 @@ def lanes_summary(result: LanesResult, lanes: int) -> str:
     return line
 
 
-def leave_lane_stats(lane: LaneSession) -> None:
-    """What the parent reports of this lane: how long it held and waited for the GPU."""
+def leave_lane_stats(lane: LaneSession, cuda_start: CudaStart | None = None) -> None:
+    """What the parent reports of this lane: how long it held and waited for the GPU, what its
+    first holdings were spent on, and when it was ready, went, and had its CUDA context."""
     from omnitune.measure.gpu_lock import gpu_lock_from_env
 
     lock = gpu_lock_from_env()
     lane.write_stats({"lane": lane.index, "gpu_lock_held_s": lock.held_s, "gpu_lock_waited_s": lock.waited_s,
                       "gpu_lock_acquisitions": lock.acquisitions, "gpu_lock_phase_s": dict(lock.phase_s),
                       "gpu_lock_holdings": [[round(a, 6), round(b, 6)] for a, b in lock.holdings],
-                      "ready_at": lane.ready_at, "go_at": lane.go_at})
+                      "gpu_lock_first_holdings": lock.first_holdings,
+                      "ready_at": lane.ready_at, "go_at": lane.go_at,
+                      **(cuda_start.as_stats() if cuda_start is not None else {})})

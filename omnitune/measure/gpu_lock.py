@@ -31,6 +31,9 @@ GPU_LOCK_ENV = "OMNITUNE_GPU_LOCK"
 # enough to lay a session's holdings beside the GPU's utilization (benchmarks/search_wall.py).
 # A whole-model search takes the lock a few thousand times; past this many the earliest are kept.
 KEPT_HOLDINGS = 100_000
+# The first few holdings are kept with what each was spent on (phases): a lane's start, where the
+# GPU may sit idle while a holder does first-time host work under the lock.
+DETAILED_HOLDINGS = 8
 
 
 class _Held:
@@ -52,6 +55,9 @@ class _Held:
         self.acquisitions = 0
         self.holdings: list[tuple[float, float]] = []
         self.phase_s: collections.Counter[str] = collections.Counter()
+        # The first DETAILED_HOLDINGS holdings: start and end (time.monotonic()) and their phases.
+        self.first_holdings: list[dict] = []
+        self._phases_at_take: collections.Counter[str] | None = None
 
     def spent(self, phase: str, seconds: float) -> None:
         """Count `seconds` of holding it as spent on `phase` (checking, timing, ...): where a
@@ -68,6 +74,8 @@ class _Held:
         self._taken_at = time.perf_counter()
         self._taken_mono = time.monotonic()
         self.acquisitions += 1
+        detailed = self.keeps_holdings and self.acquisitions <= DETAILED_HOLDINGS
+        self._phases_at_take = collections.Counter(self.phase_s) if detailed else None
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -75,8 +83,15 @@ class _Held:
         if self._depth:
             return
         self.held_s += time.perf_counter() - self._taken_at
+        ended = time.monotonic()
         if self.keeps_holdings and len(self.holdings) < KEPT_HOLDINGS:
-            self.holdings.append((self._taken_mono, time.monotonic()))
+            self.holdings.append((self._taken_mono, ended))
+        if self._phases_at_take is not None:
+            phases = {phase: round(seconds - self._phases_at_take[phase], 6)
+                      for phase, seconds in self.phase_s.items() if seconds > self._phases_at_take[phase]}
+            self.first_holdings.append({"start": round(self._taken_mono, 6), "end": round(ended, 6),
+                                        "phases": phases})
+            self._phases_at_take = None
         self._owner = None
         self._give()
 
