@@ -1,16 +1,16 @@
 """A lane's CUDA context, made in the background while the lane still starts.
 
-A process makes its CUDA context (and loads cuBLAS, with its handle) on its first GPU call. In a
-lane that call came under the GPU lock (omnitune.measure.gpu_lock), with the first problem's
-inputs: the lanes made their contexts one after another, each holding the lock while the GPU sat
-idle — in round 19's whole-model searches the lanes held the lock 95% of the 5 s after the go,
-the GPU busy 14% of it. Made before the go (round 19 parts A and B), the contexts delayed the
-lanes' readiness instead. Here a thread makes it beside the lane's last imports and its wait for
-the go, and the lane waits for the thread (`wait`) before it first takes the lock.
+A process makes its CUDA context (and loads cuBLAS, with its handle) on its first GPU call, and
+opens NVML for the trials' telemetry on its first timing. In a lane both came under the GPU lock
+(omnitune.measure.gpu_lock), with the first problem: the lanes made their contexts one after
+another, each holding the lock while the GPU sat idle — in round 19's whole-model searches the
+lanes held the lock 95% of the 5 s after the go, the GPU busy 14% of it. Made before the go
+(round 19 parts A and B), the contexts delayed the lanes' readiness instead. Here a thread makes
+them beside the lane's last imports, and the lane waits for it (`wait`) before its go.
 
-Nothing here runs a kernel: an allocation makes the context, and cuBLAS's handle is made without
-one, so the GPU that another lane may be timing on is left alone. An optimisation only: whatever
-fails is logged, and the lane's first GPU call makes what is missing, as before.
+Nothing here runs a kernel: an allocation makes the context, cuBLAS's handle is made without one,
+and NVML only reads, so the GPU that another lane may be timing on is left alone. An optimisation
+only: whatever fails is logged, and the lane's first GPU call makes what is missing, as before.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ class CudaStart:
 
             torch.empty(1, device="cuda")  # an allocation: the primary context, no kernel
             torch.cuda.current_blas_handle()  # cuBLAS loaded and its handle made, no kernel
+            from omnitune.profile import telemetry
+
+            telemetry.available()  # NVML opened for the trials' telemetry (0.2-0.5 s in round 20's first holdings)
         except Exception as exc:  # noqa: BLE001 — the lane's first GPU call makes it, as before
             from omnitune.errors import one_line
 
