@@ -26,7 +26,13 @@
 # known-good configs before the go (omnitune.search.prepare_next.ProblemsAhead.prepare_first). The
 # preset from an empty Triton cache as the first command on a fresh machine, the GPU-marked tests of
 # the lanes, the look-ahead and the precompile workers, then the preset twice more.
-part=${1:?part A|B|C}
+# Part C found NVML opened ahead (the second holdings' telemetry 0.0-0.3 s) but the lanes ready later,
+# at 10.5-14.1 s (a lane's first submission waits for its fork server's imports), and their first
+# checks no earlier after the go: 116.5, 120.7, 111.5 s, GPU busy 67.8, 68.8, 69.3%. The compiling
+# before the go was taken out again.
+# Part D: the code as it stands (CUDA context and NVML in a thread, nothing compiled before the go),
+# the preset once, as the first command on a fresh machine (the session's last ~400 s of device time).
+part=${1:?part A|B|C|D}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -56,5 +62,9 @@ case $part in
       step 160 python benchmarks/search_wall.py --triton-cache /tmp/r20c${run}_triton --model qwen2.5-omni-7b \
         --trials 50 --db /tmp/c${run}/omnitune.db --timeout 140 --out "$OUT/search_wall_h200_round20_C_$run.json"
     done
+    ;;
+  D)
+    step 170 python benchmarks/search_wall.py --triton-cache /tmp/r20d_triton --model qwen2.5-omni-7b \
+      --trials 50 --db /tmp/d/omnitune.db --timeout 150 --out "$OUT/search_wall_h200_round20_D.json"
     ;;
 esac

@@ -176,27 +176,3 @@ def test_a_resumed_search_passes_over_finished_problems(kv, tmp_path):
                         catalogue=tmp_path / "results.db")
     third = spec.problem_key(problems[2])
     assert [e[:2] for e in log] == [("open", third), ("submit", third)]  # the finished second passed over
-
-
-def test_a_lanes_first_problem_compiles_before_the_go_and_its_search_takes_that_pool(kv, tmp_path, caplog):
-    spec, problems = kv
-    log: list = []
-    ahead, pools = _ahead(spec, problems, log, trials=2)
-    ahead.prepare_first(DeviceLimits())  # before the go: no database read, nothing claimed
-    first = spec.problem_key(problems[0])
-    assert log == [("open", first), ("submit", first, tuple(first_configs(spec, problems[0], DTYPE, DeviceLimits(),
-                                                                             [])[:2]))]
-    assert ahead.prepared.warm_start is None  # left to the search, which reads the database
-    ahead.prepare_first(DeviceLimits())  # once only
-    assert len(log) == 2
-    with ahead:
-        _search(spec, problems, tmp_path, ahead, trials=2)
-    # The first problem's search used the pool opened before the go and waited on it for its default.
-    assert len(pools[first]) == 1 and spec.default_config(problems[0], DTYPE) in pools[first][0].waited
-    # A pool that breaks before the go: said once, and the first problem starts cold.
-    log.clear()
-    broken, _ = _ahead(spec, problems, log, fail_submit_for={first})
-    with caplog.at_level(logging.WARNING, logger="omnitune.search.prepare_next"):
-        broken.prepare_first(DeviceLimits())
-    assert "could not be prepared before the go" in caplog.text
-    assert broken.prepared is None and log == [("open", first), ("close", first)]

@@ -4,7 +4,6 @@ shape, with a live view of the search and a one-line summary per shape (omnitune
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from contextlib import nullcontext
@@ -33,7 +32,7 @@ from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_ti
 from omnitune.cli.profile_top import profile_best, profile_top_possible
 from omnitune.cli.search_lanes import (call_off, in_lane_order, lane_argv, lane_workers, lanes_to_run, lanes_to_start,
                                       leave_lane_stats, problems_in_lane_order, search_in_lanes, start_lanes)
-from omnitune.errors import DeviceError, OmnituneError, one_line
+from omnitune.errors import DeviceError, OmnituneError
 from omnitune.search.finalists import DEFAULT_FINALISTS, DEFAULT_ROUNDS, NOISY_CV
 
 if TYPE_CHECKING:
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     from omnitune.search.lanes import LaneSession
     from omnitune.search.prepare_next import ProblemsAhead
     from omnitune.spec import KernelSpec
-
-log = logging.getLogger(__name__)
 
 RESUME_HINT = "rerun the same command to resume: finished trials are kept and not measured again"
 
@@ -161,7 +158,6 @@ def search(
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     in_lane = lane_session is not None
-    lanes_requested = lanes  # in a lane: how many lanes its session started
     if in_lane and _precompile_workers(precompile, interpret):
         from omnitune.measure.precompile import start_worker_server
 
@@ -224,20 +220,14 @@ def search(
     if started is not None:  # one problem after all: searched here
         call_off(started)
     lane = None
-    early_ahead = None
     if in_lane:
         from omnitune.search.lanes import LaneSession
 
         lane = LaneSession(lane_session, lane_index)
-        targets = [problems_in_lane_order(target, lane.index) for target in in_lane_order(targets, lane.index)]
+        settings = lane.wait_for_go()
         if cuda_start is not None:  # also when called off: the thread is not left mid-way at exit
             cuda_start.wait()
-        if precompile_workers:
-            early_ahead = _first_problem_prepared(targets, lane_workers(precompile_workers, lanes_requested or 1),
-                                                  trials, lane.claim)
-        settings = lane.wait_for_go()
         if settings is None or lane.index >= settings.get("lanes", lane.index + 1):
-            _close_ahead(early_ahead)
             return  # called off, or more lanes were started than the session has problems for
         deadline = settings.get("deadline", deadline)
         precompile_workers = settings.get("precompile", precompile_workers)
@@ -247,19 +237,15 @@ def search(
             lane.take_interrupts()
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        targets = [problems_in_lane_order(target, lane.index) for target in in_lane_order(targets, lane.index)]
     # With --precompile, each problem's first configs compile while the one before it is measured,
     # across kernels too: the session knows every problem in the order they are searched.
     ahead = None
-    if early_ahead is not None and early_ahead.workers == precompile_workers:
-        ahead = early_ahead
-    elif precompile_workers:
-        _close_ahead(early_ahead, keep_workers=True)  # the session gave this lane another share
+    if precompile_workers:
         from omnitune.search.prepare_next import ProblemsAhead
 
         ahead = ProblemsAhead([(t.spec, p, t.dtype) for t in targets for p in t.problems],
                               workers=precompile_workers, trials=trials, claim=lane.claim if lane else None)
-    else:
-        _close_ahead(early_ahead)
     try:
         for target in targets:
             # The timeout covers every kernel together; a kernel reached after it still says so.
@@ -289,7 +275,7 @@ def _start_lanes(kernel: str | None, shape: list[str], model: str | None, kernel
     """Start `lanes` lanes of this search (search_lanes.start_lanes), each with this search's arguments."""
     argv = lane_argv(kernel=kernel, shape=shape, model=model, kernels=kernels, dtype=dtype, trials=trials,
                      sampler=sampler, seed=seed, db=str(db_path(db)), storage=storage, isolate=isolate,
-                     trial_timeout=trial_timeout, precompile=precompile, interpret=interpret, lanes=lanes)
+                     trial_timeout=trial_timeout, precompile=precompile, interpret=interpret)
     return start_lanes(argv, lanes)
 
 
@@ -364,36 +350,6 @@ def parse_gpus(text: str, interpret: bool) -> list[int]:
         if missing:
             raise DeviceError(f"--gpus {text}: this machine has {count} GPU(s), numbered 0 to {count - 1}")
     return gpus
-
-
-def _first_problem_prepared(targets: list, workers: int, trials: int, claim) -> ProblemsAhead:
-    """A lane's look-ahead over its problems, made before the go with its first problem's first
-    configs compiling (ProblemsAhead.prepare_first), on `workers` processes: the share the session
-    gives a lane when all the lanes it started search (lane_workers)."""
-    from omnitune.search.prepare_next import ProblemsAhead
-    from omnitune.spec import DeviceLimits
-
-    ahead = ProblemsAhead([(t.spec, p, t.dtype) for t in targets for p in t.problems], workers=workers,
-                          trials=trials, claim=claim)
-    try:
-        limits = DeviceLimits.of_current_device()
-    except Exception as exc:  # noqa: BLE001 — an optimisation: the first problem then starts cold
-        log.debug("the first problem is not prepared before the go: %s", one_line(exc))
-        return ahead
-    ahead.prepare_first(limits)
-    return ahead
-
-
-def _close_ahead(ahead: ProblemsAhead | None, *, keep_workers: bool = False) -> None:
-    """Close a look-ahead made before the go that the lane does not use, and (unless
-    `keep_workers`) the compile processes it started."""
-    if ahead is None:
-        return
-    ahead.close()
-    if not keep_workers:
-        from omnitune.measure.ahead import close_shared_workers
-
-        close_shared_workers()
 
 
 def _interrupted_line(lane: LaneSession | None) -> str:

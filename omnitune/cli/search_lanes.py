@@ -100,12 +100,11 @@ def problems_in_lane_order(target, index: int):
 
 def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,
               trials: int, sampler: str, seed: int, db: str, storage: str | None, isolate: bool,
-              trial_timeout: float, precompile: int | None, interpret: bool, lanes: int) -> list[str]:
+              trial_timeout: float, precompile: int | None, interpret: bool) -> list[str]:
     """The arguments of a lane's own `omnitune search`: this search's, with the session's
-    problems, and `lanes`, how many lanes the session starts (a lane's share of the compile
-    processes, for what it compiles before the go). What the session decides once it has checked
-    them (its deadline, each lane's share of the compile processes, the finalists and profiling
-    that can run here) reaches the lanes with the go (LaneProcesses.go)."""
+    problems. What the session decides once it has checked them (its deadline, each lane's share
+    of the compile processes, the finalists and profiling that can run here) reaches the lanes
+    with the go (LaneProcesses.go)."""
     from omnitune.cli._app import debugging
 
     argv = ["--debug"] if debugging() else []
@@ -127,7 +126,7 @@ def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernel
         argv += ["--isolate", "--trial-timeout", repr(trial_timeout)]
     if interpret:
         argv.append("--interpret")
-    return argv + ["--lanes", str(lanes)]
+    return argv
 
 
 def start_lanes(argv: list[str], lanes: int) -> LaneProcesses:

@@ -51,8 +51,7 @@ class Prepared:
     key: tuple[str, str, str]
     pool: PrecompilePool
     configs: list[Config]
-    warm_start: tuple[Config, ...] | None
-    """None: not looked up (prepare_first); the search looks it up itself."""
+    warm_start: tuple[Config, ...]
 
 
 def first_configs(spec: KernelSpec, problem: Any, dtype: torch.dtype, limits: DeviceLimits,
@@ -94,7 +93,7 @@ class ProblemsAhead:
     def take(self, spec: KernelSpec, problem: Any, dtype: torch.dtype) -> tuple[PrecompilePool, tuple[Config, ...] | None]:
         """The pool for the search of `problem` about to start, and the warm start to give it:
         the prepared ones when it was prepared (configs a lost worker never compiled submitted
-        again), else a fresh pool; None for the warm start: the search looks it up itself."""
+        again), else a fresh pool and None (the search looks the warm start up itself)."""
         key = _key(spec, problem, dtype)
         if key in self.keys[self.cursor:]:
             self.cursor = self.keys.index(key, self.cursor)
@@ -160,30 +159,6 @@ class ProblemsAhead:
             pool.close()  # a pool that failed here is not handed on: the next problem opens its own
             raise
         self.prepared = Prepared(self.keys[place], pool, configs, warm)
-
-    def prepare_first(self, limits: DeviceLimits) -> None:
-        """Before a lane's go: open the pool of the first problem in `order` and submit its
-        default and known-good configs, so that their compiling overlaps the wait for the go and
-        the search's own start (the database, the study, the inputs) instead of following them.
-        Nothing is read or claimed (the database may not exist yet): the warm start is left to the
-        search, and should another lane claim the problem first, the search that takes another
-        problem closes this pool. Never raises: preparing is an optimisation."""
-        if not self.order or self.prepared is not None:
-            return
-        spec, problem, dtype = self.order[0]
-        try:
-            configs = first_configs(spec, problem, dtype, limits, ())[:max(0, self.trials)]
-            pool = self.make_pool(spec, problem, dtype)
-            try:
-                if configs:
-                    pool.submit(configs)
-            except BaseException:
-                pool.close()
-                raise
-            self.prepared = Prepared(self.keys[0], pool, configs, None)
-        except Exception as exc:  # noqa: BLE001 — the first problem then starts cold, as it used to
-            log.warning("the first problem could not be prepared before the go (%s: %s); it starts cold",
-                        type(exc).__name__, exc)
 
     def close(self) -> None:
         """Close a pool prepared for a problem the session never started (interrupted, or past
