@@ -44,7 +44,7 @@ class CudaStart:
             torch.cuda.current_blas_handle()  # cuBLAS loaded and its handle made, no kernel
             from omnitune.profile import telemetry
 
-            telemetry.available()  # NVML opened for the trials' telemetry (0.2-0.5 s in round 20's first holdings)
+            telemetry.available()  # NVML opened for the trials' telemetry, not on a lane's first timing
         except Exception as exc:  # noqa: BLE001 — the lane's first GPU call makes it, as before
             from omnitune.errors import one_line
 
