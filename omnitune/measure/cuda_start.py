@@ -6,7 +6,8 @@ opens NVML for the trials' telemetry on its first timing. In a lane both came un
 another, each holding the lock while the GPU sat idle — in round 19's whole-model searches the
 lanes held the lock 95% of the 5 s after the go, the GPU busy 14% of it. Made before the go
 (round 19 parts A and B), the contexts delayed the lanes' readiness instead. Here a thread makes
-them beside the lane's last imports, and the lane waits for it (`wait`) before its go.
+them beside the lane's last imports and its wait for the go, and the lane waits for the thread
+(`wait`) once it has the go, before its first problem.
 
 Nothing here runs a kernel: an allocation makes the context, cuBLAS's handle is made without one,
 and NVML only reads, so the GPU that another lane may be timing on is left alone. An optimisation
