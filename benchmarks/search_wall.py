@@ -186,8 +186,9 @@ def lanes_accounting(path: Path, samples: list[dict], start: float, end: float) 
             "cuda_start_s": [[since_start(s.get("cuda_start_began")), since_start(s.get("cuda_start_ended"))]
                              for s in written.get("stats", [])],
             # each lane's first holdings of the GPU lock (from, to) and what they were spent on
-            "first_holdings": [[{"from_s": since_start(h["start"]), "to_s": since_start(h["end"]),
-                                 "phases": h["phases"]} for h in s.get("gpu_lock_first_holdings") or []]
+            "first_holdings": [[{"from_s": since_start(began), "to_s": since_start(ended), "phases": phases}
+                                for (began, ended), phases in zip(s.get("gpu_lock_holdings") or [],
+                                                                  s.get("gpu_lock_first_phases") or [])]
                                for s in written.get("stats", [])],
             "acquisitions": sum(s.get("gpu_lock_acquisitions", 0) for s in written.get("stats", [])),
             **held_analysis(holdings, samples, start, end)}

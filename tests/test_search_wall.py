@@ -126,7 +126,7 @@ def test_the_lanes_holdings_are_laid_beside_the_gpus_utilization(tmp_path):
         {"lane": 0, "gpu_lock_held_s": 2.0, "gpu_lock_acquisitions": 3,
          "gpu_lock_phase_s": {"timing": 1.5, "checking": 0.25}, "gpu_lock_holdings": [[0.0, 2.0]],
          "ready_at": 100.5, "go_at": 101.25, "cuda_start_began": 100.25, "cuda_start_ended": 101.0,
-         "gpu_lock_first_holdings": [{"start": 101.5, "end": 102.0, "phases": {"inputs": 0.25}}]},
+         "gpu_lock_first_phases": [{"inputs": 0.25}]},
         {"lane": 1, "gpu_lock_held_s": 1.0, "gpu_lock_acquisitions": 2,
          "gpu_lock_phase_s": {"timing": 0.5}, "gpu_lock_holdings": [[3.0, 4.0]]}]}))
     summed = search_wall.lanes_accounting(stats, samples, 0.0, 6.0)
@@ -137,10 +137,13 @@ def test_the_lanes_holdings_are_laid_beside_the_gpus_utilization(tmp_path):
     later = search_wall.lanes_accounting(stats, samples, 100.0, 106.0)
     assert later["ready_s"] == [0.5, None] and later["go_s"] == [1.25, None]
     assert later["cuda_start_s"] == [[0.25, 1.0], [None, None]]
-    assert later["first_holdings"] == [[{"from_s": 1.5, "to_s": 2.0, "phases": {"inputs": 0.25}}], []]
+    # Each lane's first holdings, paired with what they were spent on (lane 1 wrote no phases).
+    assert summed["first_holdings"] == [[{"from_s": 0.0, "to_s": 2.0, "phases": {"inputs": 0.25}}], []]
     text = search_wall.summary({"problems": [], "wall_s": 6.0, "returncode": 0, "gpu": {"busy_fraction": 0.5},
                                 "lanes": later})
     assert "the lanes were ready for the go at 0.5-0.5 s and saw it at 1.2-1.2 s" in text
     assert "their CUDA contexts were made by 1.0-1.0 s" in text
-    assert "their first holdings of the GPU: 1.5-2.0 s (inputs 0.25 s)" in text
+    holdings_text = search_wall.summary({"problems": [], "wall_s": 6.0, "returncode": 0,
+                                         "gpu": {"busy_fraction": 0.5}, "lanes": summed})
+    assert "their first holdings of the GPU: 0.0-2.0 s (inputs 0.25 s)" in holdings_text
     assert search_wall.lanes_accounting(tmp_path / "absent.json", samples, 0.0, 6.0) is None  # no lanes ran

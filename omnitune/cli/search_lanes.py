@@ -210,6 +210,6 @@ def leave_lane_stats(lane: LaneSession, cuda_start: CudaStart | None = None) -> 
     lane.write_stats({"lane": lane.index, "gpu_lock_held_s": lock.held_s, "gpu_lock_waited_s": lock.waited_s,
                       "gpu_lock_acquisitions": lock.acquisitions, "gpu_lock_phase_s": dict(lock.phase_s),
                       "gpu_lock_holdings": [[round(a, 6), round(b, 6)] for a, b in lock.holdings],
-                      "gpu_lock_first_holdings": lock.first_holdings,
+                      "gpu_lock_first_phases": lock.first_phases,
                       "ready_at": lane.ready_at, "go_at": lane.go_at,
                       **(cuda_start.as_stats() if cuda_start is not None else {})})

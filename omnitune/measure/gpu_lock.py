@@ -55,8 +55,9 @@ class _Held:
         self.acquisitions = 0
         self.holdings: list[tuple[float, float]] = []
         self.phase_s: collections.Counter[str] = collections.Counter()
-        # The first DETAILED_HOLDINGS holdings: start and end (time.monotonic()) and their phases.
-        self.first_holdings: list[dict] = []
+        # What each of the first DETAILED_HOLDINGS holdings was spent on ({phase: seconds}); the
+        # holding itself is the entry of `holdings` at the same place.
+        self.first_phases: list[dict[str, float]] = []
         self._phases_at_take: collections.Counter[str] | None = None
 
     def spent(self, phase: str, seconds: float) -> None:
@@ -83,14 +84,12 @@ class _Held:
         if self._depth:
             return
         self.held_s += time.perf_counter() - self._taken_at
-        ended = time.monotonic()
         if self.keeps_holdings and len(self.holdings) < KEPT_HOLDINGS:
-            self.holdings.append((self._taken_mono, ended))
+            self.holdings.append((self._taken_mono, time.monotonic()))
         if self._phases_at_take is not None:
-            phases = {phase: round(seconds - self._phases_at_take[phase], 6)
-                      for phase, seconds in self.phase_s.items() if seconds > self._phases_at_take[phase]}
-            self.first_holdings.append({"start": round(self._taken_mono, 6), "end": round(ended, 6),
-                                        "phases": phases})
+            self.first_phases.append({phase: round(seconds - self._phases_at_take[phase], 6)
+                                      for phase, seconds in self.phase_s.items()
+                                      if seconds > self._phases_at_take[phase]})
             self._phases_at_take = None
         self._owner = None
         self._give()
