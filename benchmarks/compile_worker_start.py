@@ -40,13 +40,13 @@ def one_way(preload) -> dict:
 
     import torch
 
-    from omnitune.measure import precompile
+    from omnitune.measure import precompile, worker_server
     from omnitune.registry import get_spec
 
     if preload is None:
         precompile.worker_start_method = lambda: multiprocessing.get_context("spawn")
     elif preload != "default":
-        precompile.WORKER_PRELOAD = tuple(preload)
+        worker_server.WORKER_PRELOAD = tuple(preload)
     spec = get_spec(KERNEL)
     problem = spec.parse_shape(SHAPE)
     configs = spec.valid_configs(problem, torch.bfloat16)[:WORKERS]

@@ -286,7 +286,7 @@ def precompile_workers(args: argparse.Namespace) -> int:
         return 0
     if args.precompile is not None:
         return args.precompile
-    from omnitune.measure.precompile import default_workers
+    from omnitune.measure.worker_server import default_workers
 
     return default_workers()
 

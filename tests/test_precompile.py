@@ -228,7 +228,8 @@ def test_a_worker_on_the_gpu_compiles_by_capture_and_puts_nothing_on_the_gpu(mon
 
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here")
 def test_compile_workers_start_with_the_kernels_imported_and_take_this_process_environment(monkeypatch):
-    from omnitune.measure.precompile import WORKER_PRELOAD, compile_processes
+    from omnitune.measure.precompile import compile_processes
+    from omnitune.measure.worker_server import WORKER_PRELOAD
     from tests.worker_probe import imported
 
     first = compile_processes(1)
@@ -272,7 +273,7 @@ def test_importing_what_the_fork_server_preloads_never_asks_for_cuda():
         "asked = []\n"
         "for name in ('is_available', 'device_count', 'init', 'get_device_capability', 'get_device_properties'):\n"
         "    setattr(torch.cuda, name, lambda *a, name=name, **k: asked.append(name))\n"
-        "from omnitune.measure.precompile import WORKER_PRELOAD\n"
+        "from omnitune.measure.worker_server import WORKER_PRELOAD\n"
         "for module in WORKER_PRELOAD:\n"
         "    __import__(module)\n"
         "print(len(WORKER_PRELOAD), asked)\n"

@@ -159,9 +159,9 @@ def search(
     deadline = None if timeout is None else time.monotonic() + timeout
     in_lane = lane_session is not None
     if in_lane and _precompile_workers(precompile, interpret):
-        from omnitune.measure.precompile import start_worker_server
+        from omnitune.measure.worker_server import start_worker_server
 
-        start_worker_server()  # its imports overlap this lane's; its first compile waits for none
+        start_worker_server()  # before this lane imports torch: the server's imports lead to its first compile
     # A lane's CUDA context is made beside its imports and its wait for the go, not under the GPU
     # lock with its first problem (omnitune.measure.cuda_start).
     cuda_start = None
@@ -362,7 +362,7 @@ def _precompile_workers(requested: int | None, interpret: bool) -> int:
     if interpret:
         return 0
     if requested is None:
-        from omnitune.measure.precompile import default_workers
+        from omnitune.measure.worker_server import default_workers
 
         return default_workers()
     return requested

@@ -27,8 +27,9 @@ from typing import Any, Protocol
 
 import torch
 
-from omnitune.measure.precompile import (PrecompileReport, _launch_for, compile_processes, default_workers,
-                                         end_workers, launched, problem_identity)
+from omnitune.measure.precompile import (PrecompileReport, _launch_for, compile_processes, end_workers, launched,
+                                         problem_identity)
+from omnitune.measure.worker_server import default_workers
 from omnitune.spec import Config, KernelSpec
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import multiprocessing
 import os
 import resource
 import sys
@@ -35,13 +34,11 @@ import torch
 
 from omnitune.errors import one_line
 from omnitune.measure.capture_load import CaptureLoader
-from omnitune.registry import BUILTIN_KERNELS
+from omnitune.measure.worker_server import default_workers, worker_start_method
 from omnitune.spec import Config, KernelSpec
 
 log = logging.getLogger(__name__)
 
-# Leave a core for the measuring process and one for the system.
-_RESERVED_CORES = 2
 # How much lower than the measuring process the workers run (os.nice): compiling is throughput,
 # measuring is latency — a measuring process kept waiting for a core leaves the GPU idle.
 COMPILE_NICENESS = 5
@@ -93,10 +90,6 @@ class PrecompileReport:
         return text
 
 
-def default_workers() -> int:
-    return max(1, min(32, (os.cpu_count() or 2) - _RESERVED_CORES))
-
-
 def precompile(
     spec: KernelSpec,
     problem: Any,
@@ -144,41 +137,6 @@ def compile_processes(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     (COMPILE_NICENESS), started by worker_start_method()."""
     return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=worker_start_method(),
                                                   initializer=_start_worker, initargs=(dict(os.environ),))
-
-
-# What a compile worker imports before its first config: torch, Triton, and the kernel modules with
-# what they import (torch._dynamo among it, for the custom ops). A whole-model search starts 27
-# workers at once (3 lanes × 9), and on the H200's host their start kept its 16 cores 91–100% busy
-# for 20 s before the GPU's first work (round 16). Nine workers' first configs took 59.6 s of CPU
-# spawned and 16.4 s forked from this preload (benchmarks/compile_worker_start.py, round 17). None of
-# these imports may initialize CUDA, which a forked process could then not use (a test holds it).
-WORKER_PRELOAD = ("torch", "triton", "omnitune.measure.precompile", "omnitune.registry", *BUILTIN_KERNELS.values())
-
-
-def worker_start_method() -> multiprocessing.context.BaseContext:
-    """How compile workers start: forked from a fork server that has imported WORKER_PRELOAD once
-    (each worker then starts with them, and makes its own CUDA context), or, where there is no fork
-    server, as fresh interpreters ("spawn"). Never forked from this process: it holds a CUDA
-    context, which a child cannot use. Each worker takes this process's environment when its pool
-    is made (_start_worker); what the preloaded modules read on import (TRITON_INTERPRET) is as it
-    was when the fork server started, and omnitune sets that before it imports any kernel."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(WORKER_PRELOAD))
-    return context
-
-
-def start_worker_server() -> None:
-    """Start the fork server that compile workers come from (worker_start_method) now, rather than
-    when the first problem makes its pool: it imports WORKER_PRELOAD (~8 s on the H200's host, where
-    the first problem's first compile waited for it in round 17) while this process still starts.
-    Quick here (the server is spawned, not waited for); nothing where workers are spawned."""
-    context = worker_start_method()
-    if context.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
 
 
 def _start_worker(environ: dict[str, str]) -> None:

@@ -1,0 +1,62 @@
+"""Where compile workers come from: a fork server that has imported torch, Triton and the kernels once.
+
+Kept apart from omnitune.measure.precompile, and free of torch, so that a lane can start its fork
+server before it imports torch itself: the server's imports (~8 s on the H200's host) are the first
+step on the way to a search's first compiled config, and a lane that imported torch first (~3 s
+there, beside the other lanes' imports) only made them start later.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+# Leave a core for the measuring process and one for the system.
+_RESERVED_CORES = 2
+
+# The kernel modules of omnitune.registry.BUILTIN_KERNELS (a test holds the two equal): the
+# registry imports torch, and this module must not.
+_KERNEL_MODULES = (
+    "omnitune.kernels.attention",
+    "omnitune.kernels.cross_attention_layer",
+    "omnitune.kernels.kv_cache_write",
+    "omnitune.kernels.kv_compress",
+    "omnitune.kernels.paged_decode_attention",
+)
+
+# What a compile worker imports before its first config: torch, Triton, and the kernel modules with
+# what they import (torch._dynamo among it, for the custom ops). A whole-model search starts 27
+# workers at once (3 lanes × 9), and on the H200's host their start kept its 16 cores 91–100% busy
+# for 20 s before the GPU's first work (round 16). Nine workers' first configs took 59.6 s of CPU
+# spawned and 16.4 s forked from this preload (benchmarks/compile_worker_start.py, round 17). None of
+# these imports may initialize CUDA, which a forked process could then not use (a test holds it).
+WORKER_PRELOAD = ("torch", "triton", "omnitune.measure.precompile", "omnitune.registry", *_KERNEL_MODULES)
+
+
+def default_workers() -> int:
+    """Compile processes when the user names no number: the CPU cores less two."""
+    return max(1, min(32, (os.cpu_count() or 2) - _RESERVED_CORES))
+
+
+def worker_start_method() -> multiprocessing.context.BaseContext:
+    """How compile workers start: forked from a fork server that has imported WORKER_PRELOAD once
+    (each worker then starts with them, and makes its own CUDA context), or, where there is no fork
+    server, as fresh interpreters ("spawn"). Never forked from a measuring process: it holds a CUDA
+    context, which a child cannot use. What the preloaded modules read on import (TRITON_INTERPRET)
+    is as it was when the fork server started, and omnitune sets that before it imports any kernel."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(WORKER_PRELOAD))
+    return context
+
+
+def start_worker_server() -> None:
+    """Start the fork server that compile workers come from (worker_start_method) now, rather than
+    when the first problem makes its pool: it imports WORKER_PRELOAD while this process still
+    starts. Quick here (the server is spawned, not waited for); nothing where workers are spawned."""
+    context = worker_start_method()
+    if context.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
