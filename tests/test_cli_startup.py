@@ -37,25 +37,6 @@ app(["search", "--model", "qwen2.5-omni-7b", "--trials", "2", "--db", {str(tmp_p
     assert _run(code) == f"{DEFAULT_LANES} False False"
 
 
-def test_a_lane_starts_its_compile_workers_server_before_it_imports_torch(tmp_path):
-    # The server's own imports lead to the lane's first compiled config; the lane's import of torch
-    # must not come first. Its start is patched to say what the lane had imported by then.
-    code = f"""
-import sys
-from omnitune.cli import app
-from omnitune.measure import worker_server
-
-def start_worker_server():
-    print("torch" in sys.modules, "triton" in sys.modules)
-    raise SystemExit(0)
-
-worker_server.start_worker_server = start_worker_server
-app(["search", "--model", "qwen2.5-omni-7b", "--trials", "2", "--db", {str(tmp_path / "o.db")!r},
-     "--lane-session", {str(tmp_path / "session")!r}, "--lane-index", "0"])
-"""
-    assert _run(code) == "False False"
-
-
 def test_the_worker_server_module_imports_no_torch_and_preloads_every_builtin_kernel():
     loaded = _run("import sys, omnitune.measure.worker_server as w; print('torch' in sys.modules)")
     assert loaded == "False"

@@ -159,9 +159,14 @@ def search(
     deadline = None if timeout is None else time.monotonic() + timeout
     in_lane = lane_session is not None
     if in_lane and _precompile_workers(precompile, interpret):
+        # torch first, then the server. Started before this lane imported torch (round 21 part A),
+        # the server's imports and the CUDA thread's import of torch slowed the lane's own: the lanes
+        # were ready ~2 s later, and their first GPU work and the GPU's busy share no better.
+        import torch  # noqa: F401
+
         from omnitune.measure.worker_server import start_worker_server
 
-        start_worker_server()  # before this lane imports torch: the server's imports lead to its first compile
+        start_worker_server()  # its imports overlap this lane's; its first compile waits for none
     # A lane's CUDA context is made beside its imports and its wait for the go, not under the GPU
     # lock with its first problem (omnitune.measure.cuda_start).
     cuda_start = None

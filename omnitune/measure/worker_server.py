@@ -1,9 +1,9 @@
 """Where compile workers come from: a fork server that has imported torch, Triton and the kernels once.
 
-Kept apart from omnitune.measure.precompile, and free of torch, so that a lane can start its fork
-server before it imports torch itself: the server's imports (~8 s on the H200's host) are the first
-step on the way to a search's first compiled config, and a lane that imported torch first (~3 s
-there, beside the other lanes' imports) only made them start later.
+Kept apart from omnitune.measure.precompile (which compiles on those workers) and free of torch:
+asking how workers start, how many there are, or starting their server costs no import of torch.
+A lane starts the server just after its own import of torch; started before it (round 21 part A),
+the lanes were ready ~2 s later (omnitune.cli.search_cmd).
 """
 
 from __future__ import annotations
