@@ -15,6 +15,11 @@
 # more); then kv_compress's held-out set resumed from round 16 part C's 7 problems (kv_compress's
 # kernel and tables unchanged since) for the time left.
 # Part C (issue 14): kv_compress's held-out set resumed from part B's file.
+# Found: part A, no gain (the lanes ready ~2 s later, 67.9-68.0% busy against 67.8-69.8%; the lane
+# imports torch before it starts the server again). Part B: 12 GPU tests passed; the layer at 27 of
+# 30 >= 95% of tuned; kv_compress 4 more problems. Part C: 6 more (17 of 30, 13 of them >= 95%).
+# Both kv_compress steps ran past their limit with a problem under way (49-79 s a problem, the
+# first of a call 3 min): leave >= 90 s between --time-budget and the limit.
 part=${1:?part A|B|C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
@@ -42,7 +47,7 @@ case $part in
     ;;
   C)
     cp benchmarks/results/coverage_kv_compress_h200_round21.json "$OUT/coverage_kv_compress_h200_round21.json"
-    step $(left 585) python benchmarks/coverage.py --kernel kv_compress --resume \
-      --out "$OUT/coverage_kv_compress_h200_round21.json" --time-budget $(left 520) --trials 40 --work-dir /tmp/cov
+    step $(left 530) python benchmarks/coverage.py --kernel kv_compress --resume \
+      --out "$OUT/coverage_kv_compress_h200_round21.json" --time-budget $(left 450) --trials 40 --work-dir /tmp/cov
     ;;
 esac
