@@ -7,7 +7,8 @@ Per problem, on the GPU, in one process (benchmarks/coverage_eval.py):
 2. the kernel's default config;
 3. the spec's PyTorch baselines, each checked against the reference;
 4. the problem's own optimum: a search of --trials configs through the real driver, warm-started
-   from the pick and the nearest tables' winners, its finalists re-timed as `omnitune search` does;
+   from the pick and the nearest tables' winners, its finalists re-timed as `omnitune search` does
+   (with --tuned-from, the optimum an earlier run's search found, when it judged the problem);
 5. the pick, the default, the tuned best and every correct baseline timed against each other,
    interleaved, in one run: pick ÷ tuned, default ÷ tuned and best PyTorch ÷ tuned are ratios of
    those medians (1.0 where two roles are the same config).
@@ -61,7 +62,8 @@ INTERPRETER_TABLES_DEVICE = "NVIDIA H200"
 EXIT_GPU_LOST = 3
 # Settings a resumed file must share with the run that resumes it: rows measured otherwise would
 # not belong in one summary.
-SHARED_SETTINGS = ("problems", "trials", "rounds", "finalists", "interpret", "tables", "tables_device", "seed")
+SHARED_SETTINGS = ("problems", "trials", "rounds", "finalists", "interpret", "tables", "tables_device", "seed",
+                   "tuned_from")
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--precompile", type=int, default=None,
                         help="compile-ahead processes of each search (default: as omnitune search; "
                              "0 under --interpret)")
+    parser.add_argument("--tuned-from", type=Path, default=None,
+                        help="an earlier results file: each problem it judged keeps the tuned optimum its search "
+                             "found (re-checked and re-timed here, not searched again), so that changed tables are "
+                             "judged in seconds a problem; problems it lacks are searched")
     parser.add_argument("--problems", default=DEFAULT_PROBLEMS, help="MODULE:NAME of the problem mapping to judge")
     parser.add_argument("--seed", type=int, default=0, help="the searches' sampler seed")
     parser.add_argument("--interpret", action="store_true", help="CPU, Triton's interpreter: tiny problems only")
@@ -278,7 +284,24 @@ def make_setup(args: argparse.Namespace, settings: Mapping):
         limits=DeviceLimits() if args.interpret else DeviceLimits.of_current_device(), trials=args.trials,
         rounds=settings["rounds"], interpret=args.interpret, storage_url=storage_url, db=db,
         precompile_workers=precompile_workers(args), finalists=settings["finalists"], seed=args.seed,
+        tuned_from=earlier_optima(args.tuned_from) if args.tuned_from is not None else None,
     )
+
+
+def earlier_optima(path: Path) -> dict[tuple[str, str], dict]:
+    """(kernel, row key) → {"config", "measured_at", "source"}: the tuned optimum of each problem
+    an earlier results file judged without an error."""
+    try:
+        doc = json.loads(path.read_text())
+        rows = doc["rows"]
+        optima = {(r["kernel"], r["key"]): {"config": dict(r["configs"]["tuned"]), "measured_at": r.get("measured_at"),
+                                            "source": str(path)}
+                  for r in rows if r.get("status") == "ok"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SystemExit(f"--tuned-from {path}: not a coverage results file ({one_line(exc)})") from None
+    if not optima:
+        raise SystemExit(f"--tuned-from {path}: it holds no judged problem")
+    return optima
 
 
 def precompile_workers(args: argparse.Namespace) -> int:
@@ -300,6 +323,7 @@ def run_settings(args: argparse.Namespace) -> dict:
         "finalists": 0 if args.interpret else DEFAULT_FINALISTS, "interpret": args.interpret,
         "tables": str(args.tables.resolve()) if args.tables is not None else "shipped",
         "tables_device": tables_device(args), "seed": args.seed,
+        "tuned_from": str(args.tuned_from) if args.tuned_from is not None else None,
     }
 
 

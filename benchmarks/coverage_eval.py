@@ -61,6 +61,10 @@ class Setup:
     """The run's look-ahead over its problems (omnitune.search.prepare_next.ProblemsAhead): once a
     search has claimed its last trial, the next problem's first configs compile while this one's
     last trials, finalists and final timing run. None: each problem starts cold."""
+    tuned_from: Any = None
+    """{(kernel, row key): {"config", "measured_at", "source"}}: problems whose tuned optimum an
+    earlier run's search found (coverage.py --tuned-from); they are not searched again. None: every
+    problem is searched."""
 
 
 @dataclass(frozen=True)
@@ -81,21 +85,29 @@ def evaluate(row: dict, spec: KernelSpec, problem: Any, dtype: torch.dtype, setu
     pick = record_pick(row, spec, problem, dtype, setup)
     configs = {"pick": pick, "default": spec.default_config(problem, dtype)}
     row["configs"] = {role: config.as_dict() for role, config in configs.items()}
-    warm = warm_start(spec, problem, dtype, setup, pick)
-    outcome, runner = tuned_search(spec, problem, dtype, setup, warm)
-    row["search"] = search_facts(outcome, warm)
-    if getattr(runner, "context_lost", False) or outcome.stop_reason is StopReason.CONTEXT_LOST:
-        raise GpuLost("a config of the search crashed the GPU (illegal memory access)")
-    if outcome.best is None:
-        raise RuntimeError(f"no config ran correctly in the search ({row['search']['failures']})")
-    configs["tuned"] = outcome.best.config
-    row["configs"]["tuned"] = outcome.best.config.as_dict()
+    earlier = (setup.tuned_from or {}).get((spec.name, row["key"]))
+    if earlier is not None:  # the optimum an earlier run's search found, checked and timed again below
+        runner = problem_runner(spec, problem, dtype, setup)
+        configs["tuned"] = Config(earlier["config"])
+        row["search"] = {"tuned_from": earlier["source"], "tuned_measured_at": earlier["measured_at"]}
+        found_by = "the earlier search's best config"
+    else:
+        warm = warm_start(spec, problem, dtype, setup, pick)
+        outcome, runner = tuned_search(spec, problem, dtype, setup, warm)
+        row["search"] = search_facts(outcome, warm)
+        if getattr(runner, "context_lost", False) or outcome.stop_reason is StopReason.CONTEXT_LOST:
+            raise GpuLost("a config of the search crashed the GPU (illegal memory access)")
+        if outcome.best is None:
+            raise RuntimeError(f"no config ran correctly in the search ({row['search']['failures']})")
+        configs["tuned"] = outcome.best.config
+        found_by = "the search's best config"
+    row["configs"]["tuned"] = configs["tuned"].as_dict()
     row["pick_is_tuned"] = configs["pick"] == configs["tuned"]
     candidates, checks = checked_candidates(spec, problem, runner, configs)
     row["checks"] = checks
     tuned_check = checks[name_of(candidates, "tuned")]
     if tuned_check["status"] != "ok":
-        raise RuntimeError(f"the search's best config failed its check again: {tuned_check}")
+        raise RuntimeError(f"{found_by} failed its check again: {tuned_check}")
     timings = time_against_each_other([c for c in candidates if checks[c.name]["status"] == "ok"], runner, setup)
     row["timings"] = timings
     row.update(times_and_ratios(candidates, timings))
@@ -132,16 +144,13 @@ def tuned_search(spec: KernelSpec, problem: Any, dtype: torch.dtype, setup: Setu
     problem's inputs and reference (built here if a resumed study had nothing left to measure)."""
     import optuna
 
-    from omnitune.cli import preflight
-    from omnitune.measure.runner import Runner
     from omnitune.search.driver import SearchOptions, run_search
 
-    runners: list[Runner] = []
+    runners: list = []
 
-    def runner() -> Runner:
+    def runner():
         if not runners:
-            with preflight.allocation_errors(spec, problem):
-                runners.append(Runner(spec, problem, dtype, interpret=setup.interpret, limits=setup.limits))
+            runners.append(problem_runner(spec, problem, dtype, setup))
         return runners[0]
 
     options = SearchOptions(
@@ -158,6 +167,15 @@ def tuned_search(spec: KernelSpec, problem: Any, dtype: torch.dtype, setup: Setu
         outcome = run_search(spec, problem, dtype, options, runner_factory=runner, storage=storage, db=setup.db,
                              compile_ahead=ahead, on_trials_claimed=prepare_next)
     return outcome, runner()
+
+
+def problem_runner(spec: KernelSpec, problem: Any, dtype: torch.dtype, setup: Setup):
+    """The runner that holds the problem's inputs and reference, as the search measures with."""
+    from omnitune.cli import preflight
+    from omnitune.measure.runner import Runner
+
+    with preflight.allocation_errors(spec, problem):
+        return Runner(spec, problem, dtype, interpret=setup.interpret, limits=setup.limits)
 
 
 def compile_pool(spec: KernelSpec, problem: Any, dtype: torch.dtype, setup: Setup):

@@ -71,6 +71,9 @@ def markdown(doc: Mapping) -> str:
     parts = [f"# Held-out coverage: {plural(len(rows), 'problem')}, tables of {tables_of(doc)}"]
     if doc.get("settings", {}).get("interpret"):
         parts.append("_Timed under Triton's interpreter on a CPU: the times say nothing about a GPU._")
+    if doc.get("settings", {}).get("tuned_from"):
+        parts.append(f"_Each problem's tuned optimum is the one found by the search of "
+                     f"`{doc['settings']['tuned_from']}`, checked and timed again in this run._")
     for kernel in (k for k in summary if k != "all"):
         parts.append(kernel_section(kernel, [r for r in rows if r["kernel"] == kernel], summary[kernel]))
     if len(summary) > 2:

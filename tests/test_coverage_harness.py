@@ -194,3 +194,43 @@ def test_with_compile_ahead_the_next_problem_compiles_before_this_one_ends(table
     submitted_next = next(i for i, e in enumerate(log) if e[0] == "submit" and e[1] == tuned)
     assert log.index(("close", near)) > submitted_next
     assert log.count(("open", tuned)) == 1  # the prepared pool is the one its search used
+
+
+def test_tuned_from_an_earlier_file_keeps_its_optima_and_searches_only_what_it_lacks(evaluated, tables_dir, tmp_path,
+                                                                                      capsys):
+    """--tuned-from: tables judged again without searching each problem again. The earlier file's
+    optimum of each problem it judged is checked and timed beside the (new) pick; a problem it
+    lacks is searched as before; a file that is no results file is one line."""
+    earlier_path = evaluated[0]
+    earlier = json.loads(earlier_path.read_text())
+    # The earlier file loses one judged problem: that one must be searched again.
+    lacking = earlier["rows"][-1]
+    trimmed = tmp_path / "trimmed.json"
+    trimmed.write_text(json.dumps({**earlier, "rows": earlier["rows"][:-1]}))
+    out = tmp_path / "again.json"
+    assert _run(out, tables_dir, "--tuned-from", str(trimmed)) == 0
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["tuned_from"] == str(trimmed)
+    rows = {r["key"]: r for r in doc["rows"]}
+    for before in earlier["rows"][:-1]:
+        row = rows[before["key"]]
+        if before["status"] != "ok":
+            assert row["status"] == "error"
+            continue
+        assert row["status"] == "ok" and row["search"] == {"tuned_from": str(trimmed),
+                                                           "tuned_measured_at": before["measured_at"]}
+        assert row["configs"]["tuned"] == before["configs"]["tuned"]
+        assert row["configs"]["pick"] == before["configs"]["pick"]
+        assert row["ratios"]["pick_over_tuned"] == pytest.approx(row["times_ms"]["pick"] / row["times_ms"]["tuned"])
+    searched = rows[lacking["key"]]
+    assert searched["status"] == "ok" and searched["search"]["measured_total"] == 3
+    assert "tuned optimum is the one found by the search of" in harness.coverage_report.markdown(doc)
+    # Resuming with another source is refused, as any other setting is.
+    with pytest.raises(SystemExit, match="tuned_from"):
+        _run(out, tables_dir, "--resume", "--tuned-from", str(earlier_path))
+    # Not a results file: one line, nothing written.
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit, match=r"--tuned-from .*bad.json: not a coverage results file"):
+        _run(tmp_path / "never.json", tables_dir, "--tuned-from", str(bad))
+    assert not (tmp_path / "never.json").exists()
