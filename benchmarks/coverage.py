@@ -53,6 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the harness's helpers and the held-out set, when imported from elsewhere
 import coverage_report  # noqa: E402  (imports no kernel: --interpret must come first)
 from omnitune.durations import human_duration  # noqa: E402  (nor does this)
+from omnitune.errors import one_line  # imports nothing either
 
 DEFAULT_PROBLEMS = "coverage_set:HELD_OUT"
 DEFAULT_TRIALS = 40
@@ -477,11 +478,6 @@ def report(path: Path, plot: Path | None) -> int:
     print(coverage_report.markdown(doc))
     print(coverage_report.plot_or_note(doc, plot or path.with_suffix(".png")))
     return 0
-
-
-def one_line(exc: BaseException) -> str:
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {message}"[:400]
 
 
 def utc_now() -> str:

@@ -16,6 +16,12 @@ def first_line(exc: BaseException, limit: int = ONE_LINE_LIMIT) -> str:
     return text.splitlines()[0][:limit] if text else ""
 
 
+def first_line_or_type(exc: BaseException, limit: int = ONE_LINE_LIMIT) -> str:
+    """The first line of `exc`'s message, or its type's name when it has none: what a message
+    that names its own context ("cannot open X: ...") keeps of an exception."""
+    return first_line(exc, limit) or type(exc).__name__
+
+
 def one_line(exc: BaseException, limit: int = ONE_LINE_LIMIT) -> str:
     """`exc` as "Type: first line of its message" (its type's name alone when it has none), at
     most `limit` characters."""

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnitune.errors import OmnituneError, ShapeError, StoreError, first_line
+from omnitune.errors import OmnituneError, ShapeError, StoreError, first_line_or_type
 
 if TYPE_CHECKING:
     import torch
@@ -139,5 +139,5 @@ def allocation_errors(spec: Any, problem: Any) -> Iterator[None]:
         out_of_memory = isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or "allocate" in str(exc)
         if not out_of_memory:
             raise
-        why = first_line(exc) or type(exc).__name__
+        why = first_line_or_type(exc)
         raise ShapeError(f"{spec.name} {spec.problem_key(problem)} does not fit in memory here: {why}") from None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlite_utils
 
-from omnitune.errors import StoreError, first_line
+from omnitune.errors import StoreError, first_line_or_type
 from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config
 from omnitune.store._migrations import transaction
@@ -164,7 +164,7 @@ def open_optuna_storage(url: str, *, heartbeat_interval_s: int | None = None) ->
             if _lost_schema_race(exc) and attempt + 1 < SCHEMA_RACE_ATTEMPTS:
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise StoreError(f"cannot open the Optuna storage {_without_password(url)!r}: {_first_line(exc)}") from None
+            raise StoreError(f"cannot open the Optuna storage {_without_password(url)!r}: {first_line_or_type(exc)}") from None
     if sqlite:
         _use_write_ahead_log(storage)
     return storage
@@ -186,12 +186,7 @@ def _open_journal(path: Path, *, heartbeats: bool) -> optuna.storages.BaseStorag
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=_journal_lock(path)))
     except Exception as exc:  # noqa: BLE001 — a corrupt line, a file that cannot be read or made
-        raise StoreError(f"cannot open the Optuna journal {path}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: Exception) -> str:
-    """What a one-line error says of `exc`: its message's first line, or its type's name."""
-    return first_line(exc) or type(exc).__name__
+        raise StoreError(f"cannot open the Optuna journal {path}: {first_line_or_type(exc)}") from None
 
 
 def _journal_lock(path: Path):

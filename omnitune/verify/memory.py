@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from omnitune.errors import first_line
+from omnitune.errors import first_line, one_line
 from omnitune.presets import PresetProblem
 from omnitune.spec import dtype_name
 from omnitune.verify import traffic
@@ -70,7 +70,7 @@ def check_memory(preset_problem: PresetProblem, dtype: torch.dtype, seed: int = 
         return Check(PART, subject, Status.FAIL, f"out of memory: {first_line(exc)}", spec.name, details)
     except Exception as exc:  # noqa: BLE001 — any failure at the largest shape is this check's
         details["context_lost"] = lost_context(exc)
-        return Check(PART, subject, Status.FAIL, f"{type(exc).__name__}: {first_line(exc)}", spec.name, details)
+        return Check(PART, subject, Status.FAIL, one_line(exc), spec.name, details)
     finally:
         op = out = None  # the inputs and output go before the next kernel's largest shape
         _release()
