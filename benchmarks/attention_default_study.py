@@ -69,43 +69,11 @@ from omnitune.spec import Config, DeviceLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coverage_set import HELD_OUT
+from training_set import ATTENTION as ATTENTION_TRAINING
 from decode_default_study import failed_checks
 
 A = AttentionProblem
-TRAINING = [
-    # (a) span-free prefill, Lq = Lk: where SDPA starts beating the default
-    (A(b=8, h=32, hkv=8, lq=256, lk=256, d=128, causal=True), "bf16"),
-    (A(b=16, h=16, hkv=16, lq=320, lk=320, d=64, causal=False), "bf16"),
-    (A(b=4, h=28, hkv=4, lq=384, lk=384, d=128, causal=True), "bf16"),
-    (A(b=2, h=32, hkv=4, lq=512, lk=512, d=128, causal=True), "bf16"),
-    (A(b=4, h=16, hkv=16, lq=576, lk=576, d=64, causal=False), "fp16"),
-    (A(b=1, h=40, hkv=8, lq=640, lk=640, d=128, causal=True), "bf16"),
-    (A(b=2, h=24, hkv=24, lq=768, lk=768, d=128, causal=False), "bf16"),
-    (A(b=4, h=32, hkv=8, lq=896, lk=896, d=128, causal=True), "fp16"),
-    (A(b=1, h=64, hkv=8, lq=1024, lk=1024, d=128, causal=True), "bf16"),
-    (A(b=8, h=28, hkv=4, lq=1200, lk=1200, d=128, causal=True), "bf16"),
-    (A(b=1, h=16, hkv=2, lq=1500, lk=1500, d=128, causal=True), "bf16"),
-    # (b) query-light: 1–160 query rows over long keys; grids from 4 programs to ~10x the SMs
-    (A(b=1, h=32, hkv=8, lq=1, lk=12000, d=128, causal=False), "bf16"),
-    (A(b=32, h=16, hkv=2, lq=1, lk=1200, d=128, causal=False), "bf16"),
-    (A(b=1, h=28, hkv=4, lq=64, lk=20000, d=128, causal=False), "bf16"),
-    (A(b=8, h=32, hkv=8, lq=4, lk=4000, d=128, causal=True), "bf16"),
-    (A(b=16, h=32, hkv=4, lq=2, lk=3500, d=128, causal=True), "fp16"),
-    (A(b=2, h=16, hkv=2, lq=8, lk=5000, d=128, causal=True), "bf16"),
-    (A(b=12, h=32, hkv=4, lq=24, lk=4500, d=128, causal=True), "bf16"),
-    (A(b=4, h=28, hkv=4, lq=16, lk=6000, d=128, causal=True), "bf16"),
-    (A(b=32, h=32, hkv=8, lq=8, lk=1500, d=128, causal=True), "bf16"),
-    (A(b=4, h=16, hkv=16, lq=32, lk=8000, d=64, causal=True), "bf16"),
-    (A(b=4, h=8, hkv=1, lq=3, lk=10000, d=64, causal=True), "fp16"),
-    (A(b=24, h=28, hkv=4, lq=80, lk=3300, d=128, causal=True), "bf16"),
-    (A(b=1, h=64, hkv=8, lq=128, lk=16000, d=128, causal=True), "bf16"),
-    (A(b=8, h=24, hkv=8, lq=160, lk=2500, d=128, causal=True), "fp16"),
-    # (c) cross-attention-like, Lq ≠ Lk: hundreds of queries over thousands of keys
-    (A(b=1, h=32, hkv=8, lq=256, lk=16000, d=128, causal=False), "bf16"),
-    (A(b=2, h=28, hkv=4, lq=1024, lk=4096, d=128, causal=False), "bf16"),
-    (A(b=1, h=16, hkv=2, lq=640, lk=24000, d=128, causal=True), "bf16"),
-    (A(b=4, h=32, hkv=4, lq=384, lk=8192, d=128, causal=True), "fp16"),
-]
+TRAINING = ATTENTION_TRAINING  # benchmarks/training_set.py: training problems live there
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 

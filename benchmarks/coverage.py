@@ -227,6 +227,7 @@ def judge(item: Item, setup, run_index: int) -> dict:
     try:
         spec = get_spec(item.kernel)
         row["problem"] = spec.problem_dict(item.problem)
+        row["kernel_source_hash"] = spec.source_hash()
         evaluate(row, spec, item.problem, problem_dtype(item.dtype_name, setup.interpret), setup)
         row["status"] = "ok"
     except GpuLost as exc:
@@ -296,7 +297,7 @@ def earlier_optima(path: Path) -> dict[tuple[str, str], dict]:
         doc = json.loads(path.read_text())
         rows = doc["rows"]
         optima = {(r["kernel"], r["key"]): {"config": dict(r["configs"]["tuned"]), "measured_at": r.get("measured_at"),
-                                            "source": str(path)}
+                                            "source": str(path), "kernel_source_hash": r.get("kernel_source_hash")}
                   for r in rows if r.get("status") == "ok"}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SystemExit(f"--tuned-from {path}: not a coverage results file ({one_line(exc)})") from None

@@ -89,7 +89,10 @@ def evaluate(row: dict, spec: KernelSpec, problem: Any, dtype: torch.dtype, setu
     if earlier is not None:  # the optimum an earlier run's search found, checked and timed again below
         runner = problem_runner(spec, problem, dtype, setup)
         configs["tuned"] = Config(earlier["config"])
-        row["search"] = {"tuned_from": earlier["source"], "tuned_measured_at": earlier["measured_at"]}
+        # Found on other kernel source (or on source not recorded, before rows kept it): that
+        # search's best may not be this source's, which the row says.
+        row["search"] = {"tuned_from": earlier["source"], "tuned_measured_at": earlier["measured_at"],
+                         "tuned_on_this_source": earlier.get("kernel_source_hash") == spec.source_hash()}
         found_by = "the earlier search's best config"
     else:
         warm = warm_start(spec, problem, dtype, setup, pick)

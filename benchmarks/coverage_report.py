@@ -72,8 +72,11 @@ def markdown(doc: Mapping) -> str:
     if doc.get("settings", {}).get("interpret"):
         parts.append("_Timed under Triton's interpreter on a CPU: the times say nothing about a GPU._")
     if doc.get("settings", {}).get("tuned_from"):
+        other = sum(1 for r in rows if (r.get("search") or {}).get("tuned_on_this_source") is False)
         parts.append(f"_Each problem's tuned optimum is the one found by the search of "
-                     f"`{doc['settings']['tuned_from']}`, checked and timed again in this run._")
+                     f"`{doc['settings']['tuned_from']}`, checked and timed again in this run"
+                     + (f"; for {plural(other, 'problem')} that search ran on other (or unrecorded) kernel source_."
+                        if other else "._"))
     for kernel in (k for k in summary if k != "all"):
         parts.append(kernel_section(kernel, [r for r in rows if r["kernel"] == kernel], summary[kernel]))
     if len(summary) > 2:

@@ -205,8 +205,11 @@ def test_tuned_from_an_earlier_file_keeps_its_optima_and_searches_only_what_it_l
     earlier = json.loads(earlier_path.read_text())
     # The earlier file loses one judged problem: that one must be searched again.
     lacking = earlier["rows"][-1]
+    assert all(r["kernel_source_hash"] == SPEC.source_hash() for r in earlier["rows"])
+    kept = [dict(r) for r in earlier["rows"][:-1]]
+    kept[1]["kernel_source_hash"] = "older source"  # its optimum was found on other kernel source
     trimmed = tmp_path / "trimmed.json"
-    trimmed.write_text(json.dumps({**earlier, "rows": earlier["rows"][:-1]}))
+    trimmed.write_text(json.dumps({**earlier, "rows": kept}))
     out = tmp_path / "again.json"
     assert _run(out, tables_dir, "--tuned-from", str(trimmed)) == 0
     doc = json.loads(out.read_text())
@@ -217,8 +220,10 @@ def test_tuned_from_an_earlier_file_keeps_its_optima_and_searches_only_what_it_l
         if before["status"] != "ok":
             assert row["status"] == "error"
             continue
+        same_source = before["key"] != kept[1]["key"]
         assert row["status"] == "ok" and row["search"] == {"tuned_from": str(trimmed),
-                                                           "tuned_measured_at": before["measured_at"]}
+                                                           "tuned_measured_at": before["measured_at"],
+                                                           "tuned_on_this_source": same_source}
         assert row["configs"]["tuned"] == before["configs"]["tuned"]
         assert row["configs"]["pick"] == before["configs"]["pick"]
         assert row["ratios"]["pick_over_tuned"] == pytest.approx(row["times_ms"]["pick"] / row["times_ms"]["tuned"])
