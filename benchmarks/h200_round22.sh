@@ -5,7 +5,7 @@
 # decode: batch 1-64, one query token, pages of 16; kv_compress: one entry), so most held-out
 # problems were answered by the default config: paged decode 26 of 30 and attention 27 of 32 >= 95%
 # of tuned (rounds 13 and 15), kv_compress 13 of its first 17 (round 21).
-# Part A: the training problems of attention, paged decode and kv_compress (benchmarks/training_set.py,
+# Part A: the GPU-marked tests of the compile workers and the lanes; the training problems of attention, paged decode and kv_compress (benchmarks/training_set.py,
 # apart from the held-out set and the presets) searched, 40 trials a problem, in lanes, and
 # exported over a copy of the shipped tables (entries, and the predictor block export fits over
 # every stored trial). Only the three tables come back ($OUT/tc).
@@ -31,6 +31,9 @@ judge() {  # judge KERNEL NAME [ARGS]: the kernel's held-out set into $OUT/cover
 
 case $part in
   A)
+    # First, the GPU-marked tests of what changed on the host since round 21: compile workers draw
+    # their inputs and make any real launch under the lanes' GPU lock.
+    step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py tests/test_lanes.py
     mkdir -p "$OUT/tc" && cp -r tuned_configs/* "$OUT/tc/"
     train paged_decode_attention bf16 100
     train paged_decode_attention fp16 50

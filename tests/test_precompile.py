@@ -3,6 +3,8 @@ failures are reported, never raised, and the measuring process is untouched."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import multiprocessing
 import os
 import time
@@ -285,3 +287,68 @@ def test_importing_what_the_fork_server_preloads_never_asks_for_cuda():
     assert run.returncode == 0, run.stderr
     assert run.stdout.split()[0].isdigit() and int(run.stdout.split()[0]) >= 5
     assert run.stdout.strip().endswith("[]"), run.stdout
+
+
+def test_a_workers_gpu_work_holds_the_lanes_gpu_lock(monkeypatch, tmp_path):
+    """Drawing a problem's inputs and a launch that could not be captured put work on the GPU: a
+    worker does both under its lane's GPU lock (never beside another lane's timings); off the GPU,
+    or in a search alone, there is nothing to hold."""
+    from omnitune.kernels import _host
+    from omnitune.measure import gpu_lock
+    from omnitune.measure import precompile as pre
+
+    monkeypatch.delenv(gpu_lock.GPU_LOCK_ENV, raising=False)
+    assert pre._alone_on_the_gpu("cuda") is gpu_lock.NO_GPU_LOCK
+    monkeypatch.setenv(gpu_lock.GPU_LOCK_ENV, str(tmp_path / "gpu.lock"))
+    held = pre._alone_on_the_gpu("cuda")
+    assert isinstance(held, gpu_lock.GpuLock) and held is gpu_lock.gpu_lock_from_env()
+    assert not isinstance(pre._alone_on_the_gpu("cpu"), gpu_lock.GpuLock)
+
+    # Where the worker holds it: around the inputs it draws and around a real launch.
+    inside, events = [], []
+
+    class Recording:
+        def __enter__(self):
+            inside.append(True)
+
+        def __exit__(self, *exc):
+            inside.pop()
+
+    monkeypatch.setattr(pre, "_alone_on_the_gpu", lambda device: Recording())
+    monkeypatch.setattr(_host, "_draw_on_target", False)
+    monkeypatch.setattr(pre, "_problem_state", {})
+    spec = get_spec("kv_cache_write")
+    key = "t=9,hkv=2,d=16,block_size=4"
+    real_make, real_launch = spec.make_inputs, spec.launch
+    traced = dataclasses.replace(
+        spec, make_inputs=lambda *a: events.append(("inputs", bool(inside))) or real_make(*a),
+        launch=lambda *a: events.append(("launch", bool(inside))) or real_launch(*a))
+    monkeypatch.setattr("omnitune.registry.get_spec", lambda name: traced)
+    pre._set_problem("kv_cache_write", key, torch.float16, "cpu")
+    assert pre._launch_once(spec.default_config(spec.parse_shape(key), torch.float16).as_dict()) is None
+    assert events == [("inputs", True), ("launch", True)]
+
+
+@pytest.mark.gpu
+def test_a_worker_draws_its_inputs_only_when_no_lane_holds_the_gpu(monkeypatch, tmp_path):
+    from omnitune.measure import ahead, gpu_lock
+    from omnitune.measure import precompile as pre
+
+    ahead.close_shared_workers()
+    monkeypatch.setenv(gpu_lock.GPU_LOCK_ENV, str(tmp_path / "gpu.lock"))
+    spec = get_spec("kv_cache_write")
+    key = "t=37,hkv=2,d=64,block_size=16"
+    config = spec.default_config(spec.parse_shape(key), torch.bfloat16).as_dict()
+    pool = pre.compile_processes(1)
+    try:
+        # The worker started, with a CUDA context and this config compiled, on another problem: from
+        # here it takes well under a second to switch to the next one when nothing holds the GPU.
+        warm = ("kv_cache_write", "t=33,hkv=2,d=64,block_size=16", torch.bfloat16, "cuda")
+        assert pool.submit(pre._launch_for, warm, config).result(timeout=300).error is None
+        with gpu_lock.GpuLock(tmp_path / "gpu.lock"):  # a lane timing its kernels
+            future = pool.submit(pre._launch_for, ("kv_cache_write", key, torch.bfloat16, "cuda"), config)
+            with pytest.raises(concurrent.futures.TimeoutError):
+                future.result(timeout=5)
+        assert future.result(timeout=120).error is None
+    finally:
+        pre.end_workers(pool)

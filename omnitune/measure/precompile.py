@@ -27,6 +27,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -34,6 +35,7 @@ import torch
 
 from omnitune.errors import one_line
 from omnitune.measure.capture_load import CaptureLoader
+from omnitune.measure.gpu_lock import gpu_lock_from_env
 from omnitune.measure.worker_server import default_workers, worker_start_method
 from omnitune.spec import Config, KernelSpec
 
@@ -185,6 +187,14 @@ _problem_state: dict[str, Any] = {}
 _capture = CaptureLoader()  # this worker's loads; off for good once a capture could not be ended
 
 
+def _alone_on_the_gpu(device: str) -> AbstractContextManager:
+    """What a worker holds while it puts work on the GPU (drawing a problem's inputs, a launch that
+    could not be captured): the lanes' GPU lock (omnitune.measure.gpu_lock; the worker inherits its
+    lane's environment), as a lane holds it for its own GPU work, so that none of it runs beside
+    another lane's timings. Nothing where there is no lock (one search alone) or no GPU."""
+    return gpu_lock_from_env() if device == "cuda" else nullcontext()
+
+
 def _set_problem(kernel: str, problem_key: str, dtype: torch.dtype, device: str) -> None:
     _problem_state.update(kernel=kernel, problem_key=problem_key, dtype=dtype, device=device)
 
@@ -205,7 +215,8 @@ def _inputs_and_spec() -> tuple[KernelSpec, Any]:
             torch.cuda.set_device(0)
         _problem_state["spec"] = spec
         problem = spec.parse_shape(_problem_state["problem_key"])
-        _problem_state["inputs"] = spec.make_inputs(problem, _problem_state["dtype"], device, 0)
+        with _alone_on_the_gpu(device):
+            _problem_state["inputs"] = spec.make_inputs(problem, _problem_state["dtype"], device, 0)
     return _problem_state["spec"], _problem_state["inputs"]
 
 
@@ -235,7 +246,8 @@ def _launch_once(values: dict) -> str | None:
 
     On a GPU the launch is captured into a CUDA graph that is thrown away (CaptureLoader): the
     compiler runs and the binary is loaded, and nothing reaches the GPU, where another process
-    may be timing its kernels. A launch that cannot be captured is launched for real instead."""
+    may be timing its kernels. A launch that cannot be captured is launched for real instead, as
+    the lanes' other GPU work is: under their GPU lock."""
     try:
         spec, inputs = _inputs_and_spec()
         out = spec.new_output(inputs)
@@ -246,11 +258,12 @@ def _launch_once(values: dict) -> str | None:
                 return None
             except Exception as exc:  # noqa: BLE001 — launched for real below, which reports it
                 log.debug("capturing %s: %s: %s", config, type(exc).__name__, exc)
-        spec.launch(inputs, out, config)
-        if out.is_cuda:
-            torch.cuda.synchronize()
-        if spec.restore_inputs is not None:
-            spec.restore_inputs(inputs)
+        with _alone_on_the_gpu("cuda" if out.is_cuda else "cpu"):
+            spec.launch(inputs, out, config)
+            if out.is_cuda:
+                torch.cuda.synchronize()
+            if spec.restore_inputs is not None:
+                spec.restore_inputs(inputs)
         return None
     except Exception as exc:
         return one_line(exc)
