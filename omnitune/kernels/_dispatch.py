@@ -139,7 +139,15 @@ def _config_identity(config: Any) -> Hashable:
     raise ConfigError(f"config must be a Config or a mapping, got {type(config).__name__}")
 
 
-@torch.compiler.assume_constant_result
+def _constant_when_traced(fn):
+    """torch.compiler.assume_constant_result without importing torch._dynamo (~1.3 s, the larger
+    part of importing a kernel module): that decorator only sets this attribute, which Dynamo
+    reads when it traces a call (tests/test_dispatch_import.py holds the two the same)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_when_traced
 def config_to_json(config: Config | Mapping | None) -> str:
     """A caller's config as the string the custom ops take (a schema has no dict type); ''
     means look it up. Dynamo runs it once while tracing and keeps the string as a constant."""

@@ -43,7 +43,6 @@ import triton
 import triton.language as tl
 from torch.nn.attention import SDPBackend as _SDPBackend
 from torch.nn.attention import sdpa_kernel as _sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right as _causal_lower_right
 
 from omnitune.errors import InputError, one_line
 from omnitune.kernels import _dispatch
@@ -436,6 +435,14 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
 # (config, shapes, mask mode, dtype) → grid, bound kernel and TMA block: what a repeated call
 # would otherwise recompute.
 _launch_plans = PlanCache(_launch_plan)
+
+
+def _causal_lower_right(lq: int, lk: int):
+    """SDPA's bottom-right causal mask. Imported on first use: torch.nn.attention.bias imports
+    torch._dynamo (~1.3 s), which nothing else of this module's import needs."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return causal_lower_right(lq, lk)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
@@ -1013,9 +1020,7 @@ def _sdpa_baselines(problem: AttentionProblem):
                     prepared["mask"] = (keys[None, None, :] < _limits_of(inputs)[:, :, None])[:, None]
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=prepared["mask"], **kwargs)
             if inputs.causal and lq != lk:
-                from torch.nn.attention.bias import causal_lower_right
-
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk), **kwargs)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_lower_right(lq, lk), **kwargs)
             return F.scaled_dot_product_attention(q, k, v, is_causal=inputs.causal, **kwargs)
 
         def run(inputs: AttentionInputs) -> torch.Tensor:

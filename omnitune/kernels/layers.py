@@ -25,10 +25,9 @@ problem (tuned apart from the uncached one: a different mix of work). K/V then c
 alone: x_kv, wkv and bkv must be None, since the layer would not read them and checking that they
 still agree with kv would cost the GEMM that caching saves.
 
-The layer kernel's module (Triton) and _dispatch (whose torch.compiler decorator loads
-torch._dynamo, and Triton with it) are imported on first call, so importing the layers loads no
-Triton: a model's code can import them at definition time, and TRITON_INTERPRET can still be set
-first.
+The layer kernel's module (Triton) and _dispatch are imported on first call, so importing the
+layers loads no Triton: a model's code can import them at definition time, and TRITON_INTERPRET
+can still be set first.
 """
 
 from __future__ import annotations

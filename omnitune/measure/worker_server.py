@@ -25,7 +25,7 @@ _KERNEL_MODULES = (
 )
 
 # What a compile worker imports before its first config: torch, Triton, and the kernel modules with
-# what they import (torch._dynamo among it, for the custom ops). A whole-model search starts 27
+# what they import (not torch._dynamo: tests/test_dispatch_import.py). A whole-model search starts 27
 # workers at once (3 lanes × 9), and on the H200's host their start kept its 16 cores 91–100% busy
 # for 20 s before the GPU's first work (round 16). Nine workers' first configs took 59.6 s of CPU
 # spawned and 16.4 s forked from this preload (benchmarks/compile_worker_start.py, round 17). None of
