@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-second H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round22.sh A|B|C    (B and C after A's tables are in tuned_configs)
+#   OUT=dir bash benchmarks/h200_round22.sh A|D|B|C    (B and C after A's tables are in tuned_configs)
 # Issue 14, tables for shapes nobody tuned. The H200 tables hold the presets' points alone (paged
 # decode: batch 1-64, one query token, pages of 16; kv_compress: one entry), so most held-out
 # problems were answered by the default config: paged decode 26 of 30 and attention 27 of 32 >= 95%
@@ -16,7 +16,11 @@
 # decode's tables shipped without export's predictor block (its answers were unmeasured); part A's
 # carry it, so here it is measured (the rows' rung says where it answered).
 # Part C: kv_compress's held-out set resumed from part B's file.
-part=${1:?part A|B|C}
+# Part D (issue 20): the whole Qwen2.5-Omni-7B preset, 50 trials a problem, from an empty database and
+# an empty Triton cache, as rounds 20-21: the kernels now import without torch._dynamo (a lane's and
+# a fork server's imports before their first work: 1.6 -> 0.2 s on the development machine), and the
+# compile workers draw their inputs under the lanes' GPU lock.
+part=${1:?part A|B|C|D}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 train() {  # train KERNEL DTYPE LIMIT: the kernel's training problems of one dtype searched into $OUT/train.db
@@ -49,6 +53,10 @@ case $part in
     judge paged_decode_attention B --tuned-from benchmarks/results/coverage_paged_decode_h200_round13_B.json
     judge attention B --tuned-from benchmarks/results/coverage_attention_h200_round15_C.json
     judge kv_compress B --tuned-from benchmarks/results/coverage_kv_compress_h200_round21.json
+    ;;
+  D)
+    step 170 python benchmarks/search_wall.py --triton-cache /tmp/r22d_triton --model qwen2.5-omni-7b \
+      --trials 50 --db /tmp/r22d/omnitune.db --timeout 150 --out "$OUT/search_wall_h200_round22_D.json"
     ;;
   C)
     cp benchmarks/results/coverage_kv_compress_h200_round22_B.json "$OUT/"
