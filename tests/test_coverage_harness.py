@@ -208,6 +208,9 @@ def test_tuned_from_an_earlier_file_keeps_its_optima_and_searches_only_what_it_l
     assert all(r["kernel_source_hash"] == SPEC.source_hash() for r in earlier["rows"])
     kept = [dict(r) for r in earlier["rows"][:-1]]
     kept[1]["kernel_source_hash"] = "older source"  # its optimum was found on other kernel source
+    # An optimum that is no longer a valid config of the kernel (here: 3 warps, which its
+    # constraints reject) is searched again, and the row says why.
+    kept[0]["configs"] = {**kept[0]["configs"], "tuned": {**kept[0]["configs"]["tuned"], "num_warps": 3}}
     trimmed = tmp_path / "trimmed.json"
     trimmed.write_text(json.dumps({**earlier, "rows": kept}))
     out = tmp_path / "again.json"
@@ -215,7 +218,10 @@ def test_tuned_from_an_earlier_file_keeps_its_optima_and_searches_only_what_it_l
     doc = json.loads(out.read_text())
     assert doc["settings"]["tuned_from"] == str(trimmed)
     rows = {r["key"]: r for r in doc["rows"]}
-    for before in earlier["rows"][:-1]:
+    resurveyed = rows[kept[0]["key"]]
+    assert resurveyed["status"] == "ok" and resurveyed["search"]["measured_total"] == 3
+    assert "3 warps" in resurveyed["earlier_optimum_invalid"]
+    for before in earlier["rows"][1:-1]:
         row = rows[before["key"]]
         if before["status"] != "ok":
             assert row["status"] == "error"
