@@ -283,8 +283,13 @@ def _compile_omnitune(p: dict):
     config = Config(BACKEND="triton", BLOCK_M=p["block_m"], BLOCK_N=p["block_n"], num_warps=p["num_warps"],
                     num_stages=p["num_stages"], PACK_GQA=p.get("pack_gqa", False), USE_TMA=p["use_tma"])
     calls = []
+
+    class Recorder:  # stands in for the kernel's DirectLauncher: what a launch would pass it
+        def bind(self, constexprs, objects):
+            return lambda grid, args, dtypes=None: calls.append((args, dict(constexprs)))
+
     real = attention._ATTENTION
-    attention._ATTENTION = lambda grid, args, constexprs, objects: calls.append((args, dict(constexprs)))
+    attention._ATTENTION = Recorder()
     try:
         attention.launch(inputs, out, config)
     finally:

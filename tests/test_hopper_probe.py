@@ -42,3 +42,21 @@ def test_baseline_probe_reports_registers_and_shared_memory(tmp_path):
     assert row["compiled"], row.get("diagnostic") or row.get("error")
     assert row["registers"] > 0
     assert row["shared_bytes"] > 0
+
+
+def test_the_probe_of_omnitunes_attention_kernel_compiles_it_as_its_launcher_calls_it(tmp_path):
+    """The probe takes the kernel's arguments from the library's own launch (its launcher stood in
+    for): a change to how the kernel is launched must not leave the probe failing unseen."""
+    bin_dir = _nvidia_bin()
+    missing = [tool for tool in ("ptxas", "cuobjdump") if bin_dir is None or not (bin_dir / tool).exists()]
+    if missing:
+        pytest.skip(f"Triton's bundled {' and '.join(missing)} not found: the probe cannot compile for sm_90 here")
+    out = tmp_path / "probe.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(PROBE), "--only", "omnitune_attention_tma_m64_w4_s3", "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["compiled"], row.get("diagnostic") or row.get("error")
+    assert row["registers"] > 0 and row["shared_bytes"] > 0
