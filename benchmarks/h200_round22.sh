@@ -35,9 +35,12 @@ judge() {  # judge KERNEL NAME [ARGS]: the kernel's held-out set into $OUT/cover
 
 case $part in
   A)
-    # First, the GPU-marked tests of what changed on the host since round 21: compile workers draw
-    # their inputs and make any real launch under the lanes' GPU lock.
-    step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py tests/test_lanes.py
+    # First, the tests of what changed on the host since round 21: compile workers draw their inputs
+    # and make any real launch under the lanes' GPU lock; the kernels import without torch._dynamo
+    # (its constant marker spelt out, checked against this torch, and every op compiled fullgraph).
+    step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py tests/test_lanes.py \
+      tests/test_production_ops_gpu.py
+    step 60 python -m pytest -q -p no:cacheprovider tests/test_dispatch_import.py
     mkdir -p "$OUT/tc" && cp -r tuned_configs/* "$OUT/tc/"
     train paged_decode_attention bf16 100
     train paged_decode_attention fp16 50
