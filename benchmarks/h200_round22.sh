@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Twenty-second H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round22.sh A|D|B|C    (B and C after A's tables are in tuned_configs)
+#   OUT=dir bash benchmarks/h200_round22.sh D|A|B|C    (B and C after A's tables are in tuned_configs)
 # Issue 14, tables for shapes nobody tuned. The H200 tables hold the presets' points alone (paged
 # decode: batch 1-64, one query token, pages of 16; kv_compress: one entry), so most held-out
 # problems were answered by the default config: paged decode 26 of 30 and attention 27 of 32 >= 95%
 # of tuned (rounds 13 and 15), kv_compress 13 of its first 17 (round 21).
-# Part A: the GPU-marked tests of the compile workers and the lanes; the training problems of attention, paged decode and kv_compress (benchmarks/training_set.py,
+# Part A: the training problems of attention, paged decode and kv_compress (benchmarks/training_set.py,
 # apart from the held-out set and the presets) searched, 40 trials a problem, in lanes, and
 # exported over a copy of the shipped tables (entries, and the predictor block export fits over
 # every stored trial). Only the three tables come back ($OUT/tc).
@@ -16,7 +16,8 @@
 # decode's tables shipped without export's predictor block (its answers were unmeasured); part A's
 # carry it, so here it is measured (the rows' rung says where it answered).
 # Part C: kv_compress's held-out set resumed from part B's file.
-# Part D (issue 20): the whole Qwen2.5-Omni-7B preset, 50 trials a problem, from an empty database and
+# Part D: the tests of what changed on the host (the compile workers, the lanes, the ops compiled
+# fullgraph, the dispatch's import), then (issue 20) the whole Qwen2.5-Omni-7B preset, 50 trials a problem, from an empty database and
 # an empty Triton cache, as rounds 20-21: the kernels now import without torch._dynamo (a lane's and
 # a fork server's imports before their first work: 1.6 -> 0.2 s on the development machine), and the
 # compile workers draw their inputs under the lanes' GPU lock.
@@ -35,12 +36,6 @@ judge() {  # judge KERNEL NAME [ARGS]: the kernel's held-out set into $OUT/cover
 
 case $part in
   A)
-    # First, the tests of what changed on the host since round 21: compile workers draw their inputs
-    # and make any real launch under the lanes' GPU lock; the kernels import without torch._dynamo
-    # (its constant marker spelt out, checked against this torch, and every op compiled fullgraph).
-    step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py tests/test_lanes.py \
-      tests/test_production_ops_gpu.py
-    step 60 python -m pytest -q -p no:cacheprovider tests/test_dispatch_import.py
     mkdir -p "$OUT/tc" && cp -r tuned_configs/* "$OUT/tc/"
     train paged_decode_attention bf16 100
     train paged_decode_attention fp16 50
@@ -58,6 +53,12 @@ case $part in
     judge kv_compress B --tuned-from benchmarks/results/coverage_kv_compress_h200_round21.json
     ;;
   D)
+    # First, the tests of what changed on the host since round 21: compile workers draw their inputs
+    # and make any real launch under the lanes' GPU lock; the kernels import without torch._dynamo
+    # (its constant marker spelt out, checked against this torch, and every op compiled fullgraph).
+    step 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py tests/test_lanes.py \
+      tests/test_production_ops_gpu.py
+    step 60 python -m pytest -q -p no:cacheprovider tests/test_dispatch_import.py
     step 170 python benchmarks/search_wall.py --triton-cache /tmp/r22d_triton --model qwen2.5-omni-7b \
       --trials 50 --db /tmp/r22d/omnitune.db --timeout 150 --out "$OUT/search_wall_h200_round22_D.json"
     ;;
