@@ -98,32 +98,26 @@ def main(argv=None) -> int:
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child))))
         return 0
-    cases = DECODE
     runs = []
     for repeat in range(args.repeats):
         for line_info in (True, False) if repeat % 2 == 0 else (False, True):
-            rows = run_mode(line_info, cases)
+            rows = run_mode(line_info, DECODE)
             runs.append({"line_info": line_info, "repeat": repeat, "rows": rows})
             total = sum(r["cpu_s"] + r["ptxas_cpu_s"] for r in rows)
             print(f"line info {'on ' if line_info else 'off'} (repeat {repeat}): {len(rows)} configs, "
                   f"{total:.1f} s of CPU, ptxas {sum(r['ptxas_cpu_s'] for r in rows):.1f} s", flush=True)
-    summary = {}
-    for kernel in ("paged_decode",):
-        for line_info in (True, False):
-            rows = [r for run in runs if run["line_info"] == line_info for r in run["rows"] if r["kernel"] == kernel]
-            summary[f"{kernel}, line info {'on' if line_info else 'off'}"] = {
-                "configs_compiled": len(rows),
-                "cpu_s_per_config": sum(r["cpu_s"] + r["ptxas_cpu_s"] for r in rows) / len(rows),
-                "ptxas_cpu_s_per_config": sum(r["ptxas_cpu_s"] for r in rows) / len(rows),
-            }
-    on = {json.dumps({k: v for k, v in r.items() if k in ("kernel", "block_n", "block_m", "warps", "stages",
-                                                           "use_tma")}): r["sass"]
-          for run in runs if run["line_info"] for r in run["rows"]}
-    off = {json.dumps({k: v for k, v in r.items() if k in ("kernel", "block_n", "block_m", "warps", "stages",
-                                                            "use_tma")}): r["sass"]
-           for run in runs if not run["line_info"] for r in run["rows"]}
-    compared = [k for k in on if on[k] is not None and off.get(k) is not None]
-    summary["same_sass"] = f"{sum(on[k] == off[k] for k in compared)} of {len(compared)} configs"
+    summary, sass_of = {}, {}
+    for line_info in (True, False):
+        rows = [r for run in runs if run["line_info"] == line_info for r in run["rows"]]
+        summary[f"paged_decode, line info {'on' if line_info else 'off'}"] = {
+            "configs_compiled": len(rows),
+            "cpu_s_per_config": sum(r["cpu_s"] + r["ptxas_cpu_s"] for r in rows) / len(rows),
+            "ptxas_cpu_s_per_config": sum(r["ptxas_cpu_s"] for r in rows) / len(rows),
+        }
+        # Each config's SASS (of its last compile) in this mode, keyed by the config.
+        sass_of[line_info] = {(r["block_n"], r["warps"], r["stages"]): r["sass"] for r in rows}
+    on, off = sass_of[True], sass_of[False]
+    summary["same_sass"] = f"{sum(on[k] == off[k] for k in on)} of {len(on)} configs"
     for name, figures in summary.items():
         print(name, figures if isinstance(figures, str) else {k: round(v, 3) for k, v in figures.items()})
     if args.out is not None:

@@ -86,10 +86,11 @@ def evaluate(row: dict, spec: KernelSpec, problem: Any, dtype: torch.dtype, setu
     configs = {"pick": pick, "default": spec.default_config(problem, dtype)}
     row["configs"] = {role: config.as_dict() for role, config in configs.items()}
     earlier = (setup.tuned_from or {}).get((spec.name, row["key"]))
-    if earlier is not None and spec.violations(problem, Config(earlier["config"]), dtype, setup.limits):
+    broken = spec.violations(problem, Config(earlier["config"]), dtype, setup.limits) if earlier else []
+    if broken:
         # The space or a constraint changed since: that optimum is no longer a config of this
         # kernel, so the problem is searched again.
-        name, reason = spec.violations(problem, Config(earlier["config"]), dtype, setup.limits)[0]
+        name, reason = broken[0]
         row["earlier_optimum_invalid"] = f"{name}: {reason}"
         earlier = None
     if earlier is not None:  # the optimum an earlier run's search found, checked and timed again below

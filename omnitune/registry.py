@@ -15,9 +15,12 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omnitune.errors import KernelNameError, UnknownKernelError
-from omnitune.spec import KernelSpec
+
+if TYPE_CHECKING:  # imported where it is used: the registry's names cost no import of torch
+    from omnitune.spec import KernelSpec
 
 BUILTIN_KERNELS: dict[str, str] = {
     "attention": "omnitune.kernels.attention",
@@ -74,6 +77,8 @@ def register(spec: KernelSpec, *, source: str | None = None) -> KernelSpec:
     KernelNameError when the name is a built-in kernel's (a built-in's own spec, whose module is
     the built-in module, is accepted), or is already taken by a spec of another module. The same
     module registering again (imported a second time) replaces its earlier spec."""
+    from omnitune.spec import KernelSpec
+
     if not isinstance(spec, KernelSpec):
         raise UnknownKernelError(f"register() takes a omnitune.spec.KernelSpec, got {type(spec).__name__}")
     where = source or spec.module or "a user module"
@@ -114,6 +119,8 @@ def _import_file(path: Path):
 
 def _spec_of(module, name: str) -> KernelSpec:
     spec = getattr(module, "SPEC", None)
+    from omnitune.spec import KernelSpec
+
     if not isinstance(spec, KernelSpec):
         raise UnknownKernelError(f"kernel module {name!r} defines no SPEC (a omnitune.spec.KernelSpec)")
     return spec

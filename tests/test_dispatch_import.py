@@ -5,12 +5,10 @@ mark a function exactly as torch.compiler.assume_constant_result does."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import torch
 
 from omnitune.kernels import _dispatch
+from tests.test_cli_startup import _run
 
 
 def test_our_marker_is_what_assume_constant_result_does():
@@ -32,6 +30,4 @@ def test_importing_every_kernel_loads_no_dynamo():
             "for module in BUILTIN_KERNELS.values():\n"
             "    importlib.import_module(module)\n"
             "print('torch._dynamo' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
+    assert _run(code) == "False"

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from omnitune.measure.cuda_start import start_cuda_context
 from omnitune.measure.gpu_lock import DETAILED_HOLDINGS, GPU_LOCK_ENV, NO_GPU_LOCK, GpuLock, gpu_lock_from_env
 from omnitune.search.lanes import STOP_FILE, LaneProcesses, LaneSession, LanesResult, run_lanes
 from omnitune.spec import Config, DeviceLimits
+from tests.test_cli_startup import _run
 from tests.test_prepare_next import DTYPE, KEYS, _ahead
 
 ON_GPU = torch.cuda.is_available()
@@ -138,9 +138,7 @@ def test_the_cuda_context_is_made_ahead_in_a_thread():
             "assert started.error is None, started.error\n"
             "assert torch.cuda.is_initialized()\n"
             "print('made', started.ended - started.began)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("made ")
+    assert _run(code).startswith("made ")
 
 
 def test_a_lane_finds_its_lock_in_the_environment_and_a_lone_process_has_none(tmp_path, monkeypatch):

@@ -11,18 +11,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 
+from omnitune.registry import BUILTIN_KERNELS
+
 # Leave a core for the measuring process and one for the system.
 _RESERVED_CORES = 2
-
-# The kernel modules of omnitune.registry.BUILTIN_KERNELS (a test holds the two equal): the
-# registry imports torch, and this module must not.
-_KERNEL_MODULES = (
-    "omnitune.kernels.attention",
-    "omnitune.kernels.cross_attention_layer",
-    "omnitune.kernels.kv_cache_write",
-    "omnitune.kernels.kv_compress",
-    "omnitune.kernels.paged_decode_attention",
-)
 
 # What a compile worker imports before its first config: torch, Triton, and the kernel modules with
 # what they import (not torch._dynamo: tests/test_dispatch_import.py). A whole-model search starts 27
@@ -30,7 +22,7 @@ _KERNEL_MODULES = (
 # for 20 s before the GPU's first work (round 16). Nine workers' first configs took 59.6 s of CPU
 # spawned and 16.4 s forked from this preload (benchmarks/compile_worker_start.py, round 17). None of
 # these imports may initialize CUDA, which a forked process could then not use (a test holds it).
-WORKER_PRELOAD = ("torch", "triton", "omnitune.measure.precompile", "omnitune.registry", *_KERNEL_MODULES)
+WORKER_PRELOAD = ("torch", "triton", "omnitune.measure.precompile", "omnitune.registry", *BUILTIN_KERNELS.values())
 
 
 def default_workers() -> int:
