@@ -16,6 +16,9 @@
 # decode's tables shipped without export's predictor block (its answers were unmeasured); part A's
 # carry it, so here it is measured (the rows' rung says where it answered).
 # Part C: kv_compress's held-out set resumed from part B's file.
+# Committed as: part B's attention and paged-decode files judged part A's tables, which were not
+# shipped (coverage_{attention,paged_decode}_h200_round22_B_trained_tables.json); part A's trials
+# are train_h200_round22_A.db.gz; kv_compress's file holds parts B and C.
 # Part D: the tests of what changed on the host (the compile workers, the lanes, the ops compiled
 # fullgraph, the dispatch's import), then (issue 20) the whole Qwen2.5-Omni-7B preset, 50 trials a problem, from an empty database and
 # an empty Triton cache, as rounds 20-21: the kernels now import without torch._dynamo (a lane's and
@@ -63,7 +66,10 @@ case $part in
       --trials 50 --db /tmp/r22d/omnitune.db --timeout 150 --out "$OUT/search_wall_h200_round22_D.json"
     ;;
   C)
+    # As run in round 22: the 180 s of device time left held a shorter call than part B's.
     cp benchmarks/results/coverage_kv_compress_h200_round22_B.json "$OUT/"
-    judge kv_compress B --resume --tuned-from benchmarks/results/coverage_kv_compress_h200_round21.json
+    step 290 python benchmarks/coverage.py --kernel kv_compress --out "$OUT/coverage_kv_compress_h200_round22_B.json" \
+      --trials 40 --work-dir /tmp/cov --time-budget 170 --resume \
+      --tuned-from benchmarks/results/coverage_kv_compress_h200_round21.json
     ;;
 esac
