@@ -21,7 +21,10 @@ off as measured on code it did not run on: `omnitune verify` fails those entries
 
 Each file also carries a predictor block (omnitune.predict: every config each tuned problem's
 search measured, as its time ÷ that problem's best), from which the runtime predicts a config for
-a problem no entry is close enough to; it merges point by point as entries do.
+a problem no entry is close enough to; it merges point by point as entries do. With
+predictor=False a file is written without one, the existing file's dropped too: where the
+predictor loses to the kernel's untuned answer on shapes nobody tuned (attention and paged decode
+on the H200, docs/results.md, round 22), the table is better without it.
 
 For a kernel whose spec names a rollback_config (the fallback path of a kernel that chooses
 between paths), each entry also says how the fallback did in the same search: its config, its
@@ -94,21 +97,26 @@ class ExportedFile:
 
 
 def export_tables(
-    db_path: Path, out_dir: Path, kernel: str | None = None, *, exported_at: str | None = None
+    db_path: Path, out_dir: Path, kernel: str | None = None, *, exported_at: str | None = None,
+    predictor: bool = True,
 ) -> list[ExportedFile]:
-    """Export every kernel × device of the database (or one kernel's) under out_dir."""
+    """Export every kernel × device of the database (or one kernel's) under out_dir; without
+    `predictor`, the files carry no predictor block (an existing file's is removed)."""
     trials = store.read_trials(db_path, kernel)
     devices = store.read_devices(db_path)
     exported_at = exported_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
     results = []
-    for document in build_documents(trials, devices, exported_at):
+    for document in build_documents(trials, devices, exported_at, predictor=predictor):
         path = table_path(out_dir, document.kernel, document.device_key)
         with table_files.locked(path):  # read, merge and write as one step against other exports
             table_files.remove_stale_temporaries(path)
             existing = read_table_file(path, document.kernel)
             dropped = drop_invalid_entries(existing, document.content["entries"], path) if existing else []
             merged = merge_document(document.content, existing)
-            dropped += _merge_predictor(merged, document.content, existing, path)
+            if predictor:
+                dropped += _merge_predictor(merged, document.content, existing, path)
+            else:
+                merged.pop("predictor", None)
             changed = existing is None or bool(dropped) or _without_timestamp(merged) != _without_timestamp(existing)
             if changed:
                 write_json_atomic(path, merged)
@@ -135,8 +143,11 @@ def export_tables(
     return results
 
 
-def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: str) -> list[TableDocument]:
-    """One document per kernel × device holding the best ok trial of each (problem, dtype)."""
+def build_documents(
+    trials: pd.DataFrame, devices: pd.DataFrame, exported_at: str, *, predictor: bool = True
+) -> list[TableDocument]:
+    """One document per kernel × device holding the best ok trial of each (problem, dtype), and
+    with `predictor` the predictor block fit over every trial of it."""
     best = best_per_key(trials)
     best = best[best["status"] == "ok"]
     documents = []
@@ -153,7 +164,8 @@ def build_documents(trials: pd.DataFrame, devices: pd.DataFrame, exported_at: st
                 entry.update(_fallback_fields(r, fallbacks))
             entries[entry_key(r["dtype"], r["problem_key"])] = entry
         spec = _spec_or_none(kernel)
-        block = fit_block(spec, trials[(trials["kernel"] == kernel) & (trials["device_key"] == device_key)]) if spec else None
+        fit = spec is not None and predictor
+        block = fit_block(spec, trials[(trials["kernel"] == kernel) & (trials["device_key"] == device_key)]) if fit else None
         content = {
             "schema_version": SCHEMA_VERSION,
             "kernel": kernel,

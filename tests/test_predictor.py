@@ -12,9 +12,11 @@ import random
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import omnitune.runtime as runtime
 from omnitune import export, predict
+from omnitune.cli import app
 from omnitune.kernels.kv_cache_write import SPEC, KVCacheWriteProblem
 from omnitune.predict._fit import block_of, measured_problems, point_of
 from omnitune.runtime import Rung
@@ -159,6 +161,25 @@ def test_export_writes_the_block_and_a_far_problem_is_predicted(exported, warnin
     assert len(answer.neighbours) == 3 and answer.neighbours[0] == answer.matched_key
     assert 1.0 <= answer.expected_ratio < 1.3
     assert warnings_seen() == []
+
+
+def test_export_without_the_predictor_removes_the_block_and_the_default_answers(exported, sweep_db):
+    # The command line, for real, over the file the fixture wrote with a block: --no-predictor
+    # drops that block and keeps every entry; the far problem the predictor answered then gets
+    # the kernel's untuned answer. Exporting again without the flag fits the block again.
+    before = json.loads(exported.read_text())
+    far = problem(1024, hkv=8)
+    assert runtime.lookup("kv_cache_write", far, FP16, H200).rung is Rung.PREDICTOR
+    result = CliRunner().invoke(app, ["export", "--db", str(sweep_db), "--out", str(exported.parents[1]), "--no-predictor"])
+    assert result.exit_code == 0, result.output
+    after = json.loads(exported.read_text())
+    assert "predictor" not in after and after["entries"] == before["entries"]
+    runtime.clear_cache()
+    answer = runtime.lookup("kv_cache_write", far, FP16, H200)
+    assert answer.rung is Rung.DEFAULT and answer.config == SPEC.untuned_answer(far, FP16)
+    result = CliRunner().invoke(app, ["export", "--db", str(sweep_db), "--out", str(exported.parents[1])])
+    assert result.exit_code == 0, result.output
+    assert json.loads(exported.read_text())["predictor"] == before["predictor"]
 
 
 def test_a_far_bf16_problem_is_predicted_from_the_fp16_points(exported):

@@ -148,6 +148,12 @@ def export(
         Path("tuned_configs"), "--out", help="Folder of the tables: <out>/<kernel>/<device_key>.json."
     ),
     kernel: str = typer.Option(None, "--kernel", help="Only this kernel."),
+    predictor: bool = typer.Option(
+        True, "--predictor/--no-predictor",
+        help="Fit the predictor block (configs for shapes no entry is near, predicted from every stored trial). "
+             "--no-predictor writes the tables without one and removes a file's existing block: then the kernel's "
+             "untuned answer serves those shapes. Judge which serves better with benchmarks/coverage.py.",
+    ),
 ) -> None:
     """Write the best measured configs as JSON tables for omnitune.runtime.
 
@@ -166,7 +172,7 @@ def export(
         typer.echo(_nothing_measured(path))
         return
     try:
-        written = export_tables(path, out, kernel)
+        written = export_tables(path, out, kernel, predictor=predictor)
     except OSError as exc:  # a kernel's folder or file under --out that cannot be written
         where = f" ({exc.filename})" if exc.filename else ""
         raise StoreError(f"cannot write the tables under --out {out}: {exc.strerror or exc}{where}") from None
