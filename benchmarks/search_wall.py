@@ -25,7 +25,9 @@ the utilization: the share of the wall a lane held the GPU, how busy the GPU was
 while not, and the held share per 5-second bin.
 
 Without NVML (no driver, no nvidia-ml-py) the search still runs; the busy fraction is then null
-and the JSON says why. Extra arguments after `--` go to omnitune search unchanged.
+and the JSON says why. Extra arguments after `--` go to omnitune search unchanged; with `--model ''`
+they name what is searched (`-- kv_compress --shape ... --shape ...`), so one kernel's problems
+can be laid out the same way.
 """
 
 from __future__ import annotations
@@ -220,7 +222,9 @@ def run_following(command: list[str], env: dict[str, str], started: float) -> tu
 
 
 def search_command(args: argparse.Namespace, db: str, lane_stats: str) -> list[str]:
-    command = [sys.executable, "-m", "omnitune", "search", "--model", args.model, "-n", str(args.trials),
+    # --model '' leaves the problems to the extra arguments (a kernel and its --shape options).
+    model = ["--model", args.model] if args.model else []
+    command = [sys.executable, "-m", "omnitune", "search", *model, "-n", str(args.trials),
                "--db", db, "--lane-stats", lane_stats]
     if args.timeout is not None:
         command += ["--timeout", str(args.timeout)]
@@ -358,7 +362,9 @@ def summary(result: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="search_wall.json", help="where the JSON goes")
-    parser.add_argument("--model", default="qwen2.5-omni-7b", help="model preset to search")
+    parser.add_argument("--model", default="qwen2.5-omni-7b",
+                        help="model preset to search; '' to search what the extra arguments name instead "
+                             "(after --: a kernel and its --shape options)")
     parser.add_argument("--trials", type=int, default=50, help="configs per problem (-n)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="passed to omnitune search: no new trial after this many seconds")

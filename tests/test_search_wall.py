@@ -108,6 +108,10 @@ def test_the_command_is_the_model_search_with_its_timeout_and_the_extra_argument
     command = search_wall.search_command(args, "x.db", "lanes.json")
     assert command[1:] == ["-m", "omnitune", "search", "--model", "qwen2.5-omni-7b", "-n", "7",
                            "--db", "x.db", "--lane-stats", "lanes.json", "--timeout", "540.0", "--sampler", "random"]
+    # No preset: the extra arguments name the kernel and its problems.
+    args = search_wall.parse_args(["--model", "", "--trials", "7", "--", "kv_compress", "--shape", "b=1"])
+    command = search_wall.search_command(args, "x.db", "lanes.json")
+    assert "--model" not in command and command[3] == "search" and command[-3:] == ["kv_compress", "--shape", "b=1"]
 
 
 def test_the_lanes_holdings_are_laid_beside_the_gpus_utilization(tmp_path):
