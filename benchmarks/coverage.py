@@ -291,8 +291,8 @@ def make_setup(args: argparse.Namespace, settings: Mapping):
 
 
 def earlier_optima(path: Path) -> dict[tuple[str, str], dict]:
-    """(kernel, row key) → {"config", "measured_at", "source"}: the tuned optimum of each problem
-    an earlier results file judged without an error."""
+    """(kernel, row key) → {"config", "measured_at", "source", "kernel_source_hash"}: the tuned
+    optimum of each problem an earlier results file judged without an error."""
     try:
         doc = json.loads(path.read_text())
         rows = doc["rows"]

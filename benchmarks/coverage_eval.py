@@ -62,9 +62,9 @@ class Setup:
     search has claimed its last trial, the next problem's first configs compile while this one's
     last trials, finalists and final timing run. None: each problem starts cold."""
     tuned_from: Any = None
-    """{(kernel, row key): {"config", "measured_at", "source"}}: problems whose tuned optimum an
-    earlier run's search found (coverage.py --tuned-from); they are not searched again. None: every
-    problem is searched."""
+    """{(kernel, row key): {"config", "measured_at", "source", "kernel_source_hash"}}: problems
+    whose tuned optimum an earlier run's search found (coverage.py --tuned-from); they are not
+    searched again. None: every problem is searched."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ def evaluate(row: dict, spec: KernelSpec, problem: Any, dtype: torch.dtype, setu
     configs = {"pick": pick, "default": spec.default_config(problem, dtype)}
     row["configs"] = {role: config.as_dict() for role, config in configs.items()}
     earlier = (setup.tuned_from or {}).get((spec.name, row["key"]))
-    broken = spec.violations(problem, Config(earlier["config"]), dtype, setup.limits) if earlier else []
+    earlier_optimum = Config(earlier["config"]) if earlier else None
+    broken = spec.violations(problem, earlier_optimum, dtype, setup.limits) if earlier else []
     if broken:
         # The space or a constraint changed since: that optimum is no longer a config of this
         # kernel, so the problem is searched again.
@@ -95,7 +96,7 @@ def evaluate(row: dict, spec: KernelSpec, problem: Any, dtype: torch.dtype, setu
         earlier = None
     if earlier is not None:  # the optimum an earlier run's search found, checked and timed again below
         runner = problem_runner(spec, problem, dtype, setup)
-        configs["tuned"] = Config(earlier["config"])
+        configs["tuned"] = earlier_optimum
         # Found on other kernel source (or on source not recorded, before rows kept it): that
         # search's best may not be this source's, which the row says.
         row["search"] = {"tuned_from": earlier["source"], "tuned_measured_at": earlier["measured_at"],
