@@ -35,6 +35,10 @@ def kernel_summary(rows: Sequence[Mapping]) -> dict:
         "rungs": {rung: sum(1 for r in rows if r.get("rung") == rung) for rung in RUNGS},
         "pick_within_95pct": len(good),
         "pick_within_95pct_share": share(len(good), len(timed)),
+        # Which rung the misses came through: the one to work on next.
+        "pick_within_95pct_by_rung": {rung: [sum(1 for r in good if r.get("rung") == rung),
+                                             sum(1 for r in timed if r.get("rung") == rung)]
+                                      for rung in RUNGS if any(r.get("rung") == rung for r in timed)},
         "median_pick_over_tuned": statistics.median(pick) if pick else None,
         "worst_pick_over_tuned": max(pick) if pick else None,
         "worst_problem": f"{worst['dtype']}|{worst['problem_key']}" if worst else None,
@@ -102,6 +106,9 @@ def summary_sentence(s: Mapping) -> str:
                  f"{s['evaluated']} ({percent(s['pick_within_95pct_share'])}); pick ÷ tuned: median "
                  f"{number(s['median_pick_over_tuned'])}, worst {number(s['worst_pick_over_tuned'])} "
                  f"(`{s['worst_problem']}`); default ÷ tuned median {number(s['median_default_over_tuned'])}.")
+        by_rung = s.get("pick_within_95pct_by_rung") or {}
+        if len(by_rung) > 1:
+            text += " By rung, ≥ 95%: " + ", ".join(f"{rung} {good} of {timed}" for rung, (good, timed) in by_rung.items()) + "."
     if s["with_pytorch"]:
         text += (f" The pick is slower than the best PyTorch path on {s['pick_slower_than_pytorch']} of "
                  f"{s['with_pytorch']} ({percent(s['pick_slower_than_pytorch_share'])}).")

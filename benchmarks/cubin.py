@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections import Counter
 
 import triton
 
@@ -26,3 +27,22 @@ def cubin_resources(kernel) -> dict:
     text = cuobjdump(kernel, "-res-usage")
     found = re.search(r"REG:(\d+) STACK:(\d+)", text)
     return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None}
+
+
+def loop_counts(kernel) -> dict:
+    """The first backward branch's body in kernel's SASS (a decode split kernel's key loop): its
+    instructions, CTA barriers, shuffles, shared loads and stores, and the instructions by opcode
+    (without predicate and modifiers: IMAD.MOV.U32 counts as IMAD), most frequent first."""
+    sass = cuobjdump(kernel, "-sass")
+    instructions = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    for address, text in instructions:
+        target = re.search(r"BRA\s+(?:\S+\s+)?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            body = [t for a, t in instructions if int(target.group(1), 16) <= a <= address]
+            opcodes = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+            return {"instructions": len(body), "barriers": sum("BAR.SYNC" in t for t in body),
+                    "shuffles": sum("SHFL" in t for t in body),
+                    "shared_loads": sum(re.search(r"\bLDS", t) is not None for t in body),
+                    "shared_stores": sum(re.search(r"\bSTS", t) is not None for t in body),
+                    "opcodes": dict(opcodes.most_common())}
+    return {}

@@ -12,10 +12,20 @@ for the kernel of round 8 (V through its scale's significand), 100 / 158 / 102 o
 (benchmarks/results/fp8_decode_probe_h200_round8_A.json).
 
     PYTHONPATH=$PWD python benchmarks/decode_registers_offline.py
+    PYTHONPATH=$PWD python benchmarks/decode_registers_offline.py --loop --out benchmarks/results/decode_loop_offline.json
+
+--loop counts the instructions of the split kernel's key loop in its SASS (one iteration: one tile
+of BLOCK_N keys, per warp), over both caches at the configs the searches and sweeps explored, and
+divides by the keys each warp's share covers: instructions issued per key, all warps together.
+Over an fp8 cache a key is half the bytes, so at the same issue rate the loop would have to issue
+half as many instructions per key as over bf16 to read as fast; this says how far it is from that.
+Static counts of one iteration, not executed counts or speed.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -26,7 +36,7 @@ from triton.compiler import ASTSource
 from omnitune.kernels import paged_decode_attention as pda
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cubin import cubin_resources  # noqa: E402
+from cubin import cubin_resources, loop_counts  # noqa: E402
 _UNIT = ("stride_qd", "stride_kcd", "stride_vcd", "stride_od", "stride_btp", "LQ")
 
 
@@ -62,7 +72,48 @@ def resources(kernel) -> dict:
     return {**cubin_resources(kernel), "shared_bytes": kernel.metadata.shared}
 
 
-def main() -> int:
+# (BLOCK_N, warps, stages): the tuned fp8 and bf16 configs at b64 4k (64, 4, 3 and 64, 4, 2), and
+# fewer warps a program, smaller tiles, larger tiles.
+LOOP_CONFIGS = ((64, 4, 3), (64, 4, 2), (128, 4, 3), (32, 4, 3), (64, 2, 3), (32, 2, 3), (16, 2, 3),
+                (64, 1, 3), (32, 1, 3), (16, 1, 3))
+# Opcode families reported per key: the tensor-core MMAs, the conversions (fp8 → fp16 unpacks and
+# fp32 → fp16 packs), fp16 → fp32 widening (HADD2.F32) and fp32 multiplies, integer multiply-adds
+# (addresses, and register moves as IMAD.MOV), and the shared-memory and cross-lane traffic.
+LOOP_FAMILIES = ("HMMA", "F2FP", "HADD2", "FMUL", "IMAD", "LDS", "LDSM", "STS", "STSM", "SHFL", "BAR")
+
+
+def loop_rows() -> list[dict]:
+    rows = []
+    for kv_fp8 in (True, False):
+        for block_n, warps, stages in LOOP_CONFIGS:
+            kernel = compile_split(kv_fp8, block_n, warps, stages)
+            loop = loop_counts(kernel)
+            per_key = warps / block_n  # one iteration per warp covers BLOCK_N keys with the others
+            rows.append({"cache": "fp8" if kv_fp8 else "bf16", "BLOCK_N": block_n, "num_warps": warps,
+                         "num_stages": stages, **resources(kernel), "loop_instructions_per_warp": loop["instructions"],
+                         "instructions_per_key": round(loop["instructions"] * per_key, 2),
+                         "per_key": {f: round(loop["opcodes"].get(f, 0) * per_key, 2) for f in LOOP_FAMILIES},
+                         "barriers": loop["barriers"], "opcodes": loop["opcodes"]})
+            row = rows[-1]
+            print(f"{row['cache']:4s} BLOCK_N={block_n:3d} warps={warps} stages={stages}: {row['registers']} registers, "
+                  f"{row['shared_bytes'] // 1024} KiB shared; loop {loop['instructions']} instructions a warp, "
+                  f"{row['instructions_per_key']} a key: {row['per_key']}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loop", action="store_true", help="count the key loop's instructions per key")
+    parser.add_argument("--out", type=Path, help="with --loop: the results JSON")
+    args = parser.parse_args(argv)
+    if args.loop:
+        rows = loop_rows()
+        if args.out:
+            args.out.write_text(json.dumps({"command": "python benchmarks/decode_registers_offline.py --loop",
+                                            "triton": triton.__version__, "target": "sm_90",
+                                            "problem": "b x 28 query heads over 4 kv heads, d=128, pages of 16, "
+                                                       "one query token, 2 splits", "rows": rows}, indent=1))
+        return 0
     for kv_fp8 in (False, True):
         for block_n, warps, stages in ((64, 4, 2), (128, 4, 3), (128, 8, 3)):
             row = resources(compile_split(kv_fp8, block_n, warps, stages))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cubin import cubin_resources, cuobjdump  # noqa: E402
+from cubin import cubin_resources, loop_counts  # noqa: E402
 from decode_registers_offline import compile_sm90, compile_split  # noqa: E402
 
 from omnitune.kernels import paged_decode_attention as pda  # noqa: E402
@@ -121,21 +120,6 @@ def compile_pages(pages: int, warps: int, stages: int):
     return compile_sm90(_fp8_pages_split, pointers, constexprs, warps, stages)
 
 
-def loop_counts(kernel) -> dict:
-    """The innermost backward branch's body: instructions, CTA barriers, shuffles, shared loads/stores."""
-    sass = cuobjdump(kernel, "-sass")
-    instructions = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    for address, text in instructions:
-        target = re.search(r"BRA\s+(?:\S+\s+)?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < address:
-            body = [t for a, t in instructions if int(target.group(1), 16) <= a <= address]
-            return {"instructions": len(body), "barriers": sum("BAR.SYNC" in t for t in body),
-                    "shuffles": sum("SHFL" in t for t in body),
-                    "shared_loads": sum(re.search(r"\bLDS", t) is not None for t in body),
-                    "shared_stores": sum(re.search(r"\bSTS", t) is not None for t in body)}
-    return {}
-
-
 def launch_probe(inputs: pda.PagedDecodeInputs, pages: int, warps: int, stages: int) -> torch.Tensor:
     """The probe's split kernel, then the library's combine kernel: the attention [B, H, 1, D]."""
     q, kc, vc = inputs.q, inputs.key_cache, inputs.value_cache
@@ -168,7 +152,7 @@ def offline() -> int:
         rows.append((f"pages per warp: {pages} pages, {warps} warps, {stages} stages",
                      compile_pages(pages, warps, stages), warps, 16 * pages))
     for name, kernel, warps, keys in rows:
-        loop = loop_counts(kernel)
+        loop = {k: v for k, v in loop_counts(kernel).items() if k != "opcodes"}
         registers = cubin_resources(kernel)["registers"]
         per_64 = loop["instructions"] * warps * 64 // keys
         print(f"{name}: {registers} registers, {kernel.metadata.shared // 1024} KiB shared, "

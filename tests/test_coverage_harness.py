@@ -125,6 +125,11 @@ def test_the_summary_is_computed_from_the_rows(evaluated):
     assert summary["rungs"] == {"exact": 1, "nearest": 1, "predictor": 0, "default": 1}
     assert summary["pick_within_95pct"] == sum(1 for p in picks if 1 / p >= 0.95)
     assert summary["pick_within_95pct_share"] == pytest.approx(summary["pick_within_95pct"] / 3)
+    by_rung = summary["pick_within_95pct_by_rung"]
+    assert set(by_rung) == {r["rung"] for r in timed} and sum(n for _, n in by_rung.values()) == 3
+    for rung, (good, total) in by_rung.items():
+        ours = [r["ratios"]["pick_over_tuned"] for r in timed if r["rung"] == rung]
+        assert (good, total) == (sum(1 for p in ours if 1 / p >= 0.95), len(ours))
     assert summary["median_pick_over_tuned"] == pytest.approx(statistics.median(picks))
     assert summary["worst_pick_over_tuned"] == pytest.approx(max(picks))
     assert summary["pick_slower_than_pytorch"] == sum(r["pick_slower_than_pytorch"] for r in timed)

@@ -1,0 +1,47 @@
+"""benchmarks/decode_registers_offline.py --loop's count on the CPU: the paged-decode split kernel
+compiled for sm_90 (Triton's bundled ptxas; read with cuobjdump), its key loop found in the SASS
+and its instructions counted. Run in a child process without TRITON_INTERPRET (the suite
+interprets kernels when there is no GPU; this compiles them for real)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_COUNT = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+from decode_registers_offline import compile_split
+from cubin import loop_counts
+print(json.dumps({cache: loop_counts(compile_split(cache == "fp8", 64, 4, 3)) for cache in ("fp8", "bf16")}))
+"""
+
+
+def test_the_key_loop_is_found_and_counted():
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not all((tools / tool).exists() for tool in ("ptxas", "cuobjdump")):
+        pytest.skip("Triton's bundled ptxas and cuobjdump are needed to compile for sm_90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _COUNT], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loops = json.loads(done.stdout.strip().splitlines()[-1])
+    for cache, loop in loops.items():
+        opcodes = loop["opcodes"]
+        assert sum(opcodes.values()) == loop["instructions"] > 100, cache
+        # One 64-key tile over 4 warps: q·kᵀ [16, 64] and p·v [16, 128] are 64 + 64 m16n8k16 MMAs.
+        assert opcodes["HMMA"] * 4 == 128, cache
+        assert loop["barriers"] >= 1 and opcodes["BRA"] >= 1, cache
+    # Over fp8 both K and V are widened from e4m3 in the loop: 2 × 64 × 128 elements, two an
+    # unpack, over 128 threads — at least 64 unpacks a thread; over bf16 there is nothing to widen.
+    assert loops["fp8"]["opcodes"]["F2FP"] >= 64 > loops["bf16"]["opcodes"].get("F2FP", 0)
