@@ -5,6 +5,12 @@ registers, spills and shared memory, and the Triton IR and PTX of the tuned conf
 reading. A diagnostic, not a figure to quote.
 
     PYTHONPATH=$PWD python benchmarks/fp8_decode_probe.py --out $OUT/fp8_decode_probe_h200.json --asm $OUT/asm
+
+--few-warps sweeps fp8 over programs of one or two warps (16- to 64-key tiles, 2-16 splits, 2-4
+stages), which no sweep here measured and the searches' 10-20 trials may not have reached: the
+loop issues about as many instructions a key at any warp count (benchmarks/decode_registers_offline.py
+--loop), but with one warp to a tile no warp waits at a barrier for the others. Each config's
+output (poisoned first) is compared with its cache's tuned config's.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ops_bench import capture, graph_call_us  # noqa: E402
+
+
+# (NUM_SPLITS, BLOCK_N, num_warps, num_stages)
+FEW_WARPS_GRID = list(itertools.product((2, 4, 8, 16), (16, 32, 64), (1, 2), (2, 3, 4)))
+TUNED = {"bf16": (2, 64, 4, 2), "fp8": (2, 64, 4, 3)}
 
 
 class _Recorder:
@@ -42,6 +53,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--quick", action="store_true",
                         help="bf16's tuned config and three fp8 configs only (a kernel variant checked in a minute)")
+    parser.add_argument("--few-warps", action="store_true",
+                        help="fp8 over 1-2 warps a program (72 configs) beside each cache's tuned config")
     parser.add_argument("--ncu-pair", action="store_true",
                         help="launch the split kernel once per cache with one config (for ncu -k _paged_decode_split)")
     args = parser.parse_args(argv)
@@ -53,6 +66,7 @@ def main(argv=None) -> int:
     caches = {"bf16": (kc, vc, None, None), "fp8": (_fp8.quantize(kc, ks), _fp8.quantize(vc, vs), ks, vs)}
     out = torch.empty_like(inputs.q)
     rows = []
+    first_out: dict[str, torch.Tensor] = {}  # each cache's first config's output
     keep = {("bf16", (2, 64, 4, 2)), ("fp8", (2, 64, 4, 2)), ("fp8", (8, 32, 4, 2)), ("fp8", (2, 128, 8, 3))}
     args.asm.mkdir(parents=True, exist_ok=True)
     for name, (k, v, k_scale, v_scale) in caches.items():
@@ -60,6 +74,8 @@ def main(argv=None) -> int:
                 + [(8, 32, 4, 2), (2, 128, 8, 3), (2, 64, 8, 2), (2, 64, 8, 3)])
         if args.quick:
             grid = [(2, 64, 4, 2)] if name == "bf16" else [(2, 64, 4, 2), (2, 64, 4, 3), (2, 128, 4, 3)]
+        if args.few_warps:  # the tuned config first: the others' outputs are compared with its
+            grid = [TUNED[name]] + (FEW_WARPS_GRID if name == "fp8" else [])
         for splits, block_n, warps, stages in (grid[:1] if args.ncu_pair else grid):
             cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
                          FUSED_REDUCE=False)
@@ -79,9 +95,12 @@ def main(argv=None) -> int:
                     rows.append(row)
                     continue
                 scratch = pda._Scratch.make(64, 28, 1, 128, 4, cfg, "cuda")
+                out.fill_(float("nan"))
                 graph = capture(lambda: pda._launch(inputs.q, k, v, inputs.block_tables, inputs.context_lens,
                                                     inputs.sm_scale, out, cfg, scratch, k_scale, v_scale))
                 row["graph_us"] = min(graph_call_us(graph) for _ in range(3))
+                first = first_out.setdefault(name, out.float().clone())
+                row["rel_diff_to_first"] = float((out.float() - first).norm() / first.norm())
                 if (name, (splits, block_n, warps, stages)) in keep:
                     stem = f"{name}_s{splits}_n{block_n}_w{warps}_st{stages}"
                     for kind in ("ttgir", "ptx"):
