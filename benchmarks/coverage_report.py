@@ -108,7 +108,8 @@ def summary_sentence(s: Mapping) -> str:
                  f"(`{s['worst_problem']}`); default ÷ tuned median {number(s['median_default_over_tuned'])}.")
         by_rung = s.get("pick_within_95pct_by_rung") or {}
         if len(by_rung) > 1:
-            text += " By rung, ≥ 95%: " + ", ".join(f"{rung} {good} of {timed}" for rung, (good, timed) in by_rung.items()) + "."
+            counts = (f"{rung} {good} of {timed}" for rung, (good, timed) in by_rung.items())
+            text += " By rung, ≥ 95%: " + ", ".join(counts) + "."
     if s["with_pytorch"]:
         text += (f" The pick is slower than the best PyTorch path on {s['pick_slower_than_pytorch']} of "
                  f"{s['with_pytorch']} ({percent(s['pick_slower_than_pytorch_share'])}).")

@@ -12,7 +12,7 @@ for the kernel of round 8 (V through its scale's significand), 100 / 158 / 102 o
 (benchmarks/results/fp8_decode_probe_h200_round8_A.json).
 
     PYTHONPATH=$PWD python benchmarks/decode_registers_offline.py
-    PYTHONPATH=$PWD python benchmarks/decode_registers_offline.py --loop --out benchmarks/results/decode_loop_offline.json
+    python benchmarks/decode_registers_offline.py --loop --out benchmarks/results/decode_loop_offline.json
 
 --loop counts the instructions of the split kernel's key loop in its SASS (one iteration: one tile
 of BLOCK_N keys, per warp), over both caches at the configs the searches and sweeps explored, and
@@ -95,7 +95,8 @@ def loop_rows() -> list[dict]:
                          "per_key": {f: round(loop["opcodes"].get(f, 0) * per_key, 2) for f in LOOP_FAMILIES},
                          "barriers": loop["barriers"], "opcodes": loop["opcodes"]})
             row = rows[-1]
-            print(f"{row['cache']:4s} BLOCK_N={block_n:3d} warps={warps} stages={stages}: {row['registers']} registers, "
+            print(f"{row['cache']:4s} BLOCK_N={block_n:3d} warps={warps} stages={stages}: "
+                  f"{row['registers']} registers, "
                   f"{row['shared_bytes'] // 1024} KiB shared; loop {loop['instructions']} instructions a warp, "
                   f"{row['instructions_per_key']} a key: {row['per_key']}", flush=True)
     return rows

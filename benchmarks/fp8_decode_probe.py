@@ -7,7 +7,8 @@ reading. A diagnostic, not a figure to quote.
     PYTHONPATH=$PWD python benchmarks/fp8_decode_probe.py --out $OUT/fp8_decode_probe_h200.json --asm $OUT/asm
 
 --few-warps sweeps fp8 over programs of one or two warps (16- to 64-key tiles, 2-16 splits, 2-4
-stages), which no sweep here measured and the searches' 10-20 trials may not have reached: the
+stages). Round 8's searches sampled one and two warps only over 64- and 128-key tiles (2.3x the
+best and slower at b64 4k: up to 255 registers, 4 programs an SM); 16- and 32-key tiles fit 7-12. The
 loop issues about as many instructions a key at any warp count (benchmarks/decode_registers_offline.py
 --loop), but with one warp to a tile no warp waits at a barrier for the others. Each config's
 output (poisoned first) is compared with its cache's tuned config's.

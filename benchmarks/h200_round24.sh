@@ -4,9 +4,9 @@
 # Part F (issue 16): paged decode over fp8 with one or two warps a program. Offline
 # (benchmarks/results/decode_loop_offline.json) the key loop issues 40-57 instructions a key at any
 # warp count, and round 9's Nsight Compute run found its warps waiting rather than issuing; with one
-# warp to a tile no warp waits at a barrier for the others. No sweep measured 1-2 warps over fp8,
-# and the fp8 searches ran 10-20 trials. 72 configs beside each cache's tuned one, b64 h28/4 at 4k
-# and 16k, each config's output compared with the tuned config's.
+# warp to a tile no warp waits at a barrier for the others. Over fp8, 1-2 warps were measured only
+# on 64- and 128-key tiles (round 8's searches: 2.3x the best and slower). 72 configs beside each
+# cache's tuned one, b64 h28/4 at 4k and 16k, each config's output compared with the tuned config's.
 # Parts K1 and K2 (issue 14): kv_compress's last four training problems (three fp16, one bf16 at
 # d=64) searched, 40 trials each (K1); merged with rounds 22-23's training trials
 # (benchmarks/merge_trials.py), exported over a copy of the shipped tables and judged on the
