@@ -401,7 +401,8 @@ def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, co
               merge: str = "average", merge_threshold: float = DEFAULT_MERGE_THRESHOLD,
               out: torch.Tensor | None = None) -> CompressedKV:
     """Steps 1–4. `out`, if given, is [2, B, Hkv, L, D] with L the longest kept length; otherwise
-    it is allocated (one device sync to learn L)."""
+    it is allocated. Either way one read back to the host: the longest kept and evicted lengths,
+    which size the output and the merge kernel's grid."""
     b, h, w, d = q_window.shape
     hkv = k.shape[1]
     block_d = triton.next_power_of_2(d)
