@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-fourth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round24.sh F|K1|K2      (K2 after K1's database is copied to benchmarks/results)
+#   OUT=dir bash benchmarks/h200_round24.sh F|K1|K2
+# (K2 after K1's $OUT/train.db.gz is copied to benchmarks/results/train_h200_round24_K1.db.gz)
 # Part F (issue 16): paged decode over fp8 with one or two warps a program. Offline
 # (benchmarks/results/decode_loop_offline.json) the key loop issues 40-57 instructions a key at any
 # warp count, and round 9's Nsight Compute run found its warps waiting rather than issuing; with one
