@@ -60,17 +60,11 @@ def child(cases: list[dict]) -> list[dict]:
 
 
 def sass(kernel) -> str:
-    """The kernel's instructions (cuobjdump -sass, benchmarks/cubin.py), without the comments and
-    labels that line info adds or moves."""
-    from cubin import cuobjdump
+    """The kernel's instructions (benchmarks/cubin.py), without the comments and labels that line
+    info adds or moves."""
+    from cubin import sass_instructions
 
-    kept = []
-    for line in cuobjdump(kernel, "-sass").splitlines():
-        code = line.split("/*")[0].strip() if not line.strip().startswith("/*") else line.split("*/", 1)[-1]
-        code = code.split(";")[0].strip()
-        if code and not code.startswith(("//", ".")) and "Function" not in code:
-            kept.append(code)
-    return "\n".join(kept)
+    return "\n".join(text for _, text in sass_instructions(kernel))
 
 
 def run_mode(line_info: bool, cases: list[dict]) -> list[dict]:

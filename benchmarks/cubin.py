@@ -29,12 +29,18 @@ def cubin_resources(kernel) -> dict:
     return {"registers": int(found.group(1)) if found else None, "stack_bytes": int(found.group(2)) if found else None}
 
 
+def sass_instructions(kernel) -> list[tuple[int, str]]:
+    """(address, instruction) of each instruction in kernel's SASS (cuobjdump -sass), without the
+    encodings, comments and labels around them (which line info adds or moves)."""
+    sass = cuobjdump(kernel, "-sass")
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
 def loop_counts(kernel) -> dict:
     """The first backward branch's body in kernel's SASS (a decode split kernel's key loop): its
     instructions, CTA barriers, shuffles, shared loads and stores, and the instructions by opcode
     (without predicate and modifiers: IMAD.MOV.U32 counts as IMAD), most frequent first."""
-    sass = cuobjdump(kernel, "-sass")
-    instructions = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    instructions = sass_instructions(kernel)
     for address, text in instructions:
         target = re.search(r"BRA\s+(?:\S+\s+)?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < address:
