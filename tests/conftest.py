@@ -117,3 +117,24 @@ def capture_graph(fn):
     with torch.cuda.graph(graph):
         result = fn()
     return graph, result
+
+
+def compile_for_sm90(argv: list[str], timeout: float = 300):
+    """`python argv...` run in the repository as a user runs the offline probes: kernels compiled
+    for sm_90 with Triton's bundled ptxas and read with its cuobjdump, not interpreted (the child
+    runs without TRITON_INTERPRET). The test is skipped where Triton brings neither tool."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    missing = [tool for tool in ("ptxas", "cuobjdump") if not (tools / tool).exists()]
+    if missing:
+        pytest.skip(f"Triton's bundled {' and '.join(missing)} not found: nothing can compile for sm_90 here")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=timeout, check=False)

@@ -6,14 +6,8 @@ interprets kernels when there is no GPU; this compiles them for real)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import compile_for_sm90
 
 _COUNT = """
 import json, sys
@@ -25,15 +19,7 @@ print(json.dumps({cache: loop_counts(compile_split(cache == "fp8", 64, 4, 3)) fo
 
 
 def test_the_key_loop_is_found_and_counted():
-    import triton
-
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    if not all((tools / tool).exists() for tool in ("ptxas", "cuobjdump")):
-        pytest.skip("Triton's bundled ptxas and cuobjdump are needed to compile for sm_90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", _COUNT], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300, check=False)
+    done = compile_for_sm90(["-c", _COUNT])
     assert done.returncode == 0, done.stderr[-2000:]
     loops = json.loads(done.stdout.strip().splitlines()[-1])
     for cache, loop in loops.items():

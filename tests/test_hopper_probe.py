@@ -6,37 +6,19 @@ when there is no GPU; the probe compiles them for real)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from conftest import compile_for_sm90
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "benchmarks" / "hopper_features_offline.py"
 
 
-def _nvidia_bin() -> Path | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-
-
 def _probe_rows(name: str, tmp_path: Path) -> list[dict]:
     """The rows the probe writes for `--only name`, run as a user runs it (skipped without the
     compiler's tools)."""
-    bin_dir = _nvidia_bin()
-    missing = [tool for tool in ("ptxas", "cuobjdump") if bin_dir is None or not (bin_dir / tool).exists()]
-    if missing:
-        pytest.skip(f"Triton's bundled {' and '.join(missing)} not found: the probe cannot compile for sm_90 here")
     out = tmp_path / "probe.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(PROBE), "--only", name, "--out", str(out)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False)
+    done = compile_for_sm90([str(PROBE), "--only", name, "--out", str(out)])
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(out.read_text())["rows"]
 
