@@ -3,13 +3,26 @@
 # step LIMIT CMD...: run CMD under a time limit, framed by "###" lines (command, exit code, seconds)
 # that the committed logs are read by; left BUDGET: seconds of BUDGET not yet spent since $started;
 # fp8_shapes KERNEL: the fp8 problems of the Qwen presets (7B and VL-7B share their shapes) as
-# --shape arguments.
+# --shape arguments. decode_stalls CACHE SHAPE CONFIG_JSON: Nsight Compute's details and top stalls
+# of paged decode's split kernel, appended to $OUT/ncu_decode_stalls_h200.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 started=${started:-$(date +%s)}
 
 step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
 left() { echo $(( $1 - ($(date +%s) - started) )); }
+
+decode_stalls() {  # decode_stalls CACHE SHAPE CONFIG_JSON: ncu's details and the top stalls, appended to one file
+  local cache=$1 shape=$2 config=$3 report=/tmp/ncu_$1
+  step 90 ncu --clock-control none --set full --import-source yes -k regex:_paged_decode_split --launch-skip 1 \
+    --launch-count 1 -f -o "$report" python -m omnitune.profile.ncu_target paged_decode_attention "$shape" bf16 \
+    "$config" --launches 2
+  {
+    echo "===== $cache cache: $shape $config"
+    python benchmarks/ncu_stall_summary.py <(ncu -i "$report.ncu-rep" --page source --csv --print-source sass) --top 40
+    ncu -i "$report.ncu-rep" --page details
+  } >> "$OUT/ncu_decode_stalls_h200.txt" 2>&1
+}
 
 fp8_shapes() {
   python - "$1" <<'EOF'

@@ -34,13 +34,30 @@ TUNED = {"bf16": (2, 64, 4, 2), "fp8": (2, 64, 4, 3)}
 
 
 class _Recorder:
-    """Stands in for the split kernel's launcher for one call and keeps the compiled kernel."""
+    """Stands in for the split kernel's DirectLauncher for one call: the launcher it binds goes
+    through the JIT, which hands back the compiled kernel (registers, spills, assembly)."""
 
     def __init__(self, jit):
         self.jit, self.kernel = jit, None
 
-    def __call__(self, grid, args, constexprs, objects):
-        self.kernel = self.jit[grid](*args, **constexprs)
+    def bind(self, constexprs: dict, objects: int):
+        def launch(grid, args, dtypes=None):
+            self.kernel = self.jit[grid](*args, **constexprs)
+        return launch
+
+
+def _recorded_kernel(pda, launch):
+    """The split kernel `launch()` compiles, recorded through a plan built for the occasion: the
+    launch plans are emptied before and after, so that the timed calls bind the real launcher."""
+    from omnitune.kernels._launch import PlanCache
+
+    recorder, launcher = _Recorder(pda._paged_decode_split), pda._SPLIT
+    pda._SPLIT, pda._launch_plans = recorder, PlanCache(pda._launch_plan)
+    try:
+        launch()
+    finally:
+        pda._SPLIT, pda._launch_plans = launcher, PlanCache(pda._launch_plan)
+    return recorder.kernel
 
 
 def main(argv=None) -> int:
@@ -82,14 +99,9 @@ def main(argv=None) -> int:
                          FUSED_REDUCE=False)
             row = {"cache": name, "config": cfg.as_dict()}
             try:
-                recorder, launcher = _Recorder(pda._paged_decode_split), pda._SPLIT
-                pda._SPLIT = recorder
-                try:
-                    pda._launch(inputs.q, k, v, inputs.block_tables, inputs.context_lens, inputs.sm_scale, out, cfg,
-                                None, k_scale, v_scale)
-                finally:
-                    pda._SPLIT = launcher
-                kernel = recorder.kernel
+                kernel = _recorded_kernel(pda, lambda: pda._launch(
+                    inputs.q, k, v, inputs.block_tables, inputs.context_lens, inputs.sm_scale, out, cfg, None,
+                    k_scale, v_scale))
                 row.update(registers=kernel.n_regs, spills=kernel.n_spills, shared_bytes=kernel.metadata.shared)
                 if args.ncu_pair:
                     torch.cuda.synchronize()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-fourth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round24.sh F|K1|K2
+#   OUT=dir bash benchmarks/h200_round24.sh F|K1|K2|D|E|P|J
 # (K2 after K1's $OUT/train.db.gz is copied to benchmarks/results/train_h200_round24_K1.db.gz)
 # Part F (issue 16): paged decode over fp8 with one or two warps a program. Offline
 # (benchmarks/results/decode_loop_offline.json) the key loop issues 40-57 instructions a key at any
@@ -13,7 +13,23 @@
 # (benchmarks/merge_trials.py), exported over a copy of the shipped tables and judged on the
 # held-out set against round 23 part J's optima (K2). Shipped only if it judges better than
 # round 23's table (25 of 30).
-part=${1:?part F|K1|K2}
+# Part D (issue 16): F's fastest fp8 configs (one warp a program over 16-key tiles, 4-16 splits)
+# given to the searches of the batch-64 fp8 problems of the Qwen presets (search --try: measured
+# right after the default), 16 trials each, exported over a copy of the shipped tables; then the
+# fp8 caches as users call them (benchmarks/fp8_kv_bench.py --quick), with the shipped tables and
+# with the new ones, in the same run. And the probe's recording test on the GPU.
+# Part E: D's last step again (its time limit had run out): fp8_kv_bench.py --quick twice with the
+# tables shipped before D and twice with D's ($TC_D; the ones now shipped), alternating. (Run with
+# D's tables copied to ./tc_D: OUT=dir TC_D=$PWD/tc_D bash benchmarks/h200_round24.sh E.)
+# Part P (issues 14 and 16): benchmarks/match_ratio_probe.py — the held-out problems whose answer
+# leaves the nearest rung when MatchPolicy's max_ratio is 2 instead of 4, both answers and the
+# tuned optimum timed together — for kv_compress, attention and paged decode; and Nsight Compute's
+# stalls of the fp8 decode with D's one-warp config (b64 h28/4 4k).
+# Part J (issue 14): with MatchPolicy's max_ratio 2 for kv_compress and attention (part P's
+# measurement), both kernels' held-out sets judged again with the shipped tables against their
+# earlier optima (coverage.py --tuned-from). Kept for kv_compress; attention went back to 4 (J
+# lost one problem P had it gain).
+part=${1:?part F|K1|K2|D|E|P|J}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -44,5 +60,45 @@ case $part in
     step $(left 560) python benchmarks/coverage.py --kernel kv_compress --tables "$OUT/tc" \
       --out "$OUT/coverage_kv_compress_h200_round24_K2.json" --trials 40 --work-dir /tmp/cov \
       --time-budget $(left 480) --tuned-from benchmarks/results/coverage_kv_compress_h200_round23_J.json
+    ;;
+  D)
+    step 120 python -m pytest -q -p no:cacheprovider tests/test_fp8_decode_probe.py tests/test_fp8_kv_cache.py
+    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention "$OUT/tc/"
+    shapes=""
+    for hh in "h=16,hkv=2" "h=28,hkv=4" "h=32,hkv=4"; do for ctx in 4096 16384; do
+      shapes="$shapes --shape b=64,$hh,lq=1,ctx=$ctx,d=128,block_size=16,cache_dtype=fp8_e4m3"; done; done
+    one='"BLOCK_N": 16, "num_warps": 1, "PACK_GQA": true, "FUSED_REDUCE": false'
+    step $(left 400) python -m omnitune search paged_decode_attention $shapes --dtype bf16,fp16 -n 16 \
+      --timeout $(left 330) --db "$OUT/fp8.db" \
+      --try "{\"NUM_SPLITS\": 4, \"num_stages\": 4, $one}" --try "{\"NUM_SPLITS\": 16, \"num_stages\": 3, $one}" \
+      --try "{\"NUM_SPLITS\": 8, \"num_stages\": 3, $one}" --try "{\"NUM_SPLITS\": 4, \"num_stages\": 3, $one}"
+    step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel paged_decode_attention --out "$OUT/tc" --no-predictor
+    gzip -k "$OUT/fp8.db"
+    rm -f "$OUT"/tc/*/.*.lock
+    step 80 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round24_D_shipped.json"
+    ;;
+  E)
+    for i in 1 2; do
+      python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round24_E_shipped_$i.json" > "$OUT/E_shipped_$i.log" 2>&1
+      OMNITUNE_CONFIG_DIR="${TC_D:?the folder of part D tables}" python benchmarks/fp8_kv_bench.py --quick \
+        --out "$OUT/fp8_kv_h200_round24_E_new_$i.json" > "$OUT/E_new_$i.log" 2>&1
+    done
+    ;;
+  P)
+    decode_stalls fp8 "b=64,h=28,hkv=4,lq=1,ctx=4096,d=128,block_size=16,cache_dtype=fp8_e4m3" \
+      '{"NUM_SPLITS": 4, "BLOCK_N": 16, "num_warps": 1, "num_stages": 4, "PACK_GQA": true, "FUSED_REDUCE": false}'
+    for kt in kv_compress:coverage_kv_compress_h200_round23_J attention:coverage_attention_h200_round22_B_trained_tables \
+              paged_decode_attention:coverage_paged_decode_h200_round22_B_trained_tables; do
+      step 150 python benchmarks/match_ratio_probe.py --kernel "${kt%%:*}" --ratio 2 \
+        --tuned-from "benchmarks/results/${kt#*:}.json" --out "$OUT/match_ratio_${kt%%:*}_h200_round24_P.json"
+    done
+    ;;
+  J)
+    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_h200_round24_J.json" \
+      --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
+      --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
+    step $(left 440) python benchmarks/coverage.py --kernel kv_compress --out "$OUT/coverage_kv_compress_h200_round24_J.json" \
+      --trials 40 --work-dir /tmp/cov_k --time-budget $(left 400) \
+      --tuned-from benchmarks/results/coverage_kv_compress_h200_round23_J.json
     ;;
 esac

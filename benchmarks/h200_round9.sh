@@ -24,18 +24,6 @@ part=${1:?part A|B|C}
 started=$(date +%s)
 source "$(dirname "$0")/device_steps.sh"
 
-decode_stalls() {  # decode_stalls CACHE SHAPE CONFIG_JSON: ncu's details and the top stalls, appended to one file
-  local cache=$1 shape=$2 config=$3 report=/tmp/ncu_$1
-  step 90 ncu --clock-control none --set full --import-source yes -k regex:_paged_decode_split --launch-skip 1 \
-    --launch-count 1 -f -o "$report" python -m omnitune.profile.ncu_target paged_decode_attention "$shape" bf16 \
-    "$config" --launches 2
-  {
-    echo "===== $cache cache: $shape $config"
-    python benchmarks/ncu_stall_summary.py <(ncu -i "$report.ncu-rep" --page source --csv --print-source sass) --top 40
-    ncu -i "$report.ncu-rep" --page details
-  } >> "$OUT/ncu_decode_stalls_h200.txt" 2>&1
-}
-
 case $part in
   A)
     shape=b=64,h=28,hkv=4,lq=1,ctx=4096,d=128,block_size=16

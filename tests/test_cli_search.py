@@ -142,8 +142,33 @@ def test_search_help_explains_every_option():
     result = invoke("search", "--help")
     assert result.exit_code == 0
     for option in ("--shape", "--dtype", "--trials", "--timeout", "--sampler", "--seed", "--db", "--storage",
-                   "--finalists", "--profile-top", "--interpret"):
+                   "--finalists", "--profile-top", "--interpret", "--try"):
         assert option in result.stdout
+
+
+def test_try_configs_are_measured_right_after_the_default_in_the_order_given(tmp_db, tmp_path):
+    import json
+
+    from omnitune.registry import get_spec
+    from omnitune.store import config_json
+
+    spec = get_spec("attention")
+    problem = spec.parse_shape(SHAPE)
+    default = spec.default_config(problem, torch.float32)
+    # Two partial configs unlike the default, the second from a file; the third repeats the first.
+    first = {"BLOCK_M": 16, "BLOCK_N": 16 if default["BLOCK_N"] != 16 else 32}
+    second = {"num_stages": 1 if default["num_stages"] != 1 else 2}
+    (tmp_path / "second.json").write_text(json.dumps(second))
+    expected = [spec.complete_config(values, problem, torch.float32) for values in (first, second)]
+    assert default not in expected and expected[0] != expected[1]
+    result = invoke(*search_args(tmp_db, "--trials", "4", "--try", json.dumps(first),
+                                 "--try", str(tmp_path / "second.json"), "--try", json.dumps(first)))
+    assert result.exit_code == 0, result.output
+    measured = rows(tmp_db)
+    assert len(measured) == 4
+    assert measured[0]["is_default"] == 1
+    assert [r["config_json"] for r in measured[1:3]] == [config_json(c) for c in expected]
+    assert measured[3]["config_json"] not in {config_json(c) for c in [default, *expected]}
 
 
 @pytest.mark.parametrize(
@@ -157,8 +182,17 @@ def test_search_help_explains_every_option():
         (["search", "attention", "--shape", SHAPE, "--sampler", "anneal", *MODE],
          "unknown sampler 'anneal'; choose one of tpe, random, grid, cmaes"),
         (["search", "attention", *MODE], "give at least one --shape"),
+        (["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--try", '{"BLOCK_Q": 16}'],
+         "attention has no parameter 'BLOCK_Q'"),
+        (["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--try", '{"BLOCK_M": 24}'],
+         "BLOCK_M"),
+        (["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--try", "nosuch.json"],
+         "--try nosuch.json: no such file"),
+        (["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--try", "[16]"],
+         "--try must be a JSON object"),
     ],
-    ids=["unknown-kernel", "bad-shape", "bad-dtype", "no-gpu", "bad-sampler", "no-shape"],
+    ids=["unknown-kernel", "bad-shape", "bad-dtype", "no-gpu", "bad-sampler", "no-shape", "try-unknown-name",
+         "try-bad-value", "try-no-file", "try-not-an-object"],
 )
 def test_user_mistakes_exit_2_with_one_line(args, message, tmp_db, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -178,3 +178,30 @@ def test_a_resumed_search_passes_over_finished_problems(kv, tmp_path):
                         catalogue=tmp_path / "results.db")
     third = spec.problem_key(problems[2])
     assert [e[:2] for e in log] == [("open", third), ("submit", third)]  # the finished second passed over
+
+
+def test_the_users_tries_are_compiled_ahead_right_after_the_default(kv, tmp_path):
+    spec, problems = kv
+    log: list = []
+    tries = ({"BLOCK_T": 4}, {"BLOCK_T": 2})  # one warp each: more would idle on these tiny tiles
+    pools: dict = {}
+
+    def make_pool(spec, problem, dtype):
+        key = spec.problem_key(problem)
+        pools.setdefault(key, []).append(LoggedPool(log, key))
+        log.append(("open", key))
+        return pools[key][-1]
+
+    ahead = ProblemsAhead([(spec, p, DTYPE) for p in problems], workers=2, trials=3, make_pool=make_pool, tries=tries)
+    with ahead:
+        from omnitune.cli.search_cmd import search_problems
+
+        search_problems(spec, problems, DTYPE, trials=3, timeout_s=None, sampler="tpe", seed=0,
+                        db=str(tmp_path / "results.db"), storage=None, interpret=True, precompile_workers=2,
+                        ahead=ahead, tries=tries)
+    following = spec.problem_key(problems[1])
+    submitted = next(e[2] for e in log if e[0] == "submit" and e[1] == following)
+    expected = [spec.complete_config(values, problems[1], DTYPE) for values in tries]
+    assert spec.default_config(problems[1], DTYPE) not in expected
+    assert list(submitted) == [spec.default_config(problems[1], DTYPE), *expected]
+    assert list(submitted) == first_configs(spec, problems[1], DTYPE, DeviceLimits(), [], tries)[:3]

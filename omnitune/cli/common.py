@@ -80,44 +80,54 @@ def parse_config_option(spec: KernelSpec, text: str, problem, dtype: torch.dtype
         raise ConfigError(f"--config {text}: a value is too large for any {spec.name} parameter") from None
 
 
+def parse_partial_config_option(spec: KernelSpec, text: str, option: str) -> dict:
+    """A partial config given to `option` (search --try) as JSON text or a JSON file, its names
+    and values checked against the spec's parameters: what is missing is filled per problem later."""
+    values = _config_values(_config_text(text, option), option)
+    try:
+        spec.coerce_config(values, partial_ok=True)
+        return values
+    except OverflowError:
+        raise ConfigError(f"{option} {text}: a value is too large for any {spec.name} parameter") from None
+
+
 _CONFIG_EXAMPLE = """'{"BLOCK_M": 64}'"""
 
 
-def _config_text(text: str) -> str:
-    """The JSON of --config: the text itself if it is JSON, else the file it names."""
+def _config_text(text: str, option: str = "--config") -> str:
+    """The JSON of a config option: the text itself if it is JSON, else the file it names."""
     if text.lstrip().startswith(("{", "[")):
         return text
     path = Path(text)
     if path.is_dir():
-        raise ConfigError(f"--config {text} is a folder; give a JSON object such as {_CONFIG_EXAMPLE} or a JSON file")
+        raise ConfigError(f"{option} {text} is a folder; give a JSON object such as {_CONFIG_EXAMPLE} or a JSON file")
     if not path.exists():
-        raise ConfigError(f"--config {text}: no such file; give a JSON object such as {_CONFIG_EXAMPLE} "
+        raise ConfigError(f"{option} {text}: no such file; give a JSON object such as {_CONFIG_EXAMPLE} "
                           "or the path of a JSON file")
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read --config {text}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise ConfigError(f"cannot read {option} {text}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-def _reject_constant(name: str):
-    raise ConfigError(f"--config holds {name}; launch parameters are finite numbers")
-
-
-def _config_values(raw: str) -> dict:
+def _config_values(raw: str, option: str = "--config") -> dict:
     """The JSON object of a config, each value a single finite number, a boolean or a string."""
+    def reject_constant(name: str):
+        raise ConfigError(f"{option} holds {name}; launch parameters are finite numbers")
+
     try:
-        values = json.loads(raw, parse_constant=_reject_constant)
+        values = json.loads(raw, parse_constant=reject_constant)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"--config is not valid JSON ({exc.msg} at position {exc.pos})") from None
+        raise ConfigError(f"{option} is not valid JSON ({exc.msg} at position {exc.pos})") from None
     except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, absurd nesting
-        raise ConfigError(f"--config is not usable JSON ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(f"{option} is not usable JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(values, dict):
-        raise ConfigError(f"--config must be a JSON object such as {_CONFIG_EXAMPLE}, got a JSON {type(values).__name__}")
+        raise ConfigError(f"{option} must be a JSON object such as {_CONFIG_EXAMPLE}, got a JSON {type(values).__name__}")
     for key, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
-            raise ConfigError(f"--config {key}={value!r}: launch parameters are finite numbers")
+            raise ConfigError(f"{option} {key}={value!r}: launch parameters are finite numbers")
         if not isinstance(value, (bool, int, float, str)):
-            raise ConfigError(f"--config {key}={json.dumps(value)}: a parameter takes a single value")
+            raise ConfigError(f"{option} {key}={json.dumps(value)}: a parameter takes a single value")
     return values
 
 

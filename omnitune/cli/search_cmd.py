@@ -23,6 +23,7 @@ from omnitune.cli.common import (
     err_console,
     interpret_option,
     load_spec,
+    parse_partial_config_option,
     parse_problems,
     search_dtype,
     search_dtype_names,
@@ -142,6 +143,14 @@ def search(
         "\\[default: 4 on a GPU with several problems to search; 1 with --interpret, --isolate or --gpus]",
         show_default=False,
     ),
+    tries: list[str] = typer.Option(
+        [], "--try",
+        help="A config to measure right after the default, as JSON (or a JSON file); missing keys take each "
+        "problem's default values, e.g. --try '{\"BLOCK_N\": 16, \"num_warps\": 1}'. Repeatable: measured in "
+        "the order given, before the kernel's known-good configs and the sampler's. Each counts against "
+        "--trials; one that breaks a constraint for a problem is rejected there without touching the GPU.",
+        show_default=False,
+    ),
     lane_session: str = typer.Option(None, "--lane-session", hidden=True),
     lane_stats: str = typer.Option(None, "--lane-stats", hidden=True,
                                    help="With lanes: write each lane's GPU-lock accounting to this JSON file."),
@@ -180,9 +189,10 @@ def search(
     early = lanes_to_start(lanes, shapes=len(shape), model=model, dtype=dtype, interpret=interpret,
                            isolate=isolate, gpus=gpus) if not in_lane else 0
     started = _start_lanes(kernel, shape, model, kernels, dtype, trials, sampler, seed, db, storage, isolate,
-                           trial_timeout, precompile, interpret, early) if early else None
+                           trial_timeout, precompile, interpret, early, tries) if early else None
     try:
         targets = _targets(kernel, shape, model, kernels, dtype, interpret, quiet=in_lane)
+        try_values = _tries(tries, targets)
         gpu_list = parse_gpus(gpus, interpret) if gpus is not None else None
         lanes = lanes_to_run(lanes, sum(len(t.problems) for t in targets), interpret=interpret, isolate=isolate,
                              gpus=gpu_list, in_lane=in_lane)
@@ -207,7 +217,7 @@ def search(
         precompile_workers = _precompile_workers(precompile, interpret)
         if lanes > 1 and started is None:
             started = _start_lanes(kernel, shape, model, kernels, dtype, trials, sampler, seed, db, storage, isolate,
-                                   trial_timeout, precompile, interpret, lanes)
+                                   trial_timeout, precompile, interpret, lanes, tries)
     except BaseException:
         if started is not None:
             call_off(started)
@@ -250,7 +260,8 @@ def search(
         from omnitune.search.prepare_next import ProblemsAhead
 
         ahead = ProblemsAhead([(t.spec, p, t.dtype) for t in targets for p in t.problems],
-                              workers=precompile_workers, trials=trials, claim=lane.claim if lane else None)
+                              workers=precompile_workers, trials=trials, claim=lane.claim if lane else None,
+                              tries=try_values)
     try:
         for target in targets:
             # The timeout covers every kernel together; a kernel reached after it still says so.
@@ -259,7 +270,7 @@ def search(
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
                         isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list,
-                        precompile_workers=precompile_workers, ahead=ahead, lane=lane)
+                        precompile_workers=precompile_workers, ahead=ahead, lane=lane, tries=try_values)
     except KeyboardInterrupt:
         err_console.print(_interrupted_line(lane))
         raise typer.Exit(130) from None
@@ -276,12 +287,23 @@ def search(
 
 def _start_lanes(kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,
                  trials: int, sampler: str, seed: int, db: str | None, storage: str | None, isolate: bool,
-                 trial_timeout: float, precompile: int | None, interpret: bool, lanes: int):
+                 trial_timeout: float, precompile: int | None, interpret: bool, lanes: int, tries: list[str]):
     """Start `lanes` lanes of this search (search_lanes.start_lanes), each with this search's arguments."""
     argv = lane_argv(kernel=kernel, shape=shape, model=model, kernels=kernels, dtype=dtype, trials=trials,
                      sampler=sampler, seed=seed, db=str(db_path(db)), storage=storage, isolate=isolate,
-                     trial_timeout=trial_timeout, precompile=precompile, interpret=interpret)
+                     trial_timeout=trial_timeout, precompile=precompile, interpret=interpret, tries=tries)
     return start_lanes(argv, lanes)
+
+
+def _tries(texts: list[str], targets: list[_SearchTarget]) -> tuple[dict, ...]:
+    """The --try configs, each checked against every kernel searched: a name or value one of them
+    does not take is one line, before anything is written."""
+    tries = []
+    for text in texts:
+        for target in targets:
+            values = parse_partial_config_option(target.spec, text, "--try")
+        tries.append(values)
+    return tuple(tries)
 
 
 @dataclass(frozen=True)
@@ -379,13 +401,14 @@ def search_problems(
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
     gpus: list[int] | None = None, heartbeat_interval_s: int | None = None, precompile_workers: int = 0,
     observers: tuple | None = None, ahead: ProblemsAhead | None = None, lane: LaneSession | None = None,
+    tries: tuple[dict, ...] = (),
 ) -> None:
     """Search each of `problems` in turn with a live view, then print its summary: the session that
     `omnitune search` runs per kernel and `omnitune worker` runs on a shared storage. `observers`:
     picklable observer factories (None: SearchOptions' default, NVML; none under the interpreter,
     where there is no GPU to watch). `ahead`: the session's look-ahead over its problems, which
     opens each problem's precompile pool (omnitune.search.prepare_next); with precompile_workers
-    and none given, one over `problems`. `lane`: this process is one of the session's lanes
+    and none given, one over `problems`. `tries`: configs measured right after the default (--try). `lane`: this process is one of the session's lanes
     (omnitune.search.lanes), and searches only the problems it claims first."""
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
@@ -412,7 +435,8 @@ def search_problems(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     # The same search for every problem: only the time left changes.
     options = SearchOptions(device=device, trials=trials, storage_url=storage_url, sampler=sampler, seed=seed,
-                            limits=limits, finalists=finalists, heartbeat_interval_s=heartbeat_interval_s)
+                            limits=limits, finalists=finalists, heartbeat_interval_s=heartbeat_interval_s,
+                            tries=tries)
     if interpret or observers is not None:  # no GPU to watch under the interpreter
         options = dataclasses.replace(options, observers=() if interpret else tuple(observers))
 
@@ -421,7 +445,7 @@ def search_problems(
         from omnitune.search.prepare_next import ProblemsAhead
 
         ahead = own_ahead = ProblemsAhead([(spec, p, dtype) for p in problems], workers=precompile_workers,
-                                          trials=trials)
+                                          trials=trials, tries=tries)
     with own_ahead or nullcontext():
         for problem in problems:
             if lane is not None and not lane.claim((spec.name, spec.problem_key(problem), dtype_name(dtype))):

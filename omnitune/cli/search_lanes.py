@@ -100,7 +100,7 @@ def problems_in_lane_order(target, index: int):
 
 def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernels: str | None, dtype: str | None,
               trials: int, sampler: str, seed: int, db: str, storage: str | None, isolate: bool,
-              trial_timeout: float, precompile: int | None, interpret: bool) -> list[str]:
+              trial_timeout: float, precompile: int | None, interpret: bool, tries: list[str] = ()) -> list[str]:
     """The arguments of a lane's own `omnitune search`: this search's, with the session's
     problems. What the session decides once it has checked them (its deadline, each lane's share
     of the compile processes, the finalists and profiling that can run here) reaches the lanes
@@ -126,6 +126,8 @@ def lane_argv(*, kernel: str | None, shape: list[str], model: str | None, kernel
         argv += ["--isolate", "--trial-timeout", repr(trial_timeout)]
     if interpret:
         argv.append("--interpret")
+    for one in tries:
+        argv += ["--try", one]
     return argv
 
 

@@ -954,7 +954,12 @@ SPEC = KernelSpec(
     tolerance={torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2},
     flops=flops,
     bytes_moved=bytes_moved,
-    match=MatchPolicy(exact=("h", "hkv", "d", "merge_threshold"), max_ratio=4.0),
+    # A tuned shape answers a problem at most 2x away in each free dimension (4x for the other
+    # kernels); past that the predictor does better: on the 4 held-out problems this moves off the
+    # nearest rung, the predictor's pick was as fast or faster in the same run (1.09 → 0.99, 1.06 →
+    # 1.03, 1.29 → 1.29, 0.99 → 0.99 of the tuned time;
+    # benchmarks/results/match_ratio_kv_compress_h200_round24_P.json).
+    match=MatchPolicy(exact=("h", "hkv", "d", "merge_threshold"), max_ratio=2.0),
     aliases={"heads": ("h",), "kv_heads": ("hkv",), "tokens": ("n",)},
     example_problem=KVCompressProblem(b=2, h=4, hkv=2, n=64, d=32, window=8, recent=4, keep_pct=25),
     sample_problems=(

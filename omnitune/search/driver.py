@@ -50,6 +50,7 @@ from omnitune.search.strategies import (
     default_chain,
     make_sampler,
     parse_sampler,
+    tried_configs,
     warm_start_configs,
 )
 from omnitune.search.strategies.base import Proposal, Told
@@ -193,11 +194,14 @@ class _Search:
         self.valid = tuple(valid) if valid is not None else None
         enumerate_all = options.sampler is SamplerName.GRID or (valid is not None and len(valid) <= options.trials)
         self.chain_names = options.strategies or default_chain(options.sampler, enumerate_all)
-        self.known_good = tuple(c for c in spec.known_good_configs(problem, dtype, limits) if c != self.default_config)
+        self.tried = tuple(c for c in tried_configs(spec, problem, dtype, options.tries) if c != self.default_config)
+        self.known_good = tuple(c for c in spec.known_good_configs(problem, dtype, limits)
+                                if c != self.default_config and c not in self.tried)
         warm = options.warm_start
         if warm is None:
             warm = warm_start_configs(spec, problem, dtype, device.key, limits)
-        self.warm_start = tuple(c for c in warm if c != self.default_config and c not in self.known_good)
+        self.warm_start = tuple(c for c in warm
+                                if c != self.default_config and c not in self.tried and c not in self.known_good)
         self.measured_now = 0
         self.started = time.monotonic()
 
@@ -224,6 +228,7 @@ class _Search:
             spec=self.spec, problem=self.problem, dtype=self.dtype, limits=o.limits, space=self.space,
             valid=self.valid, default=self.default_config, known_good=self.known_good, warm_start=self.warm_start,
             seed=o.seed, sampler=o.sampler.value, ask=lambda: self.shared.ask(self.space.distributions),
+            tried=self.tried,
         ))
         if self.precompile is not None:
             upcoming = self.upcoming()

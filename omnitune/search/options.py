@@ -6,7 +6,7 @@ Validated when built, so that a search that cannot run fails before anything is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,9 @@ class SearchOptions:
 
     `strategies`: the chain of strategies (names of omnitune.search.strategies.STRATEGIES) in
     place of the one `sampler` stands for; `warm_start`: the warm-start configs in place of the
-    exported tables' nearest winners (the replay study supplies its own).
+    exported tables' nearest winners (the replay study supplies its own). `tries`: configs the
+    user asked to have measured right after the default (`search --try`), partial ones laid over
+    each problem's default; one that breaks a constraint for a problem is pruned there, unmeasured.
 
     `observers`: factories (picklable: isolated workers build their own) of the observers that
     watch the device while each candidate is timed; each runner builds its own instances, and
@@ -58,6 +60,7 @@ class SearchOptions:
     heartbeat_interval_s: int | None = None
     strategies: tuple[str, ...] | None = None
     warm_start: tuple[Config, ...] | None = None
+    tries: tuple[Mapping[str, Any], ...] = ()
     observers: tuple[Callable[[], Any], ...] = field(default_factory=default_observers)
 
     def __post_init__(self) -> None:
@@ -76,6 +79,7 @@ class SearchOptions:
         if self.strategies is not None:
             self._check_strategies(tuple(self.strategies))
         object.__setattr__(self, "observers", tuple(self.observers))
+        object.__setattr__(self, "tries", tuple(dict(values) for values in self.tries))
 
     def make_observers(self) -> list[Any]:
         """Fresh observer instances for one in-process runner."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from omnitune.search.strategies import warm_start_configs
+from omnitune.search.strategies import tried_configs, warm_start_configs
 from omnitune.spec import Config, DeviceLimits, KernelSpec, dtype_name
 
 if TYPE_CHECKING:
@@ -55,12 +55,13 @@ class Prepared:
 
 
 def first_configs(spec: KernelSpec, problem: Any, dtype: torch.dtype, limits: DeviceLimits,
-                  warm_start: Sequence[Config]) -> list[Config]:
+                  warm_start: Sequence[Config], tries: Sequence[Mapping[str, Any]] = ()) -> list[Config]:
     """The configs a search of `problem` measures first, before any result, in the order the
-    planned strategy proposes them (the driver's default → known-good → warm start), without
-    those a constraint rejects (pruned, never compiled)."""
+    planned strategy proposes them (the driver's default → the user's tries → known-good → warm
+    start), without those a constraint rejects (pruned, never compiled)."""
     default = spec.default_config(problem, dtype)
-    ordered = [default, *spec.known_good_configs(problem, dtype, limits), *warm_start]
+    ordered = [default, *tried_configs(spec, problem, dtype, tries), *spec.known_good_configs(problem, dtype, limits),
+               *warm_start]
     unique = list(dict.fromkeys(ordered))
     return [c for c in unique if not spec.violations(problem, c, dtype, limits)]
 
@@ -71,8 +72,10 @@ class ProblemsAhead:
     at a time."""
 
     def __init__(self, order: Sequence[ProblemOf], *, workers: int, trials: int,
-                 make_pool: PoolFactory | None = None, claim: Callable[[tuple[str, str, str]], bool] | None = None):
-        """claim: make a problem this process's before preparing it (a lane's claim,
+                 make_pool: PoolFactory | None = None, claim: Callable[[tuple[str, str, str]], bool] | None = None,
+                 tries: Sequence[Mapping[str, Any]] = ()):
+        """tries: the session's search --try configs, compiled ahead with the default.
+        claim: make a problem this process's before preparing it (a lane's claim,
         omnitune.search.lanes); False when another process of the session claimed it first, and
         it is passed over, as a finished one is. Claiming before compiling matters: each lane
         looks ahead at the same next problem, and three lanes compiling its configs at once had
@@ -80,7 +83,7 @@ class ProblemsAhead:
         self.order = list(order)
         self.claim = claim
         self.keys = [_key(spec, problem, dtype) for spec, problem, dtype in self.order]
-        self.workers, self.trials = workers, trials
+        self.workers, self.trials, self.tries = workers, trials, tuple(tries)
         self.make_pool = make_pool or self._precompile_pool
         self.prepared: Prepared | None = None
         self.cursor = 0  # where the last problem taken stands in `order` (a shape may come twice)
@@ -146,7 +149,7 @@ class ProblemsAhead:
         spec, problem, dtype = self.order[place]
         warm = tuple(warm_start_configs(spec, problem, dtype, device_key, limits))
         left = self.trials - sum(1 for status in measured.values() if status != "pruned")
-        configs = [c for c in first_configs(spec, problem, dtype, limits, warm)
+        configs = [c for c in first_configs(spec, problem, dtype, limits, warm, self.tries)
                    if config_json(c) not in measured][:max(0, left)]
         if self.prepared is not None:  # one prepared problem at a time: the newer one is nearer
             self.prepared.pool.close()

@@ -62,11 +62,12 @@ class Setting:
     space: ConfigSpace
     valid: tuple[Config, ...] | None   # every valid config in the spec's order; None: too many to list
     default: Config
-    known_good: tuple[Config, ...]     # the spec's, valid here, without the default
+    known_good: tuple[Config, ...]     # the spec's, valid here, without the above
     warm_start: tuple[Config, ...]     # the nearest tuned problems' winners, without the above
     seed: int
     sampler: str                       # what a trial the study's Optuna sampler chose records as chosen_by
     ask: Callable[[], optuna.Trial]    # a new trial of the study's Optuna sampler's choosing
+    tried: tuple[Config, ...] = ()     # the user's (search --try), completed here, without the default
 
 
 @dataclass(frozen=True)

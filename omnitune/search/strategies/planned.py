@@ -1,10 +1,12 @@
 """The configs a search measures first, before any sampler: the kernel's default (always first,
-so that every search has the baseline its speedup is told against), then the spec's known-good
-configs, then the winners of the nearest problems already tuned (the warm start)."""
+so that every search has the baseline its speedup is told against), then the configs the user
+asked for (search --try), the spec's known-good configs, and the winners of the nearest problems
+already tuned (the warm start)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,8 +23,16 @@ WARM_START_CONFIGS = 3
 class Planned(FixedList):
     def __init__(self, setting: Setting):
         super().__init__([(setting.default, "default")]
+                         + [(c, "given") for c in setting.tried]
                          + [(c, "known-good") for c in setting.known_good]
                          + [(c, "warm-start") for c in setting.warm_start])
+
+
+def tried_configs(spec: KernelSpec, problem: Any, dtype: torch.dtype,
+                  tries: Sequence[Mapping[str, Any]]) -> list[Config]:
+    """The user's configs to try first (search --try) for this problem, in the order given,
+    without duplicates: each a partial config laid over the problem's default, as --config is."""
+    return list(dict.fromkeys(spec.complete_config(values, problem, dtype) for values in tries))
 
 
 def warm_start_configs(

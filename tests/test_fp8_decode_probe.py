@@ -1,0 +1,41 @@
+"""benchmarks/fp8_decode_probe.py's recording of the split kernel: the launch it records computes
+what the library's does (the reference, over an fp8 cache, output poisoned first), and the calls
+after it bind the library's own launcher again. Under Triton's interpreter on the CPU in fp16 (the
+interpreter gets bf16 wrong), bf16 on a GPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from omnitune.kernels import paged_decode_attention as pda  # noqa: E402
+from omnitune.kernels._launch import BoundLauncher  # noqa: E402
+from omnitune.spec import Config  # noqa: E402
+
+probe = pytest.importorskip("fp8_decode_probe")
+
+
+def test_the_recorded_launch_matches_the_reference_and_leaves_the_launcher_in_place(device):
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    problem = pda.PagedDecodeProblem(b=2, h=8, hkv=2, lq=1, ctx=150, d=32, block_size=16, cache_dtype="fp8_e4m3")
+    inputs = pda.SPEC.make_inputs(problem, dtype, device, 5)
+    expected = pda.SPEC.reference(inputs)
+    config = Config(NUM_SPLITS=2, BLOCK_N=16, num_warps=1, num_stages=2, PACK_GQA=True, FUSED_REDUCE=False)
+    launcher = pda._SPLIT
+    out = torch.full_like(inputs.q, float("nan"))
+    kernel = probe._recorded_kernel(pda, lambda: pda._launch(
+        inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens, inputs.sm_scale,
+        out, config, None, inputs.k_scale, inputs.v_scale))
+    assert not out.isnan().any()
+    assert pda.SPEC.compare(out, expected) <= pda.SPEC.tolerance[dtype]
+    if device != "cpu":  # the interpreter compiles nothing
+        assert kernel.n_regs > 0
+    assert pda._SPLIT is launcher
+    plan, _ = pda._launch(inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens,
+                          inputs.sm_scale, out, config, None, inputs.k_scale, inputs.v_scale)
+    assert isinstance(plan.split, BoundLauncher)
