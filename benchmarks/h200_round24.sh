@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-fourth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round24.sh F|K1|K2|D|E|P|J
+#   OUT=dir bash benchmarks/h200_round24.sh F|K1|K2|D|E|P|J|U
 # (K2 after K1's $OUT/train.db.gz is copied to benchmarks/results/train_h200_round24_K1.db.gz)
 # Part F (issue 16): paged decode over fp8 with one or two warps a program. Offline
 # (benchmarks/results/decode_loop_offline.json) the key loop issues 40-57 instructions a key at any
@@ -29,7 +29,10 @@
 # measurement), both kernels' held-out sets judged again with the shipped tables against their
 # earlier optima (coverage.py --tuned-from). Kept for kv_compress; attention went back to 4 (J
 # lost one problem P had it gain).
-part=${1:?part F|K1|K2|D|E|P|J}
+# Part U (issue 16): fp8 shapes nobody tuned, whose nearest-rung answer part D's entries changed:
+# the runtime's pick from the tables before D and from D's (computed offline, listed below), timed
+# against each other by `omnitune bench`.
+part=${1:?part F|K1|K2|D|E|P|J|U}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -100,5 +103,19 @@ case $part in
     step $(left 440) python benchmarks/coverage.py --kernel kv_compress --out "$OUT/coverage_kv_compress_h200_round24_J.json" \
       --trials 40 --work-dir /tmp/cov_k --time-budget $(left 400) \
       --tuned-from benchmarks/results/coverage_kv_compress_h200_round23_J.json
+    ;;
+  U)
+    while read -r shape before after; do
+      name=$(echo "$shape" | sed -E 's/^b=([0-9]+),h=([0-9]+),hkv=([0-9]+),lq=1,ctx=([0-9]+).*/b\1_h\2_\3_ctx\4/')
+      step 60 python -m omnitune bench paged_decode_attention --shape "$shape" --dtype bf16 --no-baselines \
+        -c "$before" -c "$after" --json "$OUT/fp8_untuned_${name}_h200_round24_U.json"
+    done <<'PICKS'
+b=32,h=28,hkv=4,lq=1,ctx=4096,d=128,block_size=16,cache_dtype=fp8_e4m3 {"BLOCK_N":128,"FUSED_REDUCE":false,"NUM_SPLITS":4,"PACK_GQA":true,"num_stages":1,"num_warps":4} {"BLOCK_N":16,"FUSED_REDUCE":false,"NUM_SPLITS":8,"PACK_GQA":true,"num_stages":4,"num_warps":1}
+b=32,h=28,hkv=4,lq=1,ctx=16384,d=128,block_size=16,cache_dtype=fp8_e4m3 {"BLOCK_N":64,"FUSED_REDUCE":false,"NUM_SPLITS":4,"PACK_GQA":true,"num_stages":3,"num_warps":2} {"BLOCK_N":16,"FUSED_REDUCE":false,"NUM_SPLITS":32,"PACK_GQA":true,"num_stages":3,"num_warps":1}
+b=128,h=28,hkv=4,lq=1,ctx=4096,d=128,block_size=16,cache_dtype=fp8_e4m3 {"BLOCK_N":128,"FUSED_REDUCE":false,"NUM_SPLITS":1,"PACK_GQA":true,"num_stages":1,"num_warps":4} {"BLOCK_N":16,"FUSED_REDUCE":false,"NUM_SPLITS":2,"PACK_GQA":true,"num_stages":4,"num_warps":1}
+b=128,h=28,hkv=4,lq=1,ctx=16384,d=128,block_size=16,cache_dtype=fp8_e4m3 {"BLOCK_N":64,"FUSED_REDUCE":false,"NUM_SPLITS":1,"PACK_GQA":true,"num_stages":3,"num_warps":2} {"BLOCK_N":16,"FUSED_REDUCE":false,"NUM_SPLITS":8,"PACK_GQA":true,"num_stages":3,"num_warps":1}
+b=96,h=16,hkv=2,lq=1,ctx=4096,d=128,block_size=16,cache_dtype=fp8_e4m3 {"BLOCK_N":128,"FUSED_REDUCE":true,"NUM_SPLITS":2,"PACK_GQA":true,"num_stages":1,"num_warps":4} {"BLOCK_N":16,"FUSED_REDUCE":false,"NUM_SPLITS":4,"PACK_GQA":true,"num_stages":3,"num_warps":1}
+b=48,h=28,hkv=4,lq=1,ctx=8192,d=128,block_size=16,cache_dtype=fp8_e4m3 {"BLOCK_N":64,"FUSED_REDUCE":false,"NUM_SPLITS":2,"PACK_GQA":true,"num_stages":3,"num_warps":2} {"BLOCK_N":16,"FUSED_REDUCE":false,"NUM_SPLITS":24,"PACK_GQA":true,"num_stages":3,"num_warps":1}
+PICKS
     ;;
 esac
