@@ -214,12 +214,14 @@ def search_facts(outcome, warm: Sequence[Config]) -> dict:
     }
 
 
-def checked_candidates(spec: KernelSpec, problem: Any, runner, configs: dict[str, Config]):
-    """The distinct configs (one candidate per config, named by the roles it plays) and the spec's
-    baselines, each with its check against the reference: (candidates, {name: check})."""
+def checked_candidates(spec: KernelSpec, problem: Any, runner, configs: dict[str, Config], *,
+                       baselines: bool = True):
+    """The distinct configs of `configs` (role → config; one candidate per config, named by the
+    roles it plays, in the order given) and, with `baselines`, the spec's baselines, each with its
+    check against the reference: (candidates, {name: check})."""
     roles_of: dict[Config, list[str]] = {}
-    for role in ROLES:
-        roles_of.setdefault(configs[role], []).append(role)
+    for role, config in configs.items():
+        roles_of.setdefault(config, []).append(role)
     candidates, checks = [], {}
     for config, roles in roles_of.items():
         name = "+".join(roles)
@@ -230,8 +232,7 @@ def checked_candidates(spec: KernelSpec, problem: Any, runner, configs: dict[str
         if status is TrialStatus.CRASHED:
             raise GpuLost(f"the {name} config crashed the GPU: {detail}")
         checks[name] = {"status": status.value, "rel_error": finite(error), "detail": detail}
-    baselines = spec.baselines(problem) if spec.baselines is not None else {}
-    for name, fn in baselines.items():
+    for name, fn in (spec.baselines(problem) if baselines and spec.baselines is not None else {}).items():
         run = (lambda fn=fn: fn(runner.inputs))
         candidates.append(Candidate(name, run))
         checks[name] = check_baseline(spec, run, runner)

@@ -78,30 +78,22 @@ def changed(kernel: str, ratio: float, device_name: str = DEVICE) -> list[dict]:
     return rows
 
 
-def judge(row: dict, spec, tuned: dict, rounds: int) -> None:
+def judge(row: dict, spec, tuned: dict, rounds: int, interpret: bool = False) -> None:
     """Check and time the answer now, the answer under the ratio and the tuned optimum (the
-    distinct configs among them) against each other; fills row["timings"] and the ratios."""
-    from coverage_eval import Candidate, Setup, problem_runner, time_against_each_other
+    distinct configs among them) against each other; fills row["timings"] and the ratios.
+    interpret: on the CPU under Triton's interpreter (checks only; its times mean nothing)."""
+    from coverage_eval import Setup, checked_candidates, problem_runner, time_against_each_other
 
     from omnitune.profile.device import current_device_facts
     from omnitune.spec import Config, DeviceLimits
 
-    dtype = problem_dtype(row["dtype"], False)
-    setup = Setup(device=current_device_facts(False), tables_device=DEVICE, limits=DeviceLimits.of_current_device(),
-                  trials=0, rounds=rounds, interpret=False)
+    dtype = problem_dtype(row["dtype"], interpret)
+    limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
+    setup = Setup(device=current_device_facts(interpret), tables_device=DEVICE, limits=limits, trials=0,
+                  rounds=rounds, interpret=interpret)
     runner = problem_runner(spec, row["problem"], dtype, setup)
     roles = {"now": Config(row["now"]["config"]), "alt": Config(row["alt"]["config"]), "tuned": Config(tuned)}
-    names: dict[Config, list[str]] = {}
-    for role, config in roles.items():
-        names.setdefault(config, []).append(role)
-    candidates, checks = [], {}
-    for config, of in names.items():
-        name = "+".join(of)
-        out = spec.new_output(runner.inputs)
-        candidates.append(Candidate(name, lambda config=config, out=out: spec.launch(runner.inputs, out, config),
-                                    tuple(of)))
-        status, error, _ = runner.check(config)
-        checks[name] = {"status": status.value, "rel_error": error}
+    candidates, checks = checked_candidates(spec, row["problem"], runner, roles, baselines=False)
     row["checks"] = checks
     ok = [c for c in candidates if checks[c.name]["status"] == "ok"]
     timings = time_against_each_other(ok, runner, setup)

@@ -322,3 +322,29 @@ def test_an_unreachable_postgresql_storage_is_one_error_without_the_password(tmp
     assert result.exit_code == 2, result.output
     assert "cannot open the Optuna storage" in result.output and "secret" not in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_worker_measures_its_try_configs_right_after_the_default(tmp_path):
+    """worker --try, as search --try: the given config is the study's second trial, chosen_by "given"."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = get_spec("kv_cache_write")
+    problem = spec.parse_shape(KV_SHAPE)
+    tried = spec.complete_config({"BLOCK_T": 2}, problem, torch.float32)
+    assert tried != spec.default_config(problem, torch.float32)
+    result = subprocess.run([*worker_args(url, tmp_path / "worker.db", 3), "--try", '{"BLOCK_T": 2}'],
+                            env=cli_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr + result.stdout
+    trials = sorted(only_study(url).get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number)
+    assert result_from_attrs(trials[0].user_attrs).config == spec.default_config(problem, torch.float32)
+    assert result_from_attrs(trials[1].user_attrs).config == tried
+    assert trials[1].user_attrs["measurement"]["chosen_by"] == "given"
+
+
+def test_a_worker_refuses_a_bad_try_config_in_one_line(tmp_path):
+    result = subprocess.run([*worker_args(f"sqlite:///{tmp_path / 'shared.db'}", tmp_path / "worker.db", 3),
+                             "--try", '{"BLOCK_Q": 2}'], env=cli_env(), cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "kv_cache_write has no parameter 'BLOCK_Q'" in lines[0], result.stderr
+    assert not (tmp_path / "shared.db").exists()

@@ -166,6 +166,29 @@ def search_dtype_option(help_extra: str = "") -> str:
     )
 
 
+def try_option() -> list[str]:
+    """--try of search and worker: configs measured right after the default."""
+    return typer.Option(
+        [], "--try",
+        help="A config to measure right after the default, as JSON (or a JSON file); missing keys take each "
+        "problem's default values, e.g. --try '{\"BLOCK_N\": 16, \"num_warps\": 1}'. Repeatable: measured in "
+        "the order given, before the kernel's known-good configs and the sampler's. Each counts against "
+        "--trials; one that breaks a constraint for a problem is rejected there without touching the GPU.",
+        show_default=False,
+    )
+
+
+def parse_tries(texts: list[str], specs: list[KernelSpec]) -> tuple[dict, ...]:
+    """The --try configs, each checked against every kernel searched: a name or value one of them
+    does not take is one line, before anything is written."""
+    tries = []
+    for text in texts:
+        for spec in specs:
+            values = parse_partial_config_option(spec, text, "--try")
+        tries.append(values)
+    return tuple(tries)
+
+
 def interpret_option(help_extra: str = "") -> bool:
     return typer.Option(
         False, "--interpret",

@@ -23,11 +23,12 @@ from omnitune.cli.common import (
     err_console,
     interpret_option,
     load_spec,
-    parse_partial_config_option,
     parse_problems,
+    parse_tries,
     search_dtype,
     search_dtype_names,
     search_dtype_option,
+    try_option,
 )
 from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
 from omnitune.cli.profile_top import profile_best, profile_top_possible
@@ -143,14 +144,7 @@ def search(
         "\\[default: 4 on a GPU with several problems to search; 1 with --interpret, --isolate or --gpus]",
         show_default=False,
     ),
-    tries: list[str] = typer.Option(
-        [], "--try",
-        help="A config to measure right after the default, as JSON (or a JSON file); missing keys take each "
-        "problem's default values, e.g. --try '{\"BLOCK_N\": 16, \"num_warps\": 1}'. Repeatable: measured in "
-        "the order given, before the kernel's known-good configs and the sampler's. Each counts against "
-        "--trials; one that breaks a constraint for a problem is rejected there without touching the GPU.",
-        show_default=False,
-    ),
+    tries: list[str] = try_option(),
     lane_session: str = typer.Option(None, "--lane-session", hidden=True),
     lane_stats: str = typer.Option(None, "--lane-stats", hidden=True,
                                    help="With lanes: write each lane's GPU-lock accounting to this JSON file."),
@@ -192,7 +186,7 @@ def search(
                            trial_timeout, precompile, interpret, early, tries) if early else None
     try:
         targets = _targets(kernel, shape, model, kernels, dtype, interpret, quiet=in_lane)
-        try_values = _tries(tries, targets)
+        try_values = parse_tries(tries, [target.spec for target in targets])
         gpu_list = parse_gpus(gpus, interpret) if gpus is not None else None
         lanes = lanes_to_run(lanes, sum(len(t.problems) for t in targets), interpret=interpret, isolate=isolate,
                              gpus=gpu_list, in_lane=in_lane)
@@ -293,17 +287,6 @@ def _start_lanes(kernel: str | None, shape: list[str], model: str | None, kernel
                      sampler=sampler, seed=seed, db=str(db_path(db)), storage=storage, isolate=isolate,
                      trial_timeout=trial_timeout, precompile=precompile, interpret=interpret, tries=tries)
     return start_lanes(argv, lanes)
-
-
-def _tries(texts: list[str], targets: list[_SearchTarget]) -> tuple[dict, ...]:
-    """The --try configs, each checked against every kernel searched: a name or value one of them
-    does not take is one line, before anything is written."""
-    tries = []
-    for text in texts:
-        for target in targets:
-            values = parse_partial_config_option(target.spec, text, "--try")
-        tries.append(values)
-    return tuple(tries)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import os
 import typer
 
 from omnitune.cli._app import app
-from omnitune.cli.common import interpret_option, search_dtype_option
+from omnitune.cli.common import interpret_option, search_dtype_option, try_option
 from omnitune.errors import DeviceError, OmnituneError
 
 # Seconds between a running trial's heartbeats; a trial silent for four of them is failed and
@@ -58,6 +58,7 @@ def worker(
         None, "--db", help="Local results database that also gets this worker's rows. \\[default: $OMNITUNE_DB, "
         "else ./omnitune.db]", show_default=False,
     ),
+    tries: list[str] = try_option(),
     interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
 ) -> None:
     """Measure configs of a study shared by workers on several hosts.
@@ -70,7 +71,7 @@ def worker(
     arguments and --storage on one GPU to re-time them and fill the local database (or
     omnitune report --storage URL to read the results as they are).
     """
-    from omnitune.cli.common import load_spec, parse_problems, search_dtype
+    from omnitune.cli.common import load_spec, parse_problems, parse_tries, search_dtype
     from omnitune.cli.search_cmd import search_problems
     from omnitune.search.driver import make_sampler, parse_sampler
 
@@ -80,6 +81,7 @@ def worker(
         raise OmnituneError("--storage needs a URL, e.g. postgresql://user:password@host:5432/omnitune")
     spec = load_spec(kernel, interpret)
     problems = parse_problems(spec, shape)
+    try_values = parse_tries(tries, [spec])
     torch_dtype = search_dtype(spec, dtype, interpret)
     sampler_name = parse_sampler(sampler)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -95,7 +97,7 @@ def worker(
                     seed=seed, db=db, storage=storage, interpret=interpret, finalists=0, kernel_arg=kernel,
                     isolate_timeout_s=trial_timeout if isolate else None,
                     gpus=[gpu if gpu is not None else 0] if isolate else None,
-                    heartbeat_interval_s=heartbeat)
+                    heartbeat_interval_s=heartbeat, tries=try_values)
     except KeyboardInterrupt:
         typer.secho("interrupted; start the worker again to go on", err=True)
         raise typer.Exit(130) from None
