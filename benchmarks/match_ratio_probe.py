@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coverage import earlier_optima, problem_dtype  # noqa: E402
+from coverage import earlier_optima, problem_dtype, select  # noqa: E402
 from coverage_set import HELD_OUT  # noqa: E402
 
 DEVICE = "NVIDIA H200"
@@ -53,29 +53,21 @@ def answers(kernel: str, ratio: float | None, device_name: str = DEVICE) -> dict
     import omnitune.runtime as runtime
     from omnitune.registry import get_spec
 
-    spec = get_spec(kernel)
     found = {}
-    with match_ratio(spec, ratio):
-        for problem, dtype_name in HELD_OUT[kernel]:
-            lookup = runtime.lookup(kernel, problem, problem_dtype(dtype_name, False), device_name)
-            found[f"{dtype_name}|{spec.problem_key(problem)}"] = (lookup.rung.value, lookup.config.as_dict())
+    with match_ratio(get_spec(kernel), ratio):
+        for item in select(HELD_OUT, [kernel]):
+            lookup = runtime.lookup(kernel, item.problem, problem_dtype(item.dtype_name, False), device_name)
+            found[item.key] = (lookup.rung.value, lookup.config.as_dict())
     return found
 
 
 def changed(kernel: str, ratio: float, device_name: str = DEVICE) -> list[dict]:
     """The held-out problems whose answer differs under `ratio`: key, problem, dtype, both answers."""
-    from omnitune.registry import get_spec
-
-    spec = get_spec(kernel)
     now, alt = answers(kernel, None, device_name), answers(kernel, ratio, device_name)
-    rows = []
-    for problem, dtype_name in HELD_OUT[kernel]:
-        key = f"{dtype_name}|{spec.problem_key(problem)}"
-        if now[key] != alt[key]:
-            rows.append({"key": key, "problem": problem, "dtype": dtype_name,
-                         "now": {"rung": now[key][0], "config": now[key][1]},
-                         "alt": {"rung": alt[key][0], "config": alt[key][1]}})
-    return rows
+    return [{"key": item.key, "problem": item.problem, "dtype": item.dtype_name,
+             "now": {"rung": now[item.key][0], "config": now[item.key][1]},
+             "alt": {"rung": alt[item.key][0], "config": alt[item.key][1]}}
+            for item in select(HELD_OUT, [kernel]) if now[item.key] != alt[item.key]]
 
 
 def judge(row: dict, spec, tuned: dict, rounds: int, interpret: bool = False) -> None:

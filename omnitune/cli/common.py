@@ -80,17 +80,6 @@ def parse_config_option(spec: KernelSpec, text: str, problem, dtype: torch.dtype
         raise ConfigError(f"--config {text}: a value is too large for any {spec.name} parameter") from None
 
 
-def parse_partial_config_option(spec: KernelSpec, text: str, option: str) -> dict:
-    """A partial config given to `option` (search --try) as JSON text or a JSON file, its names
-    and values checked against the spec's parameters: what is missing is filled per problem later."""
-    values = _config_values(_config_text(text, option), option)
-    try:
-        spec.coerce_config(values, partial_ok=True)
-        return values
-    except OverflowError:
-        raise ConfigError(f"{option} {text}: a value is too large for any {spec.name} parameter") from None
-
-
 _CONFIG_EXAMPLE = """'{"BLOCK_M": 64}'"""
 
 
@@ -179,12 +168,17 @@ def try_option() -> list[str]:
 
 
 def parse_tries(texts: list[str], specs: list[KernelSpec]) -> tuple[dict, ...]:
-    """The --try configs, each checked against every kernel searched: a name or value one of them
-    does not take is one line, before anything is written."""
+    """The --try configs (JSON text or a JSON file each), partial ones, read once and checked
+    against every kernel searched: a name or value one of them does not take is one line, before
+    anything is written. What a config leaves out is filled per problem later."""
     tries = []
     for text in texts:
+        values = _config_values(_config_text(text, "--try"), "--try")
         for spec in specs:
-            values = parse_partial_config_option(spec, text, "--try")
+            try:
+                spec.coerce_config(values, partial_ok=True)
+            except OverflowError:  # an integer too large for a float: no choice is that large
+                raise ConfigError(f"--try {text}: a value is too large for any {spec.name} parameter") from None
         tries.append(values)
     return tuple(tries)
 

@@ -391,8 +391,9 @@ def search_problems(
     picklable observer factories (None: SearchOptions' default, NVML; none under the interpreter,
     where there is no GPU to watch). `ahead`: the session's look-ahead over its problems, which
     opens each problem's precompile pool (omnitune.search.prepare_next); with precompile_workers
-    and none given, one over `problems`. `tries`: configs measured right after the default (--try). `lane`: this process is one of the session's lanes
-    (omnitune.search.lanes), and searches only the problems it claims first."""
+    and none given, one over `problems`. `tries`: configs measured right after the default (--try).
+    `lane`: this process is one of the session's lanes (omnitune.search.lanes), and searches only
+    the problems it claims first."""
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
     import optuna
 

@@ -20,7 +20,7 @@ __all__ = ["OPTUNA_STRATEGIES", "STRATEGIES", "Chain", "SamplerName", "Setting",
            "default_chain", "make_sampler", "parse_sampler", "tried_configs", "warm_start_configs"]
 
 STRATEGIES: Mapping[str, Callable[[Setting], Strategy]] = {
-    "planned": Planned,                                    # default → known-good → warm start
+    "planned": Planned,                                    # default → --try → known-good → warm start
     "grid": partial(Grid, label="grid"),                   # every valid config, in the spec's order
     "enumeration": partial(Grid, label="enumeration"),     # the same, when they all fit the budget
     "tpe": partial(OptunaSampler, name="tpe"),             # Optuna's samplers, over the choice indices
