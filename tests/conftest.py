@@ -19,6 +19,8 @@ if not _HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
 DEVICE = "cuda" if _HAS_CUDA else "cpu"
+# Whether kernels run under the interpreter: what a Runner or probe built in a test must be told.
+INTERPRETED = not _HAS_CUDA
 
 # The public ops' check mode (values validated up front, clear InputErrors): the suite runs in
 # it; tests of the production path (no sync, bounds enforced in the kernels) pass check=False.

@@ -196,9 +196,9 @@ def test_decode_over_fp8_matches_the_dequantized_reference(dtype, per_head, conf
 @pytest.mark.parametrize("magnitude", [1e-7, 3e3])
 def test_decode_over_fp8_holds_for_values_outside_fp16s_comfortable_range(magnitude):
     """V tiles are widened to fp16 on the way to the dot: values of 1e-7 (fp16 subnormals) or
-    of 3e3 · 448 (past fp16's 65504) must still come out right, so only v_scale's significand
-    multiplies the tiles and its power of two the accumulator. bf16 activations (only they hold
-    such outputs), so GPU only: the interpreter refuses bf16."""
+    of 3e3 · 448 (past fp16's 65504) must still come out right, so the tiles enter the dot
+    unscaled and v_scale multiplies the fp32 accumulator. bf16 activations (only they hold such
+    outputs), so GPU only: the interpreter refuses bf16."""
     dtype = torch.bfloat16
     problem, full, quantized = _decode_pair(dtype, per_head=True, seed=3)
     value = quantized.value_cache  # fp8 codes, kept; only the scale that reads them changes

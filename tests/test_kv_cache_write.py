@@ -14,7 +14,7 @@ from omnitune.kernels.kv_cache_write import KVCacheWriteProblem, bitwise_mismatc
 from omnitune.measure.runner import Runner
 from omnitune.trial import TrialStatus
 from omnitune.spec import Config
-from conftest import assert_constraint_case, assert_registered_with_valid_defaults
+from conftest import INTERPRETED, assert_constraint_case, assert_registered_with_valid_defaults
 
 SPEC = kvw.SPEC
 CPU_DTYPES = (torch.float32, torch.float16)
@@ -108,7 +108,7 @@ def test_flops_zero_bytes_positive_and_runner_reports_zero_tflops():
         assert SPEC.flops(p) == 0.0
         assert SPEC.bytes_moved(p, torch.float16) > 0
         assert SPEC.bytes_moved(p, torch.float32) > SPEC.bytes_moved(p, torch.float16)
-    runner = Runner(SPEC, KVCacheWriteProblem(t=9, hkv=2, d=32), torch.float32, interpret=True)
+    runner = Runner(SPEC, KVCacheWriteProblem(t=9, hkv=2, d=32), torch.float32, interpret=INTERPRETED)
     result = runner.measure(SPEC.default_config(runner.problem, torch.float32))
     assert result.status is TrialStatus.OK and result.rel_error == 0.0
     assert result.tflops == 0.0

@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 probe = pytest.importorskip("match_ratio_probe")
+from conftest import INTERPRETED  # noqa: E402
 
 
 def test_a_tighter_ratio_moves_only_nearest_answers_and_leaves_the_policy_as_it_was():
@@ -34,8 +35,9 @@ def test_a_tighter_ratio_moves_only_nearest_answers_and_leaves_the_policy_as_it_
 
 
 def test_judging_checks_each_distinct_config_and_times_them_together():
-    """Under the interpreter on the CPU (fp16, a tiny paged decode): the three roles' configs, two
-    of them equal, are two candidates, both checked against the reference and timed."""
+    """Under the interpreter on the CPU, or on the GPU (fp16, a tiny paged decode): the three
+    roles' configs, two of them equal, are two candidates, both checked against the reference and
+    timed."""
     from omnitune.kernels.paged_decode_attention import PagedDecodeProblem
     from omnitune.registry import get_spec
 
@@ -44,7 +46,7 @@ def test_judging_checks_each_distinct_config_and_times_them_together():
     one = {"BLOCK_N": 16, "NUM_SPLITS": 2, "num_warps": 1, "num_stages": 2, "PACK_GQA": True, "FUSED_REDUCE": False}
     other = {**one, "NUM_SPLITS": 1, "BLOCK_N": 32}
     row = {"problem": problem, "dtype": "fp16", "now": {"config": one}, "alt": {"config": other}}
-    probe.judge(row, spec, one, rounds=2, interpret=True)
+    probe.judge(row, spec, one, rounds=2, interpret=INTERPRETED)
     assert set(row["checks"]) == {"now+tuned", "alt"}
     assert all(check["status"] == "ok" for check in row["checks"].values())
     assert set(row["timings"]) == {"now+tuned", "alt"}

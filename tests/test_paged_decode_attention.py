@@ -21,7 +21,7 @@ from omnitune.kernels.paged_decode_attention import (
 from omnitune.measure.runner import Runner
 from omnitune.trial import TrialStatus
 from omnitune.spec import Config, DeviceLimits, relative_error
-from conftest import assert_constraint_case, assert_registered_with_valid_defaults
+from conftest import INTERPRETED, assert_constraint_case, assert_registered_with_valid_defaults
 
 SPEC = pda.SPEC
 CPU_DTYPES = (torch.float32, torch.float16)
@@ -181,7 +181,7 @@ def test_flops_and_bytes_are_positive_and_follow_the_model():
 
 def test_runner_accepts_the_default_config():
     problem = PagedDecodeProblem(b=1, h=4, hkv=1, lq=1, ctx=20, d=32, block_size=8)
-    runner = Runner(SPEC, problem, torch.float32, interpret=True)
+    runner = Runner(SPEC, problem, torch.float32, interpret=INTERPRETED)
     result = runner.measure(SPEC.default_config(problem, torch.float32))
     assert result.status is TrialStatus.OK and result.rel_error <= SPEC.tolerance[torch.float32]
 

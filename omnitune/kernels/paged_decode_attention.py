@@ -148,9 +148,9 @@ def _paged_decode_split(
     q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
     if KV_FP8:
         # An fp8 cache holds K / k_scale and V / v_scale (one scale per cache or per kv head):
-        # k_scale becomes the score scale; v_scale is split into its significand, in [1, 2),
-        # which multiplies each V tile, and its power of two, which multiplies the accumulator
-        # after the loop (both exact bit operations on a normal float).
+        # k_scale becomes the score scale; v_scale multiplies the fp32 accumulator after the loop,
+        # so V enters the dot unscaled (every e4m3 value, |v| ≤ 448, is exact in fp16, and so is
+        # Σ p·v's range in fp32, whatever the scale).
         # The tiles are widened to fp16 (exact for every e4m3 value; one conversion instruction
         # per two elements, where widening to bf16 took several and made the kernel slower
         # than over a bf16 cache) and the dots run in fp16, so q is taken to fp16 once, with
@@ -160,9 +160,11 @@ def _paged_decode_split(
             qk_scale = tl.load(KScale + hk * stride_ks)
         else:
             qk_scale = qk_scale * tl.load(KScale + hk * stride_ks)
-        v_scale_bits = tl.load(VScale + hk * stride_vs).to(tl.int32, bitcast=True)
-        v_mantissa = ((v_scale_bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
-        v_exponent = (v_scale_bits & 0x7F800000).to(tl.float32, bitcast=True)
+        v_scale = tl.load(VScale + hk * stride_vs)
+        # 1.0, computed at run time: x / x of an x ≥ 1 (max also turns a NaN scale into 1), which
+        # the compiler cannot fold. See the V tile below for why V is multiplied by it.
+        unit = tl.maximum(v_scale, 1.0)
+        v_one = (unit / unit).to(tl.float16)
 
     table = BlockTables + b.to(tl.int64) * stride_btb
     k_head = KeyCache + hk.to(tl.int64) * stride_kch
@@ -203,15 +205,17 @@ def _paged_decode_split(
                     + offs_d[None, :] * stride_vcd, mask=kv_mask, other=0.0)
         if KV_FP8:
             k = k.to(q.dtype)
-            # Times v_scale's significand on the way to the dot, in fp32: an elementwise op
-            # Triton cannot fold into the dot operand, so V is widened in the layout it was
-            # copied in (16-byte copies, K's page lookups) and staged through shared memory as
-            # fp16 — instead of being loaded as fp8 straight into the transposed operand layout,
-            # which 8-bit data reach only with narrow loads and 68 more registers per thread
-            # (168 against 100 at BLOCK_N=64, compiled for sm_90). With the significand in
-            # [1, 2) a product is at most 896 and at least 2^-9: in fp16's normal range whatever
-            # the scale, rounded once (2^-11), where V · v_scale itself could leave fp16.
-            v = (v.to(tl.float32) * v_mantissa).to(q.dtype)
+            # Times a run-time 1.0 on the way to the dot: an elementwise op Triton cannot fold
+            # into the dot operand, so V is widened in the layout it was copied in (16-byte
+            # copies, K's page lookups) and staged through shared memory as fp16 — instead of
+            # being loaded as fp8 straight into the transposed operand layout, which 8-bit data
+            # reach only with narrow loads and 68 more registers per thread (168 against 100 at
+            # BLOCK_N=64, compiled for sm_90). In fp16 (one HMUL2 per two elements) rather than
+            # the significand of v_scale in fp32 as before: 36.0 instead of 43.7 instructions a
+            # key at one warp over 16-key tiles (benchmarks/results/decode_loop_offline_v_unscaled.json),
+            # 94.2 against 97.0 µs at batch 64, 4k and 328 against 343 µs at 16k on the H200
+            # (fp8_decode_few_warps_h200_round25_V_*.json).
+            v = v.to(q.dtype) * v_one
         if IEEE_DOT:
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -231,7 +235,7 @@ def _paged_decode_split(
             acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     if KV_FP8:
-        acc = acc * v_exponent
+        acc = acc * v_scale
 
     if NUM_SPLITS == 1:
         # A row that saw no key (an empty or clamped context, a masked page) writes zeros.
