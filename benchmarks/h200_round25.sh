@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-fifth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round25.sh V
+#   OUT=dir bash benchmarks/h200_round25.sh V|W|X
 # Part V (issue 16): the fp8 decode with V unscaled in its loop
 # (benchmarks/variants/fp8_decode_v_unscaled.patch): V widened to fp16 and multiplied by a 1.0
 # the compiler cannot fold (so Triton keeps staging it as fp16 through shared memory, the layout
@@ -12,7 +12,17 @@
 # one-warp kernel issue-bound (51% of issue slots, 0.75 eligible warps), where fewer instructions
 # may count. The probe's few-warps sweep at 4k and 16k with the shipped kernel, then with the
 # variant (and its GPU tests), then the shipped kernel restored.
-part=${1:?part V}
+# Part W (issues 16 and 15): lazy rescaling in the decode key loop
+# (benchmarks/variants/decode_lazy_rescale.patch, on top of V, now in the kernel): a row's running
+# max moves, and the accumulator is rescaled, only when a tile's scores rise past it by more than
+# 2^8 — FlashAttention-4's rule. At one warp over 16-key tiles the rescale is 4.5 of the 36
+# instructions a key (FMUL of the fp32 accumulator), done on every tile today. The few-warps sweep
+# at 4k and 16k (fp8, and the bf16 tuned config beside it), the variant's CPU-and-GPU tests and
+# the long-context decode sweep's three shapes, then the kernel restored.
+# Part X: with the kernel as committed, every GPU-marked test, and the test files that build
+# runners (interpreted only without a GPU). Part Y: the paged-decode table revalidated for the new
+# source (verify --fix, on a copy); fp8 caches as users call them with it.
+part=${1:?part V, W, X or Y}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -29,5 +39,32 @@ case $part in
     done
     git checkout omnitune/kernels/paged_decode_attention.py 2>/dev/null \
       || patch -R -p1 < benchmarks/variants/fp8_decode_v_unscaled.patch
+    ;;
+  W)
+    for ctx in 4096 16384; do
+      step 150 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
+        --out "$OUT/fp8_decode_few_warps_h200_round25_W_now_$ctx.json" --asm /tmp/asm
+    done
+    git apply benchmarks/variants/decode_lazy_rescale.patch || patch -p1 < benchmarks/variants/decode_lazy_rescale.patch
+    step 120 python -m pytest -q -p no:cacheprovider tests/test_fp8_kv_cache.py tests/test_paged_decode_attention.py \
+      tests/test_paged_decode_fused_reduce.py
+    for ctx in 4096 16384; do
+      step 150 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
+        --out "$OUT/fp8_decode_few_warps_h200_round25_W_lazy_$ctx.json" --asm /tmp/asm_w
+    done
+    git checkout omnitune/kernels/paged_decode_attention.py 2>/dev/null \
+      || patch -R -p1 < benchmarks/variants/decode_lazy_rescale.patch
+    ;;
+  X)
+    step 420 python -m pytest -q -p no:cacheprovider -m gpu tests/
+    step 60 python -m pytest -q -p no:cacheprovider tests/test_paged_decode_attention.py tests/test_kv_cache_write.py \
+      tests/test_match_ratio_probe.py tests/test_distributed.py
+    ;;
+  Y)
+    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention "$OUT/tc/"
+    step 240 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
+      --json "$OUT/verify_fix_paged_decode_h200_round25.json"
+    rm -f "$OUT"/tc/*/.*.lock
+    step 120 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round25_Y.json"
     ;;
 esac

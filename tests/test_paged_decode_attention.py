@@ -301,6 +301,21 @@ def test_matches_naive_attention_over_ragged_pages(h, hkv, lq, splits, pack, dty
     assert relative_error(SPEC.reference(inputs).cpu(), want) <= 1e-6  # the spec's reference agrees
 
 
+@pytest.mark.parametrize("splits", (1, 3))
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_scores_that_rise_along_the_context_move_the_running_max_and_stay_exact(splits, dtype, device):
+    """The key loop moves a row's running max only when a tile's scores rise past it by more than
+    2^8 (lazy rescaling). Scores 60 times larger than usual (q · 60: tile maxima tens of log2
+    units apart) rescale on some tiles and not on others, across 13 tiles of 16 keys."""
+    lens = [200, 37, 8, 19]
+    q, kc, vc, tables, ctx = _paged_case(lens, 7, 1, 4, 32, 8, torch.float32, "cpu", seed=5)
+    q = (q * 60).to(device=device, dtype=dtype)
+    kc, vc, tables, ctx = (t.to(device) for t in (kc.to(dtype), vc.to(dtype), tables, ctx))
+    cfg = Config(NUM_SPLITS=splits, BLOCK_N=16, num_warps=2, num_stages=1, PACK_GQA=True, FUSED_REDUCE=False)
+    out = paged_decode_attention(q, kc, vc, tables, ctx, config=cfg)
+    assert relative_error(out.cpu(), _naive(q, kc, vc, tables, ctx, 1 / math.sqrt(32))) <= TOL[dtype]
+
+
 def test_strided_q_tile_spanning_pages_and_custom_scale(device):
     # BLOCK_N = 32 keys over pages of 4: one tile gathers eight pages. q is a transposed view.
     q, kc, vc, tables, ctx = _paged_case([30, 13], 4, 2, 2, 64, 4, torch.float32, device, seed=2)
