@@ -17,8 +17,8 @@
 # max moves, and the accumulator is rescaled, only when a tile's scores rise past it by more than
 # 2^8 — FlashAttention-4's rule. At one warp over 16-key tiles the rescale is 4.5 of the 36
 # instructions a key (FMUL of the fp32 accumulator), done on every tile today. The few-warps sweep
-# at 4k and 16k (fp8, and the bf16 tuned config beside it), the variant's CPU-and-GPU tests and
-# the long-context decode sweep's three shapes, then the kernel restored.
+# at 4k and 16k (fp8, and the bf16 tuned config beside it) with the kernel as committed, the
+# variant's tests on the GPU, the same sweeps with the variant, then the kernel restored.
 # Part X: with the kernel as committed, every GPU-marked test, and the test files that build
 # runners (interpreted only without a GPU). Part Y: the paged-decode table revalidated for the new
 # source (verify --fix, on a copy); fp8 caches as users call them with it.
