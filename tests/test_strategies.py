@@ -167,3 +167,14 @@ def test_a_recording_older_than_a_parameter_is_replayed_over_the_space_it_measur
     problem = spec.parse_shape(key)
     assert {c["BACKEND"] for c in narrowed.valid_configs(problem, torch.float16)} == {"triton"}
     assert narrowed_to_recording(SPEC, [], PROBLEM_KEY, "bf16") is SPEC  # nothing added since
+
+
+def test_the_first_proposals_keep_their_order_and_each_config_its_first_role():
+    """The default, the user's tries, known-good, warm start: a config named twice is measured
+    once, for the first role it holds (what prepare_next compiles ahead in the same order)."""
+    from omnitune.search.strategies import first_proposals
+
+    default, a, b, c = VALID[0], VALID[1], VALID[2], VALID[3]
+    proposals = first_proposals(default, (a, default), (b, a), (c, b, default))
+    assert proposals == [(default, "default"), (a, "given"), (b, "known-good"), (c, "warm-start")]
+    assert first_proposals(default, (), (), ()) == [(default, "default")]

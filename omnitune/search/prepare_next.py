@@ -28,7 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from omnitune.search.strategies import tried_configs, warm_start_configs
+from omnitune.search.strategies import (
+    first_proposals,
+    tried_configs,
+    warm_start_configs,
+)
 from omnitune.spec import Config, DeviceLimits, KernelSpec, dtype_name
 
 if TYPE_CHECKING:
@@ -57,13 +61,11 @@ class Prepared:
 def first_configs(spec: KernelSpec, problem: Any, dtype: torch.dtype, limits: DeviceLimits,
                   warm_start: Sequence[Config], tries: Sequence[Mapping[str, Any]] = ()) -> list[Config]:
     """The configs a search of `problem` measures first, before any result, in the order the
-    planned strategy proposes them (the driver's default → the user's tries → known-good → warm
-    start), without those a constraint rejects (pruned, never compiled)."""
-    default = spec.default_config(problem, dtype)
-    ordered = [default, *tried_configs(spec, problem, dtype, tries), *spec.known_good_configs(problem, dtype, limits),
-               *warm_start]
-    unique = list(dict.fromkeys(ordered))
-    return [c for c in unique if not spec.violations(problem, c, dtype, limits)]
+    planned strategy proposes them (first_proposals), without those a constraint rejects (pruned,
+    never compiled)."""
+    ordered = first_proposals(spec.default_config(problem, dtype), tried_configs(spec, problem, dtype, tries),
+                              spec.known_good_configs(problem, dtype, limits), warm_start)
+    return [c for c, _ in ordered if not spec.violations(problem, c, dtype, limits)]
 
 
 class ProblemsAhead:

@@ -14,10 +14,10 @@ from omnitune.search.strategies.base import Chain, SamplerName, Setting, Strateg
 from omnitune.search.strategies.fallback import RandomUnmeasured
 from omnitune.search.strategies.grid import Grid
 from omnitune.search.strategies.optuna_sampler import OptunaSampler, make_sampler
-from omnitune.search.strategies.planned import Planned, tried_configs, warm_start_configs
+from omnitune.search.strategies.planned import Planned, first_proposals, tried_configs, warm_start_configs
 
 __all__ = ["OPTUNA_STRATEGIES", "STRATEGIES", "Chain", "SamplerName", "Setting", "Strategy", "build_chain",
-           "default_chain", "make_sampler", "parse_sampler", "tried_configs", "warm_start_configs"]
+           "default_chain", "first_proposals", "make_sampler", "parse_sampler", "tried_configs", "warm_start_configs"]
 
 STRATEGIES: Mapping[str, Callable[[Setting], Strategy]] = {
     "planned": Planned,                                    # default → --try → known-good → warm start

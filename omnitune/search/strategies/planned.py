@@ -22,10 +22,20 @@ WARM_START_CONFIGS = 3
 
 class Planned(FixedList):
     def __init__(self, setting: Setting):
-        super().__init__([(setting.default, "default")]
-                         + [(c, "given") for c in setting.tried]
-                         + [(c, "known-good") for c in setting.known_good]
-                         + [(c, "warm-start") for c in setting.warm_start])
+        super().__init__(first_proposals(setting.default, setting.tried, setting.known_good, setting.warm_start))
+
+
+def first_proposals(default: Config, tried: Sequence[Config], known_good: Sequence[Config],
+                    warm_start: Sequence[Config]) -> list[tuple[Config, str]]:
+    """The order a search measures its first configs in, each once, with the role it is measured
+    for (a trial's chosen_by): the default, the user's tries, known-good, warm start. The planned
+    strategy proposes them; omnitune.search.prepare_next compiles them ahead in this order."""
+    roles: dict[Config, str] = {}
+    for role, configs in (("default", (default,)), ("given", tried), ("known-good", known_good),
+                          ("warm-start", warm_start)):
+        for config in configs:
+            roles.setdefault(config, role)
+    return list(roles.items())
 
 
 def tried_configs(spec: KernelSpec, problem: Any, dtype: torch.dtype,
