@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Twenty-sixth H200 round, one H200:
+#   OUT=dir bash benchmarks/h200_round26.sh R
+# Part R (issues 16 and 15): paged decode with 32-bit row offsets inside a page
+# (benchmarks/variants/decode_row_offsets_32.patch). Each K/V row's address was
+# page·stride_block + in_page·stride_slot in 64-bit arithmetic, ~8 IMAD an address; the variant
+# clamps the page number in 32 bits and multiplies in_page·stride_slot in 32 bits (in_page <
+# block_size), leaving one widening multiply per row. Compiled for sm_90 without a GPU: the fp8
+# one-warp 16-key loop 36.0 → 34.75 instructions a key, the bf16 4-warp 64-key loop 40.75 → 36.94
+# (static counts). The variant is not safe as it stands for a slot stride × (block_size − 1) of
+# 2^31 elements or more (a page of ≥ 2 GiB, or a slot-major cache viewed as block-major): if it
+# pays, the kernel takes it behind a check of that bound. Measured here: the long-context decode
+# sweep (issue 15's three shapes short of 85%, bf16, 135 configs through PagedDecodePlan.run as a
+# graph) and the fp8 few-warps sweep at 4k and 16k, with the kernel as committed, then with the
+# variant (its tests on the GPU first), then the kernel restored.
+part=${1:?part R}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
+
+case $part in
+  R)
+    step 120 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round26_R_now.json"
+    for ctx in 4096 16384; do
+      step 130 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
+        --out "$OUT/fp8_decode_few_warps_h200_round26_R_now_$ctx.json" --asm /tmp/asm
+    done
+    git apply benchmarks/variants/decode_row_offsets_32.patch || patch -p1 < benchmarks/variants/decode_row_offsets_32.patch
+    step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
+      tests/test_fp8_kv_cache.py tests/test_paged_decode_fused_reduce.py
+    step 120 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round26_R_rows32.json"
+    for ctx in 4096 16384; do
+      step 130 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
+        --out "$OUT/fp8_decode_few_warps_h200_round26_R_rows32_$ctx.json" --asm /tmp/asm_r
+    done
+    git checkout omnitune/kernels/paged_decode_attention.py 2>/dev/null \
+      || patch -R -p1 < benchmarks/variants/decode_row_offsets_32.patch
+    ;;
+esac
