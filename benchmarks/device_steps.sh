@@ -4,7 +4,10 @@
 # that the committed logs are read by; left BUDGET: seconds of BUDGET not yet spent since $started;
 # fp8_shapes KERNEL: the fp8 problems of the Qwen presets (7B and VL-7B share their shapes) as
 # --shape arguments. decode_stalls CACHE SHAPE CONFIG_JSON: Nsight Compute's details and top stalls
-# of paged decode's split kernel, appended to $OUT/ncu_decode_stalls_h200.txt.
+# of paged decode's split kernel, appended to $OUT/ncu_decode_stalls_h200.txt. few_warps_sweeps NAME
+# [LIMIT]: fp8_decode_probe.py's few-warps sweep at 4k and 16k into
+# $OUT/fp8_decode_few_warps_h200_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
+# PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 started=${started:-$(date +%s)}
@@ -39,3 +42,14 @@ for model in ("qwen2.5-omni-7b", "qwen2.5-omni-3b", "qwen3-omni-30b-a3b"):
 print(" ".join(f"--shape {k}" for k in seen))
 EOF
 }
+
+few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT]
+  local ctx
+  for ctx in 4096 16384; do
+    step "${2:-150}" python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
+      --out "$OUT/fp8_decode_few_warps_h200_$1_$ctx.json" --asm "/tmp/asm_$1"
+  done
+}
+
+variant_apply() { git apply "$1" || patch -p1 < "$1"; }
+variant_restore() { git checkout -- $(git apply --numstat "$1" | cut -f3) 2>/dev/null || patch -R -p1 < "$1"; }

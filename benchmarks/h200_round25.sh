@@ -27,33 +27,19 @@ source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $sta
 
 case $part in
   V)
-    for ctx in 4096 16384; do
-      step 150 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
-        --out "$OUT/fp8_decode_few_warps_h200_round25_V_shipped_$ctx.json" --asm /tmp/asm
-    done
-    git apply benchmarks/variants/fp8_decode_v_unscaled.patch || patch -p1 < benchmarks/variants/fp8_decode_v_unscaled.patch
+    few_warps_sweeps round25_V_shipped
+    variant_apply benchmarks/variants/fp8_decode_v_unscaled.patch
     step 150 python -m pytest -q -p no:cacheprovider tests/test_fp8_kv_cache.py tests/test_paged_decode_attention.py
-    for ctx in 4096 16384; do
-      step 150 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
-        --out "$OUT/fp8_decode_few_warps_h200_round25_V_unscaled_$ctx.json" --asm /tmp/asm_v
-    done
-    git checkout omnitune/kernels/paged_decode_attention.py 2>/dev/null \
-      || patch -R -p1 < benchmarks/variants/fp8_decode_v_unscaled.patch
+    few_warps_sweeps round25_V_unscaled
+    variant_restore benchmarks/variants/fp8_decode_v_unscaled.patch
     ;;
   W)
-    for ctx in 4096 16384; do
-      step 150 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
-        --out "$OUT/fp8_decode_few_warps_h200_round25_W_now_$ctx.json" --asm /tmp/asm
-    done
-    git apply benchmarks/variants/decode_lazy_rescale.patch || patch -p1 < benchmarks/variants/decode_lazy_rescale.patch
+    few_warps_sweeps round25_W_now
+    variant_apply benchmarks/variants/decode_lazy_rescale.patch
     step 120 python -m pytest -q -p no:cacheprovider tests/test_fp8_kv_cache.py tests/test_paged_decode_attention.py \
       tests/test_paged_decode_fused_reduce.py
-    for ctx in 4096 16384; do
-      step 150 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
-        --out "$OUT/fp8_decode_few_warps_h200_round25_W_lazy_$ctx.json" --asm /tmp/asm_w
-    done
-    git checkout omnitune/kernels/paged_decode_attention.py 2>/dev/null \
-      || patch -R -p1 < benchmarks/variants/decode_lazy_rescale.patch
+    few_warps_sweeps round25_W_lazy
+    variant_restore benchmarks/variants/decode_lazy_rescale.patch
     ;;
   X)
     step 420 python -m pytest -q -p no:cacheprovider -m gpu tests/

@@ -19,19 +19,12 @@ source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $sta
 case $part in
   R)
     step 120 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round26_R_now.json"
-    for ctx in 4096 16384; do
-      step 130 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
-        --out "$OUT/fp8_decode_few_warps_h200_round26_R_now_$ctx.json" --asm /tmp/asm
-    done
-    git apply benchmarks/variants/decode_row_offsets_32.patch || patch -p1 < benchmarks/variants/decode_row_offsets_32.patch
+    few_warps_sweeps round26_R_now 130
+    variant_apply benchmarks/variants/decode_row_offsets_32.patch
     step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
       tests/test_fp8_kv_cache.py tests/test_paged_decode_fused_reduce.py
     step 120 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round26_R_rows32.json"
-    for ctx in 4096 16384; do
-      step 130 python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
-        --out "$OUT/fp8_decode_few_warps_h200_round26_R_rows32_$ctx.json" --asm /tmp/asm_r
-    done
-    git checkout omnitune/kernels/paged_decode_attention.py 2>/dev/null \
-      || patch -R -p1 < benchmarks/variants/decode_row_offsets_32.patch
+    few_warps_sweeps round26_R_rows32 130
+    variant_restore benchmarks/variants/decode_row_offsets_32.patch
     ;;
 esac
