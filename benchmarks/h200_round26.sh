@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-sixth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round26.sh R
+#   OUT=dir bash benchmarks/h200_round26.sh R1|R2
 # Part R (issues 16 and 15): paged decode with 32-bit row offsets inside a page
 # (benchmarks/variants/decode_row_offsets_32.patch). Each K/V row's address was
 # page·stride_block + in_page·stride_slot in 64-bit arithmetic, ~8 IMAD an address; the variant
@@ -9,22 +9,28 @@
 # one-warp 16-key loop 36.0 → 34.75 instructions a key, the bf16 4-warp 64-key loop 40.75 → 36.94
 # (static counts). The variant is not safe as it stands for a slot stride × (block_size − 1) of
 # 2^31 elements or more (a page of ≥ 2 GiB, or a slot-major cache viewed as block-major): if it
-# pays, the kernel takes it behind a check of that bound. Measured here: the long-context decode
-# sweep (issue 15's three shapes short of 85%, bf16, 135 configs through PagedDecodePlan.run as a
-# graph) and the fp8 few-warps sweep at 4k and 16k, with the kernel as committed, then with the
-# variant (its tests on the GPU first), then the kernel restored.
-part=${1:?part R}
+# pays, the kernel takes it behind a check of that bound. Compiled offline, it also brings the
+# in-launch combine (FUSED_REDUCE) of the default 64-key 4-warp tile from 160 to 121 registers.
+# R1: the long-context decode sweep with --fused-reduce (issue 15's three shapes short of 85%,
+# bf16, 270 configs through PagedDecodePlan.run as a graph) with the kernel as committed, then the
+# variant's GPU tests and the same sweep with it. R2: the fp8 few-warps sweep at 4k and 16k, the
+# same way. Each restores the kernel after.
+part=${1:?part R1 or R2}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
-  R)
-    step 120 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round26_R_now.json"
-    few_warps_sweeps round26_R_now 130
+  R1)
+    step 200 python benchmarks/long_decode_sweep.py --fused-reduce --out "$OUT/long_decode_sweep_h200_round26_R1_now.json"
     variant_apply benchmarks/variants/decode_row_offsets_32.patch
     step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
       tests/test_fp8_kv_cache.py tests/test_paged_decode_fused_reduce.py
-    step 120 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round26_R_rows32.json"
-    few_warps_sweeps round26_R_rows32 130
+    step 200 python benchmarks/long_decode_sweep.py --fused-reduce --out "$OUT/long_decode_sweep_h200_round26_R1_rows32.json"
+    variant_restore benchmarks/variants/decode_row_offsets_32.patch
+    ;;
+  R2)
+    few_warps_sweeps round26_R2_now
+    variant_apply benchmarks/variants/decode_row_offsets_32.patch
+    few_warps_sweeps round26_R2_rows32
     variant_restore benchmarks/variants/decode_row_offsets_32.patch
     ;;
 esac

@@ -9,6 +9,9 @@ checked against SDPA over the same context, gathered contiguous, before it is ti
 are compiled first in parallel processes (omnitune.measure.precompile).
 
     PYTHONPATH=$PWD python benchmarks/long_decode_sweep.py --out $OUT/long_decode_sweep_h200.json
+
+--fused-reduce adds every config again with the splits combined in the same launch
+(FUSED_REDUCE): twice the configs.
 """
 
 from __future__ import annotations
@@ -34,25 +37,25 @@ ROUNDS, REPLAYS = 5, 10
 TOLERANCE = 2e-2  # bf16 output against SDPA in bf16
 
 
-def configs_for(problem, dtype) -> list:
+def configs_for(problem, dtype, grid: dict = GRID) -> list:
     from omnitune.kernels.paged_decode_attention import SPEC
 
     base = SPEC.default_config(problem, dtype).replace(PACK_GQA=True, FUSED_REDUCE=False)
     found = []
-    for values in itertools.product(*GRID.values()):
-        config = base.replace(**dict(zip(GRID, values)))
+    for values in itertools.product(*grid.values()):
+        config = base.replace(**dict(zip(grid, values)))
         if not SPEC.violations(problem, config, dtype):
             found.append(config)
     return found
 
 
-def sweep_shape(device, b: int, ctx: int, copy_tbps: float) -> dict:
+def sweep_shape(device, b: int, ctx: int, copy_tbps: float, grid: dict = GRID) -> dict:
     from omnitune.kernels import paged_decode_attention as pda
     from omnitune.measure.precompile import precompile
 
     dtype = torch.bfloat16
     problem = pda.PagedDecodeProblem(b=b, h=HEADS, hkv=KV_HEADS, lq=1, ctx=ctx, d=HEAD_DIM, block_size=PAGE)
-    configs = configs_for(problem, dtype)
+    configs = configs_for(problem, dtype, grid)
     began = time.perf_counter()
     report = precompile(pda.SPEC, problem, dtype, configs)
     print(f"b{b} ctx{ctx}: {report.summary()}", flush=True)
@@ -94,14 +97,17 @@ def sweep_shape(device, b: int, ctx: int, copy_tbps: float) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--fused-reduce", action="store_true",
+                        help="each config also with FUSED_REDUCE (the splits combined in the same launch)")
     args = parser.parse_args(argv)
+    grid = {**GRID, "FUSED_REDUCE": (False, True)} if args.fused_reduce else GRID
     if not torch.cuda.is_available():
         print("long_decode_sweep needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    copy_tbps, report = copy_bandwidth_report(device, grid=GRID, shapes={})
+    copy_tbps, report = copy_bandwidth_report(device, grid=grid, shapes={})
     for b, ctx in SHAPES:
-        report["shapes"][f"b{b} ctx{ctx}"] = sweep_shape(device, b, ctx, copy_tbps)
+        report["shapes"][f"b{b} ctx{ctx}"] = sweep_shape(device, b, ctx, copy_tbps, grid)
         torch.cuda.empty_cache()
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))  # each shape kept as it finishes
