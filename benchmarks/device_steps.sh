@@ -43,11 +43,12 @@ print(" ".join(f"--shape {k}" for k in seen))
 EOF
 }
 
-few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT]
-  local ctx
+few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT [PROBE_ARGS...]]
+  local name=$1 limit=${2:-150} ctx
+  shift; [ $# -gt 0 ] && shift
   for ctx in 4096 16384; do
-    step "${2:-150}" python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx \
-      --out "$OUT/fp8_decode_few_warps_h200_$1_$ctx.json" --asm "/tmp/asm_$1"
+    step "$limit" python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx "$@" \
+      --out "$OUT/fp8_decode_few_warps_h200_${name}_$ctx.json" --asm "/tmp/asm_$name"
   done
 }
 

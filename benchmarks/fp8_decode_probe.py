@@ -11,7 +11,8 @@ stages). Round 8's searches sampled one and two warps only over 64- and 128-key 
 best and slower at b64 4k: up to 255 registers, 4 programs an SM); 16- and 32-key tiles fit 7-12. The
 loop issues about as many instructions a key at any warp count (benchmarks/decode_registers_offline.py
 --loop), but with one warp to a tile no warp waits at a barrier for the others. Each config's
-output (poisoned first) is compared with its cache's tuned config's.
+output (poisoned first) is compared with its cache's tuned config's. --fused-reduce: each fp8
+config but the first also with the splits combined in the same launch (FUSED_REDUCE).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def main(argv=None) -> int:
                         help="bf16's tuned config and three fp8 configs only (a kernel variant checked in a minute)")
     parser.add_argument("--few-warps", action="store_true",
                         help="fp8 over 1-2 warps a program (72 configs) beside each cache's tuned config")
+    parser.add_argument("--fused-reduce", action="store_true",
+                        help="each fp8 config after the first also with FUSED_REDUCE (the combine in the same launch)")
     parser.add_argument("--ncu-pair", action="store_true",
                         help="launch the split kernel once per cache with one config (for ncu -k _paged_decode_split)")
     args = parser.parse_args(argv)
@@ -94,9 +97,11 @@ def main(argv=None) -> int:
             grid = [(2, 64, 4, 2)] if name == "bf16" else [(2, 64, 4, 2), (2, 64, 4, 3), (2, 128, 4, 3)]
         if args.few_warps:  # the tuned config first: the others' outputs are compared with its
             grid = [TUNED[name]] + (FEW_WARPS_GRID if name == "fp8" else [])
-        for splits, block_n, warps, stages in (grid[:1] if args.ncu_pair else grid):
+        fused = (False, True) if args.fused_reduce and name == "fp8" else (False,)
+        configs = [(*grid[0], False)] + [(*g, f) for g in grid[1:] for f in fused]
+        for splits, block_n, warps, stages, fused_reduce in (configs[:1] if args.ncu_pair else configs):
             cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
-                         FUSED_REDUCE=False)
+                         FUSED_REDUCE=fused_reduce)
             row = {"cache": name, "config": cfg.as_dict()}
             try:
                 kernel = _recorded_kernel(pda, lambda: pda._launch(
@@ -114,7 +119,7 @@ def main(argv=None) -> int:
                 row["graph_us"] = min(graph_call_us(graph) for _ in range(3))
                 first = first_out.setdefault(name, out.float().clone())
                 row["rel_diff_to_first"] = float((out.float() - first).norm() / first.norm())
-                if (name, (splits, block_n, warps, stages)) in keep:
+                if (name, (splits, block_n, warps, stages)) in keep and not fused_reduce:
                     stem = f"{name}_s{splits}_n{block_n}_w{warps}_st{stages}"
                     for kind in ("ttgir", "ptx"):
                         (args.asm / f"{stem}.{kind}").write_text(kernel.asm[kind])

@@ -13,7 +13,9 @@
 # in-launch combine (FUSED_REDUCE) of the default 64-key 4-warp tile from 160 to 121 registers.
 # R1: the long-context decode sweep with --fused-reduce (issue 15's three shapes short of 85%,
 # bf16, 270 configs through PagedDecodePlan.run as a graph) with the kernel as committed, then the
-# variant's GPU tests and the same sweep with it. R2: the fp8 few-warps sweep at 4k and 16k, the
+# variant's GPU tests and the same sweep with it. R2: the fp8 few-warps sweep at 4k and 16k, each
+# config also with FUSED_REDUCE (at 16k the public op took 356-366 µs where the split kernel's
+# fastest config alone took 328-335 in round 25: the second launch's share is not measured), the
 # same way. Each restores the kernel after.
 part=${1:?part R1 or R2}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
@@ -28,9 +30,9 @@ case $part in
     variant_restore benchmarks/variants/decode_row_offsets_32.patch
     ;;
   R2)
-    few_warps_sweeps round26_R2_now
+    few_warps_sweeps round26_R2_now 250 --fused-reduce
     variant_apply benchmarks/variants/decode_row_offsets_32.patch
-    few_warps_sweeps round26_R2_rows32
+    few_warps_sweeps round26_R2_rows32 250 --fused-reduce
     variant_restore benchmarks/variants/decode_row_offsets_32.patch
     ;;
 esac
