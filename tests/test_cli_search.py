@@ -169,6 +169,9 @@ def test_try_configs_are_measured_right_after_the_default_in_the_order_given(tmp
     assert measured[0]["is_default"] == 1
     assert [r["config_json"] for r in measured[1:3]] == [config_json(c) for c in expected]
     assert measured[3]["config_json"] not in {config_json(c) for c in [default, *expected]}
+    # The progress lines (not a terminal here) say who chose each config.
+    chosen = re.findall(r"^  trial \d+/4: .* \(([\w-]+)\) → ", result.stdout, re.MULTILINE)
+    assert chosen[:3] == ["default", "given", "given"] and chosen[3] not in {"default", "given"}
 
 
 @pytest.mark.parametrize(

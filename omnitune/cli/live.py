@@ -106,7 +106,8 @@ def finalist_lines(outcome: SearchOutcome, default: Config) -> list[str]:
 
 class ProgressLines:
     """The search's progress as lines, for an output that is not a terminal: one line as the
-    search starts, then one per measured trial (pruned configs cost no time and get none)."""
+    search starts, then one per measured trial (pruned configs cost no time and get none), each
+    saying who chose its config (default, given by --try, known-good, warm-start, the sampler)."""
 
     def __init__(self, spec: KernelSpec, problem, dtype: torch.dtype, budget: int, sampler: str):
         self.title = search_title(spec, problem, dtype)
@@ -125,8 +126,9 @@ class ProgressLines:
             result = progress.result
             status = result.status.value + (f" {_ms(result.time_ms)}" if not result.status.failed else "")
             best = f"best {_ms(progress.best.time_ms)}" if progress.best is not None else "nothing ok yet"
-            console.print(f"  trial {progress.measured_total}/{self.budget}: {escape(result.config.label())} → "
-                          f"{status}; {best}; {progress.elapsed_s:.1f} s", soft_wrap=True)
+            console.print(f"  trial {progress.measured_total}/{self.budget}: {escape(result.config.label())} "
+                          f"({escape(progress.chosen_by)}) → {status}; {best}; {progress.elapsed_s:.1f} s",
+                          soft_wrap=True)
 
 
 class LiveView:
@@ -167,7 +169,7 @@ class LiveView:
             grid.add_row("", "[yellow]interpreter: timings not representative[/]")
         if p is not None:
             status = p.result.status.value + (f" {_ms(p.result.time_ms)}" if not p.result.status.failed else "")
-            grid.add_row("last", f"{escape(p.result.config.label())} → {status}")
+            grid.add_row("last", f"{escape(p.result.config.label())} ({escape(p.chosen_by)}) → {status}")
         grid.add_row("failures", _failures_text(p.failures) if p else "none")
         grid.add_row("GPU", "n/a (interpreter)" if self.interpret else _gpu_clock_and_temperature())
         return grid
