@@ -8,6 +8,8 @@
 # [LIMIT]: fp8_decode_probe.py's few-warps sweep at 4k and 16k into
 # $OUT/fp8_decode_few_warps_h200_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
 # PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them.
+# gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
+# what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 started=${started:-$(date +%s)}
@@ -54,3 +56,10 @@ few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT [PROBE_ARGS...]]
 
 variant_apply() { git apply "$1" || patch -p1 < "$1"; }
 variant_restore() { git checkout -- $(git apply --numstat "$1" | cut -f3) 2>/dev/null || patch -R -p1 < "$1"; }
+
+gpu_tests() {
+  local slow="tests/test_lanes.py tests/test_precompile.py tests/test_verify.py tests/test_worker.py tests/test_ncu.py"
+  local rest=$(ls tests/test_*.py | grep -v -x -F $(printf -- "-e %s " $slow))
+  step 300 python -m pytest -q -p no:cacheprovider -m gpu $rest
+  step 300 python -m pytest -q -p no:cacheprovider -m gpu $slow
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-sixth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round26.sh R1|R2|K
+#   OUT=dir bash benchmarks/h200_round26.sh R1|R2|K|T
 # Part R (issues 16 and 15): paged decode with 32-bit row offsets inside a page
 # (benchmarks/variants/decode_row_offsets_32.patch). Each K/V row's address was
 # page·stride_block + in_page·stride_slot in 64-bit arithmetic, ~8 IMAD an address; the variant
@@ -24,7 +24,8 @@
 # instead of 544 instructions over fp8 (184 instead of 344 over bf16) for its 16 elements of K and
 # of V — a 64-bit division by the page size gone. fp8_kv_bench --quick and a 40-trial search of
 # the 65,536-token fp8 write before and after, the variant's GPU tests between.
-part=${1:?part R1, R2 or K}
+# Part T: every gpu-marked test with the kernels as committed (after a variant is adopted).
+part=${1:?part R1, R2, K or T}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -53,5 +54,8 @@ case $part in
     step 150 python -m omnitune search kv_cache_write --shape "$write_shape" --dtype bf16 --trials 40 \
       --db "$OUT/write_constexpr.db"
     variant_restore benchmarks/variants/kv_write_block_size_constexpr.patch
+    ;;
+  T)
+    gpu_tests
     ;;
 esac
