@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-fifth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round25.sh V|W|X
+#   OUT=dir bash benchmarks/h200_round25.sh V|W|X|Y|Z
 # Part V (issue 16): the fp8 decode with V unscaled in its loop
 # (benchmarks/variants/fp8_decode_v_unscaled.patch): V widened to fp16 and multiplied by a 1.0
 # the compiler cannot fold (so Triton keeps staging it as fp16 through shared memory, the layout
@@ -22,7 +22,7 @@
 # Part X: with the kernel as committed, every GPU-marked test, and the test files that build
 # runners (interpreted only without a GPU). Part Y: the paged-decode table revalidated for the new
 # source (verify --fix, on a copy); fp8 caches as users call them with it.
-part=${1:?part V, W, X or Y}
+part=${1:?part V, W, X, Y or Z}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 case $part in
@@ -52,5 +52,13 @@ case $part in
       --json "$OUT/verify_fix_paged_decode_h200_round25.json"
     rm -f "$OUT"/tc/*/.*.lock
     step 120 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round25_Y.json"
+    step 140 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_fused_reduce.py \
+      tests/test_production_ops_gpu.py tests/test_paged_decode_attention.py tests/test_fp8_kv_cache.py
+    ;;
+  Z)  # the gpu-marked tests of the files part X had not reached when its limit ran out
+    step 330 python -m pytest -q -p no:cacheprovider -m gpu --durations=25 tests/test_hopper_probe_timing.py \
+      tests/test_kv_cache_write.py tests/test_kv_compress.py tests/test_kv_compress_merge.py tests/test_ncu.py \
+      tests/test_telemetry.py tests/test_timing.py tests/test_verify.py tests/test_worker.py tests/test_precompile.py \
+      tests/test_lanes.py
     ;;
 esac
