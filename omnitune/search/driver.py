@@ -194,14 +194,14 @@ class _Search:
         self.valid = tuple(valid) if valid is not None else None
         enumerate_all = options.sampler is SamplerName.GRID or (valid is not None and len(valid) <= options.trials)
         self.chain_names = options.strategies or default_chain(options.sampler, enumerate_all)
-        self.tried = tuple(c for c in tried_configs(spec, problem, dtype, options.tries) if c != self.default_config)
-        self.known_good = tuple(c for c in spec.known_good_configs(problem, dtype, limits)
-                                if c != self.default_config and c not in self.tried)
+        # Each list as it comes; the planned strategy measures a config named twice once
+        # (first_proposals).
+        self.tried = tuple(tried_configs(spec, problem, dtype, options.tries))
+        self.known_good = tuple(spec.known_good_configs(problem, dtype, limits))
         warm = options.warm_start
         if warm is None:
             warm = warm_start_configs(spec, problem, dtype, device.key, limits)
-        self.warm_start = tuple(c for c in warm
-                                if c != self.default_config and c not in self.tried and c not in self.known_good)
+        self.warm_start = tuple(warm)
         self.measured_now = 0
         self.started = time.monotonic()
 

@@ -62,12 +62,14 @@ class Setting:
     space: ConfigSpace
     valid: tuple[Config, ...] | None   # every valid config in the spec's order; None: too many to list
     default: Config
-    known_good: tuple[Config, ...]     # the spec's, valid here, without the above
-    warm_start: tuple[Config, ...]     # the nearest tuned problems' winners, without the above
+    known_good: tuple[Config, ...]     # the spec's, valid here
+    warm_start: tuple[Config, ...]     # the nearest tuned problems' winners
     seed: int
     sampler: str                       # what a trial the study's Optuna sampler chose records as chosen_by
     ask: Callable[[], optuna.Trial]    # a new trial of the study's Optuna sampler's choosing
-    tried: tuple[Config, ...] = ()     # the user's (search --try), completed here, without the default
+    tried: tuple[Config, ...] = ()     # the user's (search --try), completed here
+    # The four lists may name a config twice (the default among the known-good, say): the planned
+    # strategy measures it once, for its first role (planned.first_proposals).
 
 
 @dataclass(frozen=True)
