@@ -1,5 +1,6 @@
-"""What a compiled Triton kernel's cubin uses per thread, read with the cuobjdump Triton bundles:
-no GPU needed (the offline compile probes share it)."""
+"""What a compiled Triton kernel's cubin uses per thread, read with the cuobjdump Triton bundles,
+and a kernel compiled for sm_90 as a real launch specialises it: no GPU needed (the offline
+compile probes share it)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,26 @@ import tempfile
 from collections import Counter
 
 import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_sm90(fn, pointers: dict, constexprs: dict, warps: int, stages: int, *, aligned: tuple = (),
+                 floats: tuple = ()):
+    """fn compiled for sm_90 as a real call specialises it: `pointers` typed as given,
+    `constexprs` fixed, the `floats` fp32 and every other argument i32; pointers, strides and the
+    `aligned` integers divisible by 16."""
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in floats else "i32")
+                 for n in names}
+    values = {(names.index(n),): v for n, v in constexprs.items()}
+    divisible = [n for n in names if signature[n] != "constexpr"
+                 and (n in pointers or n.startswith("stride_") or n in aligned)]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    source = ASTSource(fn=fn, signature=signature, constexprs=values, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
 def cuobjdump(kernel, flag: str) -> str:

@@ -30,12 +30,11 @@ import sys
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from omnitune.kernels import paged_decode_attention as pda
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cubin  # noqa: E402
 from cubin import cubin_resources, loop_counts  # noqa: E402
 _UNIT = ("stride_qd", "stride_kcd", "stride_vcd", "stride_od", "stride_btp", "LQ")
 
@@ -57,15 +56,8 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, warps: int, stages: int):
     """A decode split kernel compiled for sm_90 as a real call specialises it: `pointers` typed as
     given, `constexprs` fixed, qk_scale fp32 and every other argument i32; pointers, strides and
     page counts divisible by 16."""
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "qk_scale" else "i32")
-                 for n in names}
-    values = {(names.index(n),): v for n, v in constexprs.items()}
-    aligned = [n for n in names if signature[n] != "constexpr"
-               and (n in pointers or n.startswith("stride_") or n in ("NUM_BLOCKS", "MAX_PAGES"))]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(fn=fn, signature=signature, constexprs=values, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    return cubin.compile_sm90(fn, pointers, constexprs, warps, stages, aligned=("NUM_BLOCKS", "MAX_PAGES"),
+                              floats=("qk_scale",))
 
 
 def resources(kernel) -> dict:

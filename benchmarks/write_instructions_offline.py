@@ -22,13 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from omnitune.kernels import kv_cache_write as kvw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cubin import cubin_resources, sass_instructions  # noqa: E402
+from cubin import compile_sm90, cubin_resources, sass_instructions  # noqa: E402
 
 # (BLOCK_T, BLOCK_H, num_warps): the H200 table's fp8 config at 65,536 tokens and at 8,192, and larger tiles.
 CONFIGS = ((8, 1, 2), (4, 2, 2), (16, 1, 4), (32, 2, 4))
@@ -37,21 +35,14 @@ BLOCK_SIZE = 16
 
 def compile_write(fp8: bool, block_t: int, block_h: int, warps: int):
     fn = kvw._kv_cache_write
-    names = fn.arg_names
     cache = "fp8e4nv" if fp8 else "bf16"
     pointers = {"Key": "*bf16", "Value": "*bf16", "KeyCache": f"*{cache}", "ValueCache": f"*{cache}",
                 "SlotMapping": "*i64", "KScale": "*fp32", "VScale": "*fp32"}
     constexprs = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_T=block_t, BLOCK_H=block_h, QUANTIZE=fp8,
                       EXACT_ROUNDING=False, stride_kd=1, stride_vd=1, stride_kcd=1, stride_vcd=1)
-    declared = {p.name for p in fn.params if p.is_constexpr}
-    if "BLOCK_SIZE" in declared:
+    if any(p.name == "BLOCK_SIZE" and p.is_constexpr for p in fn.params):
         constexprs["BLOCK_SIZE"] = BLOCK_SIZE
-    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
-    aligned = [n for n in names if signature[n] != "constexpr"
-               and (n in pointers or n.startswith("stride_") or n in ("BLOCK_SIZE", "CAPACITY"))]
-    source = ASTSource(fn=fn, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
-                       attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
+    return compile_sm90(fn, pointers, constexprs, warps, 1, aligned=("BLOCK_SIZE", "CAPACITY"))
 
 
 def main(argv=None) -> int:
