@@ -48,7 +48,7 @@ def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int =
                 "Tickets": "*i32", "KScale": "*fp32", "VScale": "*fp32"}
     constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP=7, BLOCK_M=16, BLOCK_N=block_n,
                       NUM_SPLITS=splits, PACK_GQA=True, FUSED_REDUCE=False, BLOCK_S=triton.next_power_of_2(splits),
-                      IEEE_DOT=False, PAGE_GUARD=2, KV_FP8=kv_fp8, **{name: 1 for name in _UNIT})
+                      IEEE_DOT=False, PAGE_GUARD=2, KV_FP8=kv_fp8, ROWS_32=True, **{name: 1 for name in _UNIT})
     return compile_sm90(fn, pointers, constexprs, warps, stages)
 
 

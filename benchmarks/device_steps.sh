@@ -9,7 +9,8 @@
 # $OUT/fp8_decode_few_warps_h200_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
 # PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them.
 # gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
-# what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s).
+# what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s),
+# gpu_tests_first_half and gpu_tests_second_half each alone (one device call each).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 started=${started:-$(date +%s)}
@@ -57,9 +58,9 @@ few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT [PROBE_ARGS...]]
 variant_apply() { git apply "$1" || patch -p1 < "$1"; }
 variant_restore() { git checkout -- $(git apply --numstat "$1" | cut -f3) 2>/dev/null || patch -R -p1 < "$1"; }
 
-gpu_tests() {
-  local slow="tests/test_lanes.py tests/test_precompile.py tests/test_verify.py tests/test_worker.py tests/test_ncu.py"
-  local rest=$(ls tests/test_*.py | grep -v -x -F $(printf -- "-e %s " $slow))
-  step 300 python -m pytest -q -p no:cacheprovider -m gpu $rest
-  step 300 python -m pytest -q -p no:cacheprovider -m gpu $slow
+_slow_gpu_tests="tests/test_lanes.py tests/test_precompile.py tests/test_verify.py tests/test_worker.py tests/test_ncu.py"
+gpu_tests_first_half() {  # [LIMIT]
+  step "${1:-300}" python -m pytest -q -p no:cacheprovider -m gpu $(ls tests/test_*.py | grep -v -x -F $(printf -- "-e %s " $_slow_gpu_tests))
 }
+gpu_tests_second_half() { step 300 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 $_slow_gpu_tests; }
+gpu_tests() { gpu_tests_first_half; gpu_tests_second_half; }

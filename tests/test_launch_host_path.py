@@ -203,6 +203,43 @@ def test_a_decode_plan_checks_each_call_and_follows_a_changed_page_guard(monkeyp
     assert plan._plan.split.constexprs["PAGE_GUARD"] == 1
 
 
+def test_a_decode_plan_takes_64_bit_rows_for_caches_whose_slots_lie_too_far_apart(monkeypatch):
+    from omnitune.kernels import paged_decode_attention as pda
+
+    _stub_decode_launchers(monkeypatch)
+    b, h, hkv, d, block, pages = 2, 4, 2, 32, 8, 4
+    plan = pda.PagedDecodePlan(batch=b, num_heads=h, num_kv_heads=hkv, head_dim=d, block_size=block,
+                               max_blocks=pages, max_context_len=block * pages, dtype=torch.float32, device="cpu")
+    q = torch.zeros(b, h, 1, d)
+    block_major = torch.zeros(b * pages, block, hkv, d)  # slot stride hkv·d = 64
+    slot_major = torch.zeros(block, b * pages, hkv, d).transpose(0, 1)  # slot stride 512
+    tables = torch.zeros(b, pages, dtype=torch.int32)
+    lens = torch.full((b,), block * pages, dtype=torch.int32)
+    # (block − 1) × 64 = 448 fits a limit of 512; (block − 1) × 512 does not
+    monkeypatch.setattr(pda, "_ROWS_32_LIMIT", 512)
+    for cache, rows_32 in ((block_major, True), (slot_major, False), (block_major, True)):
+        plan.run(q, cache, cache, tables, lens, check=False)
+        assert plan._plan.split.constexprs["ROWS_32"] is rows_32
+    # one cache past the bound is enough
+    plan.run(q, block_major, slot_major, tables, lens, check=False)
+    assert plan._plan.split.constexprs["ROWS_32"] is False
+
+
+def test_the_row_bound_is_read_from_strides_alone():
+    from omnitune.kernels import paged_decode_attention as pda
+
+    # meta tensors: strides of caches far past 2^31 elements, no memory behind them
+    def cache(slot_stride):
+        return torch.empty(0, device="meta").as_strided((4, 16, 8, 128), (16 * 1024, slot_stride, 128, 1))
+
+    fits = (2**31 - 1) // 15
+    assert pda._rows_fit_32(16, cache(1024), cache(1024))
+    assert pda._rows_fit_32(16, cache(fits), cache(fits))
+    assert not pda._rows_fit_32(16, cache(fits + 1), cache(1024))
+    assert not pda._rows_fit_32(16, cache(1024), cache(2**40))
+    assert pda._rows_fit_32(1, cache(2**40), cache(2**40))  # a page of one slot has no row offset
+
+
 def test_a_fixed_launch_builds_its_c_arguments_once(monkeypatch):
     bound, jit = _bound(monkeypatch)
     a, b = torch.randn(64), torch.randn(64)

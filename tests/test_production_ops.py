@@ -252,6 +252,62 @@ def test_unchecked_decode_never_follows_bad_block_numbers_and_clamps_lengths(pag
     assert k_whole[:guard].isnan().all() and k_whole[-guard:].isnan().all()
 
 
+@pytest.mark.parametrize("splits", [1, 4], ids=["one-split", "four-splits"])
+def test_decode_with_64_bit_row_offsets_matches_the_reference(splits, device, monkeypatch):
+    """The rows inside a page in 64 bits, the path of caches whose slots lie 2^31 elements apart
+    (here forced with the bound lowered), over a slot-major cache viewed block-major."""
+    monkeypatch.setattr(pda, "_ROWS_32_LIMIT", 1)
+    monkeypatch.setattr(pda, "_steady", {})  # no launch remembered with 32-bit rows
+    fits, rows_fit_32 = [], pda._rows_fit_32
+    monkeypatch.setattr(pda, "_rows_fit_32", lambda *args: fits.append(rows_fit_32(*args)) or fits[-1])
+    gen = torch.Generator().manual_seed(11)
+    b, h, hkv, lq, d, block_size, max_blocks, num_blocks = 3, 4, 2, 1, 32, 8, 3, 9
+    kc = _rand(block_size, num_blocks, hkv, d, gen=gen, device=device).transpose(0, 1)
+    vc = _rand(block_size, num_blocks, hkv, d, gen=gen, device=device).transpose(0, 1)
+    q = _rand(b, h, lq, d, gen=gen, device=device)
+    tables = torch.randperm(num_blocks, generator=gen)[: b * max_blocks].view(b, max_blocks)
+    tables = tables.to(device=device, dtype=torch.int32)
+    lens = torch.tensor([24, 13, 7], dtype=torch.int32, device=device)
+    config = pda.SPEC.default_config(pda.PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=24, d=d,
+                                                            block_size=block_size), torch.float32)
+    config = config.replace(NUM_SPLITS=splits, BLOCK_N=16)
+    out = pda.paged_decode_attention(q, kc, vc, tables, lens, config=config, check=False)
+    assert fits == [False]
+    assert relative_error(out.cpu(), _paged_reference(q, kc, vc, tables, lens, 1 / math.sqrt(d))) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_a_cache_whose_slots_lie_2_31_elements_apart_is_read_where_it_is(cache_dtype):
+    """A slot-major cache viewed block-major with (block_size − 1) × its slot stride past 2^31
+    elements: 32-bit row offsets would wrap and read elsewhere (or fault); the op takes 64-bit ones.
+    The pages read are the last ones, whose rows lie farthest out."""
+    gen = torch.Generator().manual_seed(12)
+    b, h, hkv, d, block_size, pages = 2, 8, 1, 128, 16, 4
+    num_blocks = 2**31 // ((block_size - 1) * hkv * d) + 8
+    slot_major = torch.empty(block_size, num_blocks, hkv, d, dtype=cache_dtype, device="cuda")
+    kc, vc = slot_major.transpose(0, 1), torch.empty_like(slot_major).transpose(0, 1)
+    assert (block_size - 1) * kc.stride(1) >= 2**31
+    tables = torch.arange(num_blocks - b * pages, num_blocks, dtype=torch.int32).view(b, pages).cuda()
+    used = tables.view(-1).long()
+    scales = {}
+    for cache, name in ((kc, "k_scale"), (vc, "v_scale")):
+        values = _rand(b * pages, block_size, hkv, d, gen=gen, device="cuda")
+        if cache_dtype == torch.float8_e4m3fn:
+            scale = torch.tensor([0.02], device="cuda")
+            scales[name] = scale
+            values = (values / scale).clamp(-448, 448)
+        cache.view(torch.uint8)[used] = values.to(cache_dtype).view(torch.uint8)
+    q = _rand(b, h, 1, d, gen=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([pages * block_size, pages * block_size - 5], dtype=torch.int32, device="cuda")
+    out = pda.paged_decode_attention(q, kc, vc, tables, lens, **scales)
+    k_ref = kc[used].float() * scales.get("k_scale", 1.0)
+    v_ref = vc[used].float() * scales.get("v_scale", 1.0)
+    local = torch.arange(b * pages, dtype=torch.int32, device="cuda").view(b, pages)
+    want = _paged_reference(q.float(), k_ref, v_ref, local, lens, 1 / math.sqrt(d))
+    assert relative_error(out.float().cpu(), want) < 2e-2  # bf16 q and output
+
+
 def test_check_mode_refuses_bad_lengths_and_block_numbers(device):
     gen = torch.Generator().manual_seed(6)
     q, kc, vc, tables, lens = _paged_args(device, gen)
