@@ -276,6 +276,21 @@ def _naive(q, kc, vc, tables, lens, sm_scale):
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3}
 
 
+@pytest.mark.parametrize("block_size", [4, 16, 32, 48, 12, 24],
+                         ids=["pages-in-a-tile", "tile-is-a-page", "tiles-in-a-page", "three-tiles-a-page",
+                              "page-of-12", "page-of-24"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_every_geometry_of_tiles_and_pages_reads_the_right_rows(block_size, splits, device):
+    """16-key tiles over pages of 4 (whole pages in a tile), 16 (one page), 32 and 48 (tiles
+    inside one page, the second and third starting past the page's first slot), 12 and 24
+    (neither divides the other: a tile straddles pages)."""
+    lens = [150, 37, 16, 1]
+    q, kc, vc, tables, ctx = _paged_case(lens, 4, 2, 1, 32, block_size, torch.float32, device, seed=block_size)
+    cfg = Config(NUM_SPLITS=splits, BLOCK_N=16, num_warps=2, num_stages=2, PACK_GQA=True, FUSED_REDUCE=False)
+    out = paged_decode_attention(q, kc, vc, tables, ctx, config=cfg)
+    assert relative_error(out.cpu(), _naive(q, kc, vc, tables, ctx, 1 / math.sqrt(32))) <= TOL[torch.float32]
+
+
 @pytest.mark.parametrize(
     "h,hkv,lq,splits,pack,dtype",
     [

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Twenty-eighth H200 round, one H200:
+#   OUT=dir bash benchmarks/h200_round28.sh H1|H2|A|B
+# Part H (issues 16 and 15): the decode loop's row offsets hoisted out of the loop
+# (benchmarks/variants/decode_hoisted_rows.patch). A tile starts at a multiple of BLOCK_N, so where
+# BLOCK_N and the page size divide one another (both powers of two always do) a row's offset
+# inside its page repeats from tile to tile: computed once before the loop, the loop adds a page's
+# base to it. A tile no longer than a page lies in one page: its page number is one scalar load,
+# not one a row. Compiled for sm_90 without a GPU (decode_loop_offline_round27.json against
+# decode_loop_offline_hoisted_rows.json, static counts): fp8 16 keys / 1 warp (the b64 tables'
+# config) 34.75 → 30.12 instructions a key, 165 → 168 registers; bf16 64 / 4 warps (the default)
+# 36.94 → 29.75, 122 → 113 registers; bf16 16 / 1 warp 35.38 → 22.25. Some configs take more
+# registers (bf16 64 / 2 warps 168 → 208). The interpreter's decode tests pass with it, including
+# every geometry of 16-key tiles over pages of 4, 16, 32, 48, 12 and 24 slots.
+# H1: the fp8 few-warps sweep at 4k and 16k (bf16's tuned configs in the same run) with the
+# kernel as committed, then the variant's GPU tests, then the sweep with the variant.
+# H2: issue 15's long-context sweep (bf16, b1 32k / b1 64k / b2 32k, 135 configs each through
+# PagedDecodePlan.run as a graph) before and after.
+# A and B, only once a variant is adopted and committed: the paged-decode table revalidated for
+# the new kernel source, the public ops (fp8_kv_bench --quick) with it, and every gpu-marked test
+# (A: all but the five slow files; B: those).
+part=${1:?part H1, H2, A or B}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
+
+patch=benchmarks/variants/decode_hoisted_rows.patch
+case $part in
+  H1)
+    few_warps_sweeps round28_H1_now 150
+    variant_apply $patch
+    step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
+      tests/test_fp8_kv_cache.py tests/test_production_ops.py
+    few_warps_sweeps round28_H1_hoisted 150
+    variant_restore $patch
+    ;;
+  H2)
+    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_now.json"
+    variant_apply $patch
+    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_hoisted.json"
+    variant_restore $patch
+    ;;
+  A)
+    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
+    step 200 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
+      --json "$OUT/verify_fix_paged_decode_h200_round28.json"
+    rm -f "$OUT"/tc/*/.*.lock
+    step 90 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round28_A.json"
+    gpu_tests_first_half 280
+    ;;
+  B)
+    gpu_tests_second_half
+    ;;
+esac
