@@ -39,14 +39,15 @@ from cubin import cubin_resources, loop_counts  # noqa: E402
 _UNIT = ("stride_qd", "stride_kcd", "stride_vcd", "stride_od", "stride_btp", "LQ")
 
 
-def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int = 2, splits: int = 2):
+def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int = 2, splits: int = 2,
+                  block_m: int = 16):
     """The split kernel for b×28 query heads over 4 kv heads (GQA 7, packed), d=128, pages of 16."""
     fn = pda._paged_decode_split
     kv = "fp8e4nv" if kv_fp8 else "bf16"
     pointers = {"Q": "*bf16", "KeyCache": f"*{kv}", "ValueCache": f"*{kv}", "BlockTables": "*i32",
                 "ContextLens": "*i32", "Out": "*bf16", "PartM": "*fp32", "PartL": "*fp32", "PartAcc": "*fp32",
                 "Tickets": "*i32", "KScale": "*fp32", "VScale": "*fp32"}
-    constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP=7, BLOCK_M=16, BLOCK_N=block_n,
+    constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP=7, BLOCK_M=block_m, BLOCK_N=block_n,
                       NUM_SPLITS=splits, PACK_GQA=True, FUSED_REDUCE=False, BLOCK_S=triton.next_power_of_2(splits),
                       IEEE_DOT=False, PAGE_GUARD=2, KV_FP8=kv_fp8, ROWS_32=True, **{name: 1 for name in _UNIT})
     return compile_sm90(fn, pointers, constexprs, warps, stages)
@@ -74,11 +75,11 @@ LOOP_CONFIGS = ((64, 4, 3), (64, 4, 2), (128, 4, 3), (32, 4, 3), (64, 2, 3), (32
 LOOP_FAMILIES = ("HMMA", "F2FP", "HADD2", "FMUL", "IMAD", "LDS", "LDSM", "STS", "STSM", "SHFL", "BAR")
 
 
-def loop_rows() -> list[dict]:
+def loop_rows(block_m: int = 16) -> list[dict]:
     rows = []
     for kv_fp8 in (True, False):
         for block_n, warps, stages in LOOP_CONFIGS:
-            kernel = compile_split(kv_fp8, block_n, warps, stages)
+            kernel = compile_split(kv_fp8, block_n, warps, stages, block_m=block_m)
             loop = loop_counts(kernel)
             per_key = warps / block_n  # one iteration per warp covers BLOCK_N keys with the others
             rows.append({"cache": "fp8" if kv_fp8 else "bf16", "BLOCK_N": block_n, "num_warps": warps,
@@ -98,14 +99,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loop", action="store_true", help="count the key loop's instructions per key")
     parser.add_argument("--out", type=Path, help="with --loop: the results JSON")
+    parser.add_argument("--block-m", type=int, default=16,
+                        help="with --loop: the tile's query rows (the 7 of GQA 7 padded to this; 8 for a kernel "
+                             "variant whose dots run transposed below 16 rows)")
     args = parser.parse_args(argv)
     if args.loop:
-        rows = loop_rows()
+        rows = loop_rows(args.block_m)
         if args.out:
             args.out.write_text(json.dumps({"command": "python benchmarks/decode_registers_offline.py --loop",
                                             "triton": triton.__version__, "target": "sm_90",
                                             "problem": "b x 28 query heads over 4 kv heads, d=128, pages of 16, "
-                                                       "one query token, 2 splits", "rows": rows}, indent=1))
+                                                       "one query token, 2 splits", "block_m": args.block_m,
+                                            "rows": rows}, indent=1))
         return 0
     for kv_fp8 in (False, True):
         for block_n, warps, stages in ((64, 4, 2), (128, 4, 3), (128, 8, 3)):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-eighth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round28.sh H1|H2|A|B
+#   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H2|A|B
 # Part H (issues 16 and 15): the decode loop's row offsets hoisted out of the loop
 # (benchmarks/variants/decode_hoisted_rows.patch). A tile starts at a multiple of BLOCK_N, so where
 # BLOCK_N and the page size divide one another (both powers of two always do) a row's offset
@@ -14,12 +14,22 @@
 # every geometry of 16-key tiles over pages of 4, 16, 32, 48, 12 and 24 slots.
 # H1: the fp8 few-warps sweep at 4k and 16k (bf16's tuned configs in the same run) with the
 # kernel as committed, then the variant's GPU tests, then the sweep with the variant.
+# H3 (on top of H's variant, benchmarks/variants/decode_hoisted_rows_swap_ab.patch): at most 8 query
+# rows a program (GQA 7 and 8 at one query token), the dots transposed — keys as the MMA's 16 rows,
+# the query rows as its 8 columns (m16n8k16) — so the 9 padded rows of a 16-row tile are neither
+# multiplied nor exponentiated nor rescaled. Switched on by OMNITUNE_DECODE_SWAP_AB=1 (a study's
+# switch, in the variant only). Compiled for sm_90 (decode_loop_offline_hoisted_swap_ab.json, with
+# --block-m 8): fp8 16 keys / 1 warp 30.12 → 24.06 instructions a key, 168 → 158 registers; fp8
+# 64 / 2 warps 29.06 → 22.84, 230 → 168 registers; but bf16 64 / 4 warps 29.75 → 33.69 with 185
+# registers (V's transposed operand): if it pays over fp8 only, it becomes a searched knob. The
+# interpreter's decode tests pass with it switched on. H3 runs the variant's GPU tests switched
+# on, then the fp8 few-warps sweep switched on.
 # H2: issue 15's long-context sweep (bf16, b1 32k / b1 64k / b2 32k, 135 configs each through
 # PagedDecodePlan.run as a graph) before and after.
 # A and B, only once a variant is adopted and committed: the paged-decode table revalidated for
 # the new kernel source, the public ops (fp8_kv_bench --quick) with it, and every gpu-marked test
 # (A: all but the five slow files; B: those).
-part=${1:?part H1, H2, A or B}
+part=${1:?part H1, H3, H2, A or B}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 patch=benchmarks/variants/decode_hoisted_rows.patch
@@ -31,6 +41,15 @@ case $part in
       tests/test_fp8_kv_cache.py tests/test_production_ops.py
     few_warps_sweeps round28_H1_hoisted 150
     variant_restore $patch
+    ;;
+  H3)
+    variant_apply benchmarks/variants/decode_hoisted_rows_swap_ab.patch
+    export OMNITUNE_DECODE_SWAP_AB=1
+    step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
+      tests/test_fp8_kv_cache.py tests/test_production_ops.py
+    few_warps_sweeps round28_H3_swap_ab 150
+    unset OMNITUNE_DECODE_SWAP_AB
+    variant_restore benchmarks/variants/decode_hoisted_rows_swap_ab.patch
     ;;
   H2)
     step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_now.json"
