@@ -21,11 +21,18 @@
 # switch, in the variant only). Compiled for sm_90 (decode_loop_offline_hoisted_swap_ab.json, with
 # --block-m 8): fp8 16 keys / 1 warp 30.12 → 24.06 instructions a key, 168 → 158 registers; fp8
 # 64 / 2 warps 29.06 → 22.84, 230 → 168 registers; but bf16 64 / 4 warps 29.75 → 33.69 with 185
-# registers (V's transposed operand): if it pays over fp8 only, it becomes a searched knob. The
-# interpreter's decode tests pass with it switched on. H3 runs the variant's GPU tests switched
-# on, then the fp8 few-warps sweep switched on.
+# registers (V's transposed operand), so the variant takes it over fp8 caches only. The
+# interpreter's decode and fp8 tests pass with it switched on. H3 runs the variant's GPU tests
+# switched on, then the few-warps sweep switched on (its bf16 configs as in H1's hoisted run).
 # H2: issue 15's long-context sweep (bf16, b1 32k / b1 64k / b2 32k, 135 configs each through
-# PagedDecodePlan.run as a graph) before and after.
+# PagedDecodePlan.run as a graph) before and after, then with the combine launched as a
+# programmatic dependent of the split kernel instead (benchmarks/variants/decode_combine_pdl.patch,
+# OMNITUNE_DECODE_PDL=1): the split programs signal griddepcontrol.launch_dependents as they start,
+# the combine's programs wait (griddepcontrol.wait) before reading the partials, so the combine's
+# launch overlaps the split grid's tail — at b1 32k the whole call is 23.8 µs against the 15.8 a
+# copy of its bytes takes. Compiled for sm_90 offline (both instructions present; the split
+# kernel's registers unchanged); the interpreter's tests pass with it (PDL off there). Its GPU
+# tests run switched on first.
 # A and B, only once a variant is adopted and committed: the paged-decode table revalidated for
 # the new kernel source, the public ops (fp8_kv_bench --quick) with it, and every gpu-marked test
 # (A: all but the five slow files; B: those).
@@ -56,6 +63,13 @@ case $part in
     variant_apply $patch
     step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_hoisted.json"
     variant_restore $patch
+    variant_apply benchmarks/variants/decode_combine_pdl.patch
+    export OMNITUNE_DECODE_PDL=1
+    step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py tests/test_production_ops.py \
+      tests/test_production_ops_gpu.py
+    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_pdl.json"
+    unset OMNITUNE_DECODE_PDL
+    variant_restore benchmarks/variants/decode_combine_pdl.patch
     ;;
   A)
     mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
