@@ -11,6 +11,8 @@
 # gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
 # what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s),
 # gpu_tests_first_half and gpu_tests_second_half each alone (one device call each).
+# revalidated_decode_ops ROUND: after a decode kernel change, its shipped table re-verified with
+# --fix into $OUT/tc (the file to ship), then fp8_kv_bench --quick with those tables.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 started=${started:-$(date +%s)}
@@ -57,6 +59,14 @@ few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT [PROBE_ARGS...]]
 
 variant_apply() { git apply "$1" || patch -p1 < "$1"; }
 variant_restore() { git checkout -- $(git apply --numstat "$1" | cut -f3) 2>/dev/null || patch -R -p1 < "$1"; }
+
+revalidated_decode_ops() {  # revalidated_decode_ops ROUND: paged decode's table re-verified (--fix), then the public ops
+  mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
+  step 200 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
+    --json "$OUT/verify_fix_paged_decode_h200_$1.json"
+  rm -f "$OUT"/tc/*/.*.lock
+  step 90 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_$1_A.json"
+}
 
 _slow_gpu_tests="tests/test_lanes.py tests/test_precompile.py tests/test_verify.py tests/test_worker.py tests/test_ncu.py"
 gpu_tests_first_half() {  # [LIMIT]

@@ -17,11 +17,7 @@ source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $sta
 
 case $part in
   A)
-    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
-    step 200 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
-      --json "$OUT/verify_fix_paged_decode_h200_round27.json"
-    rm -f "$OUT"/tc/*/.*.lock
-    step 90 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round27_A.json"
+    revalidated_decode_ops round27
     gpu_tests_first_half 380
     ;;
   B)

@@ -72,11 +72,7 @@ case $part in
     variant_restore benchmarks/variants/decode_combine_pdl.patch
     ;;
   A)
-    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
-    step 200 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
-      --json "$OUT/verify_fix_paged_decode_h200_round28.json"
-    rm -f "$OUT"/tc/*/.*.lock
-    step 90 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round28_A.json"
+    revalidated_decode_ops round28
     gpu_tests_first_half 280
     ;;
   B)
