@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-eighth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H2|A|B
+#   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H2|A|B|C
 # Part H (issues 16 and 15): the decode loop's row offsets hoisted out of the loop
 # (benchmarks/variants/decode_hoisted_rows.patch). A tile starts at a multiple of BLOCK_N, so where
 # BLOCK_N and the page size divide one another (both powers of two always do) a row's offset
@@ -35,8 +35,9 @@
 # tests run switched on first.
 # A and B, only once a variant is adopted and committed: the paged-decode table revalidated for
 # the new kernel source, the public ops (fp8_kv_bench --quick) with it, and every gpu-marked test
-# (A: all but the five slow files; B: those).
-part=${1:?part H1, H3, H2, A or B}
+# (A: all but the five slow files; B: those). C (issue 14): paged decode's held-out set with the
+# adopted kernel, each problem searched afresh (a kernel change moves the optima; 370 s in round 13).
+part=${1:?part H1, H3, H2, A, B or C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 patch=benchmarks/variants/decode_hoisted_rows.patch
@@ -77,5 +78,9 @@ case $part in
     ;;
   B)
     gpu_tests_second_half
+    ;;
+  C)
+    step 580 python benchmarks/coverage.py --kernel paged_decode_attention --trials 40 --time-budget 520 \
+      --work-dir /tmp/cov --out "$OUT/coverage_paged_decode_h200_round28_C.json"
     ;;
 esac
