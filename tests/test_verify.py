@@ -155,6 +155,55 @@ def test_a_tiny_search_then_export_verifies_on_the_cpu(tmp_path):
     assert [c["status"] for c in checks(report, "soak")] == ["skipped"]
 
 
+def test_the_configs_compiled_ahead_are_those_the_checks_launch():
+    """An entry's own config, its fallback and the default, each once; never one of PyTorch's
+    backends (nothing to compile) nor a config that breaks a constraint here (never launched)."""
+    from omnitune.spec import DeviceLimits
+    from omnitune.verify.ahead import configs_checked
+
+    limits = DeviceLimits()
+    assert configs_checked(SPEC, PROBLEM, torch.float32, FAST, limits) == [FAST, DEFAULT]
+    assert configs_checked(SPEC, PROBLEM, torch.float32, DEFAULT, limits) == [DEFAULT]
+    sdpa = SPEC.complete_config(SPEC.backends[0], PROBLEM, torch.float32)
+    assert configs_checked(SPEC, PROBLEM, torch.float32, sdpa, limits) == [DEFAULT]
+    huge = FAST.replace(BLOCK_M=256, BLOCK_N=256, num_stages=4)
+    assert SPEC.violations(PROBLEM, huge, torch.float32, limits)
+    assert configs_checked(SPEC, PROBLEM, torch.float32, huge, limits) == [DEFAULT]
+
+
+@cpu_only
+def test_a_table_compiled_ahead_in_workers_gives_the_same_report(tmp_path):
+    """With its configs handed to compile workers first (what verify does on a GPU), the checks
+    say what they say without, and the progress names what the workers did."""
+    tables = attention_table(tmp_path)
+    timer = fake_timer({"entry": 1.0, "fallback": 2.0, "default": 2.0})
+    plain = run_verify(VerifyOptions(tables=(tables,), interpret=True), timer=timer, compile_ahead=False)
+    said = []
+    ahead = run_verify(VerifyOptions(tables=(tables,), interpret=True), timer=timer, compile_ahead=True,
+                       progress=said.append)
+    assert [(c.part, c.subject, c.status) for c in ahead.checks] == [(c.part, c.subject, c.status)
+                                                                     for c in plain.checks]
+    assert ahead.exit_code == plain.exit_code == 0
+    assert any(m.startswith("compiling ahead: 2 configs of attention/") for m in said), said
+    assert any("precompiled 2 configs" in m for m in said), said
+
+
+@cpu_only
+def test_compile_workers_that_cannot_start_leave_the_checks_to_compile(tmp_path, monkeypatch):
+    from omnitune.verify import ahead
+
+    def no_workers(*args, **kwargs):
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(ahead, "EntriesAhead", no_workers)
+    said = []
+    report = run_verify(VerifyOptions(tables=(attention_table(tmp_path),), interpret=True),
+                        timer=fake_timer({"entry": 1.0, "fallback": 2.0, "default": 2.0}), compile_ahead=True,
+                        progress=said.append)
+    assert report.exit_code == 0 and [c.status for c in report.checks if c.part == "numerics"] == [Status.PASS]
+    assert any("compiling ahead: not started (OSError: no more processes)" in m for m in said), said
+
+
 @cpu_only
 def test_a_table_from_another_gpu_fails_and_its_entries_are_not_run(tmp_path, monkeypatch):
     h100 = interpreter_facts(name=H100, compute_capability="9.0", driver="575.51")

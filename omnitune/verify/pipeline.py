@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from omnitune.errors import OmnituneError
+from omnitune.errors import OmnituneError, one_line
 from omnitune.spec import DeviceLimits, KernelSpec
-from omnitune.verify import compat, memory, numerics, revalidate, speed
+from omnitune.verify import ahead, compat, memory, numerics, revalidate, speed
 from omnitune.verify.revalidate import EntryResult
 from omnitune.verify.tables import TableFile, find_tables
 from omnitune.verify.verdict import Check, Report, Status, skipped
@@ -76,13 +76,16 @@ def current_machine(interpret: bool) -> dict[str, Any]:
 
 def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = None, *,
                machine: dict[str, Any] | None = None, timer: speed.Timer | None = None,
-               progress: Callable[[str], None] | None = None) -> Report:
+               progress: Callable[[str], None] | None = None, compile_ahead: bool | None = None) -> Report:
     """Run every part; `specs` are the kernels loaded by the caller (user kernel files), `machine`
-    and `timer` stand in for this machine's facts and its GPU timer (tests)."""
+    and `timer` stand in for this machine's facts and its GPU timer (tests). compile_ahead: hand
+    each table's configs to compile workers first (omnitune.verify.ahead); None: on a GPU."""
     specs = specs or {}
     machine = machine or current_machine(options.interpret)
     timer = timer if timer is not None else speed.default_timer(options.interpret)
     state = _State(Report(machine, options.as_record(), _now()), progress or (lambda _message: None))
+    if compile_ahead is None:
+        compile_ahead = not options.interpret and torch.cuda.is_available()
     tables = find_tables(options.tables, options.kernels, specs)
     if not tables and options.model is None:
         where = ", ".join(str(t) for t in options.tables) or "(no folder)"
@@ -97,7 +100,11 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
         state.entry_compat_at[str(table.path)] = {c.subject: start + i for i, c in enumerate(table_checks)
                                                   if i > 0 and "revalidation" in c.details}
         state.report.add(table_checks)
-    _entries(tables, options, timer, state, machine)
+    try:
+        _entries(tables, options, timer, state, machine, compile_ahead)
+    finally:
+        if compile_ahead:
+            ahead.end_workers()
     for part in (compat.PART, numerics.PART, speed.PART):
         if not any(c.part == part for c in state.report.checks):
             state.report.add(skipped(part, "no table entries to check"))
@@ -109,7 +116,8 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
     return state.report
 
 
-def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: _State, machine) -> None:
+def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: _State, machine,
+             compile_ahead: bool) -> None:
     limits = DeviceLimits() if options.interpret else DeviceLimits.of_current_device()
     if timer is None:
         state.report.add(skipped(speed.PART, "no GPU"))
@@ -125,36 +133,59 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
         replacements = []
         speed_checks: list[Check] = []
         results: list[EntryResult] = []
+        workers = None
+        if compile_ahead and state.lost is None:
+            try:
+                workers = ahead.EntriesAhead(table, limits, interpret=options.interpret)
+            except Exception as exc:  # noqa: BLE001 — only an optimisation: the checks compile what they launch
+                state.progress(f"compiling ahead: not started ({one_line(exc)}); each config compiles as it is checked")
+            else:
+                state.progress(f"compiling ahead: {workers.configs} configs of {table.label} in {workers.workers} "
+                               "worker processes")
         state.progress(f"numerics{'' if timer is None else ' and speed'}: {table.label}, {len(table.entries)} entries")
-        for entry in table.entries:
-            if state.lost is not None:
-                lost = Check(numerics.PART, entry.key, Status.FAIL, f"not run: {state.lost}", table.kernel)
-                state.report.add(lost)
-                results.append(EntryResult(entry.key, entry.raw.get("config"), lost, None))
-                continue
-            outcome = numerics.check_entry(table, entry, interpret=options.interpret, limits=limits, seed=options.seed)
-            state.report.add(outcome.check)
-            if outcome.context_lost:
-                state.lost = f"the CUDA context was lost checking {table.kernel} {entry.key}"
-            speed_check = None
-            if timer is not None and outcome.runner is not None:
-                try:
-                    result = speed.check_speed(table, entry, outcome.runner, timer, baselines=not options.interpret)
-                except Exception as exc:  # noqa: BLE001 — a timing failure is this entry's
-                    result = speed.SpeedOutcome(Check(speed.PART, entry.key, Status.FAIL,
-                                                      f"could not be timed: {type(exc).__name__}: {exc}", table.kernel),
-                                                context_lost=numerics.lost_context(exc))
-                if result.context_lost:
-                    state.lost = f"the CUDA context was lost timing {table.kernel} {entry.key}"
-                speed_check = result.check
-                speed_checks.append(result.check)
-                if result.replacement is not None:
-                    replacements.append(result.replacement)
-            outcome.runner = None  # the inputs go before the next entry's
-            results.append(EntryResult(entry.key, entry.raw.get("config"), outcome.check, speed_check))
+        try:
+            _table_entries(table, options, timer, state, limits, workers, replacements, speed_checks, results)
+        finally:
+            if workers is not None:
+                state.progress(f"{table.label}: {workers.close().summary()}")
         if options.fix:
             speed_checks = _apply_fixes(table, replacements, results, speed_checks, state, timed=timer is not None)
         state.report.add(speed_checks)
+
+
+def _table_entries(table: TableFile, options: VerifyOptions, timer, state: _State, limits: DeviceLimits,
+                   workers: ahead.EntriesAhead | None, replacements: list, speed_checks: list[Check],
+                   results: list[EntryResult]) -> None:
+    """Numerics, then speed, entry by entry (each entry's configs compiled by `workers` first,
+    where they are given); the outcomes go into the report and the three lists."""
+    for entry in table.entries:
+        if workers is not None and state.lost is None:
+            workers.ready(entry)
+        if state.lost is not None:
+            lost = Check(numerics.PART, entry.key, Status.FAIL, f"not run: {state.lost}", table.kernel)
+            state.report.add(lost)
+            results.append(EntryResult(entry.key, entry.raw.get("config"), lost, None))
+            continue
+        outcome = numerics.check_entry(table, entry, interpret=options.interpret, limits=limits, seed=options.seed)
+        state.report.add(outcome.check)
+        if outcome.context_lost:
+            state.lost = f"the CUDA context was lost checking {table.kernel} {entry.key}"
+        speed_check = None
+        if timer is not None and outcome.runner is not None:
+            try:
+                result = speed.check_speed(table, entry, outcome.runner, timer, baselines=not options.interpret)
+            except Exception as exc:  # noqa: BLE001 — a timing failure is this entry's
+                result = speed.SpeedOutcome(Check(speed.PART, entry.key, Status.FAIL,
+                                                  f"could not be timed: {type(exc).__name__}: {exc}", table.kernel),
+                                            context_lost=numerics.lost_context(exc))
+            if result.context_lost:
+                state.lost = f"the CUDA context was lost timing {table.kernel} {entry.key}"
+            speed_check = result.check
+            speed_checks.append(result.check)
+            if result.replacement is not None:
+                replacements.append(result.replacement)
+        outcome.runner = None  # the inputs go before the next entry's
+        results.append(EntryResult(entry.key, entry.raw.get("config"), outcome.check, speed_check))
 
 
 def _apply_fixes(table: TableFile, replacements, results: list[EntryResult], checks: list[Check], state: _State, *,
