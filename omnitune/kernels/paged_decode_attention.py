@@ -1027,13 +1027,7 @@ class PagedDecodePlan:
         self._fp8 = cache_dtype == _fp8.FP8
         self._out_strides, self._out_address = self.out.stride(), self.out.data_ptr()
         self._split_dtypes: tuple | None = None
-        self._rows_32 = True  # the caches' slot strides are not known before run
-        self._replan()
-
-    def _launch_plan(self) -> _LaunchPlan:
-        b, h, lq, d = self.q_shape
-        return _launch_plans.get(self.config, (b, h, lq, d, self.num_kv_heads, self.block_size, self.dtype,
-                                               self.cache_dtype, PAGE_GUARD[0], self._rows_32))
+        self._replan(rows_32=True)  # the caches' slot strides are not known before run
 
     def run(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
             block_tables: torch.Tensor, context_lens: torch.Tensor, out: torch.Tensor | None = None,
@@ -1066,8 +1060,7 @@ class PagedDecodePlan:
         # Replanned where the page guard changed since planning (a study of the guards' cost) or
         # the caches' slot stride went past what 32-bit rows allow (or back).
         if plan.page_guard != PAGE_GUARD[0] or plan.rows_32 != rows_32:
-            self._rows_32 = rows_32
-            plan = self._replan()
+            plan = self._replan(rows_32)
         if self._split_dtypes is None:
             # _fits fixes every tensor's dtype (the scratch is the plan's own), so the launch key's
             # dtypes are read once, from the first call's arguments.
@@ -1084,8 +1077,10 @@ class PagedDecodePlan:
         out = self.out
         return out.shape == self.q_shape and out.stride() == self._out_strides and out.data_ptr() == self._out_address
 
-    def _replan(self) -> _LaunchPlan:
-        plan = self._plan = self._launch_plan()
+    def _replan(self, rows_32: bool) -> _LaunchPlan:
+        b, h, lq, d = self.q_shape
+        plan = self._plan = _launch_plans.get(self.config, (b, h, lq, d, self.num_kv_heads, self.block_size,
+                                                            self.dtype, self.cache_dtype, PAGE_GUARD[0], rows_32))
         self._fixed_combine = (plan.combine.fixed(plan.combine_grid, _combine_args(self._scratch, self.out))
                                if plan.combine is not None else None)
         return plan
