@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnitune.measure.ahead import PrecompilePool, close_shared_workers
+from omnitune.measure.ahead import PrecompilePool
 from omnitune.measure.precompile import PrecompileReport
 from omnitune.spec import Config, DeviceLimits, KernelSpec
 from omnitune.verify.numerics import run_shape
@@ -70,8 +70,3 @@ class EntriesAhead:
             failed.update({(key, config): reason for config, reason in reports[-1].failed.items()})
         return PrecompileReport(sum(r.compiled for r in reports), failed, max((r.seconds for r in reports), default=0.0),
                                 self.workers, sum(r.waited_s or 0.0 for r in reports), sum(r.cpu_s for r in reports))
-
-
-def end_workers() -> None:
-    """End the compile worker processes (a verify run's tables share them)."""
-    close_shared_workers()

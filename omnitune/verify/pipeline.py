@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from omnitune.errors import OmnituneError, one_line
+from omnitune.measure.ahead import close_shared_workers
 from omnitune.spec import DeviceLimits, KernelSpec
 from omnitune.verify import ahead, compat, memory, numerics, revalidate, speed
 from omnitune.verify.revalidate import EntryResult
@@ -104,7 +105,7 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
         _entries(tables, options, timer, state, machine, compile_ahead)
     finally:
         if compile_ahead:
-            ahead.end_workers()
+            close_shared_workers()  # the workers every table's EntriesAhead shared
     for part in (compat.PART, numerics.PART, speed.PART):
         if not any(c.part == part for c in state.report.checks):
             state.report.add(skipped(part, "no table entries to check"))
@@ -130,9 +131,6 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
             state.report.add([skipped(numerics.PART, reason, subject=table.label, kernel=table.kernel),
                               skipped(speed.PART, reason, subject=table.label, kernel=table.kernel)])
             continue
-        replacements = []
-        speed_checks: list[Check] = []
-        results: list[EntryResult] = []
         workers = None
         if compile_ahead and state.lost is None:
             try:
@@ -144,7 +142,7 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
                                "worker processes")
         state.progress(f"numerics{'' if timer is None else ' and speed'}: {table.label}, {len(table.entries)} entries")
         try:
-            _table_entries(table, options, timer, state, limits, workers, replacements, speed_checks, results)
+            replacements, speed_checks, results = _table_entries(table, options, timer, state, limits, workers)
         finally:
             if workers is not None:
                 state.progress(f"{table.label}: {workers.close().summary()}")
@@ -154,10 +152,13 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
 
 
 def _table_entries(table: TableFile, options: VerifyOptions, timer, state: _State, limits: DeviceLimits,
-                   workers: ahead.EntriesAhead | None, replacements: list, speed_checks: list[Check],
-                   results: list[EntryResult]) -> None:
+                   workers: ahead.EntriesAhead | None) -> tuple[list, list[Check], list[EntryResult]]:
     """Numerics, then speed, entry by entry (each entry's configs compiled by `workers` first,
-    where they are given); the outcomes go into the report and the three lists."""
+    where they are given); the numerics checks go into the report. Returns the speed part's
+    replacements and checks, and every entry's result."""
+    replacements = []
+    speed_checks: list[Check] = []
+    results: list[EntryResult] = []
     for entry in table.entries:
         if workers is not None and state.lost is None:
             workers.ready(entry)
@@ -186,6 +187,7 @@ def _table_entries(table: TableFile, options: VerifyOptions, timer, state: _Stat
                 replacements.append(result.replacement)
         outcome.runner = None  # the inputs go before the next entry's
         results.append(EntryResult(entry.key, entry.raw.get("config"), outcome.check, speed_check))
+    return replacements, speed_checks, results
 
 
 def _apply_fixes(table: TableFile, replacements, results: list[EntryResult], checks: list[Check], state: _State, *,
