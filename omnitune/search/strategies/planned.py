@@ -40,9 +40,10 @@ def first_proposals(default: Config, tried: Sequence[Config], known_good: Sequen
 
 def tried_configs(spec: KernelSpec, problem: Any, dtype: torch.dtype,
                   tries: Sequence[Mapping[str, Any]]) -> list[Config]:
-    """The user's configs to try first (search --try) for this problem, in the order given,
-    without duplicates: each a partial config laid over the problem's default, as --config is."""
-    return list(dict.fromkeys(spec.complete_config(values, problem, dtype) for values in tries))
+    """The user's configs to try first (search --try) for this problem, in the order given: each a
+    partial config laid over the problem's default, as --config is. Two that complete to one config
+    are measured once (first_proposals)."""
+    return [spec.complete_config(values, problem, dtype) for values in tries]
 
 
 def warm_start_configs(
