@@ -432,6 +432,19 @@ def test_help_keeps_every_bracket_of_its_text(command):
         assert Text.from_markup(text).plain == text.replace("\\[", "["), (command, param.name, text)
 
 
+@pytest.mark.parametrize("command", _commands()[1:])
+def test_help_paragraphs_wrap_at_the_terminal_width_not_the_sources(command):
+    """Each paragraph of a command's docstring reads as one flowing paragraph: at a terminal wider
+    than the source, no line of it ends short of the next word the source had put on a new line."""
+    import inspect
+
+    group = typer.main.get_command(app)
+    source = inspect.cleandoc(group.commands[command].callback.__doc__ or "")
+    shown = [" ".join(line.split()) for line in invoke(command, "--help", env={"COLUMNS": "1000"}).stdout.splitlines()]
+    for paragraph in source.split("\n\n"):
+        assert " ".join(paragraph.split()) in shown, (command, paragraph)
+
+
 def test_worker_help_shows_the_postgres_extra():
     result = invoke("worker", "--help", env={"COLUMNS": "200"})
     assert "pip install 'omnitune[postgres]'" in result.stdout

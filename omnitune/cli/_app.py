@@ -5,6 +5,7 @@ import it and the package imports them, never the other way round."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -43,6 +44,16 @@ def _plain_flags(params) -> None:
             param.metavar = ""
 
 
+def _flowed(help_text: str | None) -> str | None:
+    """A command's help with each paragraph as one line, for rich to wrap at the terminal's width:
+    typer keeps the line breaks of every paragraph after the first, so a docstring wrapped at the
+    source's width showed ragged at any other. A paragraph that starts with \\b keeps its breaks."""
+    if not help_text:
+        return help_text
+    paragraphs = inspect.cleandoc(help_text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
+
+
 class _OmnituneGroup(TyperGroup):
     """Translates OmnituneError and usage errors into one red line and exit code 2, for every
     command."""
@@ -73,6 +84,7 @@ class _OmnituneGroup(TyperGroup):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             _plain_flags(command.get_params(ctx))
+            command.help = _flowed(command.help)
         return command
 
 
