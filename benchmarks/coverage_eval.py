@@ -74,6 +74,7 @@ class Candidate:
     name: str
     run: Callable[[], object]
     roles: tuple[str, ...] = ()
+    prepared: bool = False  # a baseline that does part of its work ahead (KernelSpec.prepared_baselines)
 
 
 def evaluate(row: dict, spec: KernelSpec, problem: Any, dtype: torch.dtype, setup: Setup) -> None:
@@ -234,7 +235,7 @@ def checked_candidates(spec: KernelSpec, problem: Any, runner, configs: dict[str
         checks[name] = {"status": status.value, "rel_error": finite(error), "detail": detail}
     for name, fn in (spec.baselines(problem) if baselines and spec.baselines is not None else {}).items():
         run = (lambda fn=fn: fn(runner.inputs))
-        candidates.append(Candidate(name, run))
+        candidates.append(Candidate(name, run, prepared=name in spec.prepared_baselines))
         checks[name] = check_baseline(spec, run, runner)
     return candidates, checks
 
@@ -306,18 +307,28 @@ def figures(samples: Sequence[float], *, representative: bool) -> dict:
 
 
 def times_and_ratios(candidates: Sequence[Candidate], timings: dict[str, dict]) -> dict:
-    """Per role its time, the fastest baseline's, and each over the tuned config's time."""
+    """Per role its time, the fastest baseline's, and each over the tuned config's time. The
+    fastest baseline of all (best_pytorch) and, where some baseline is prepared ahead, the fastest
+    of those a caller holding the op's inputs could run instead (best_pytorch_same_inputs)."""
     times: dict[str, float | None] = {role: None for role in ROLES}
     for c in candidates:
         for role in c.roles:
             times[role] = timings[c.name]["median_ms"] if c.name in timings else None
     baselines = {c.name: timings[c.name]["median_ms"] for c in candidates if not c.roles and c.name in timings}
+    same_inputs = {c.name: baselines[c.name] for c in candidates if c.name in baselines and not c.prepared}
     best = min(baselines, key=baselines.get) if baselines else None
+    best_same = min(same_inputs, key=same_inputs.get) if same_inputs else None
     times["best_pytorch"] = baselines[best] if best is not None else None
+    times["best_pytorch_same_inputs"] = same_inputs[best_same] if best_same is not None else None
     tuned = times["tuned"]
     ratios = {f"{role}_over_tuned": ratio(times[role], tuned) for role in ("pick", "default", "best_pytorch")}
-    slower = None if times["pick"] is None or best is None else times["pick"] > times["best_pytorch"]
-    return {"times_ms": times, "best_pytorch": best, "ratios": ratios, "pick_slower_than_pytorch": slower}
+
+    def slower(than: str | None) -> bool | None:
+        return None if times["pick"] is None or than is None else times["pick"] > baselines[than]
+
+    return {"times_ms": times, "best_pytorch": best, "best_pytorch_same_inputs": best_same, "ratios": ratios,
+            "pick_slower_than_pytorch": slower(best), "pick_slower_than_pytorch_same_inputs": slower(best_same),
+            "prepared_baselines": sorted(c.name for c in candidates if c.prepared)}
 
 
 def name_of(candidates: Sequence[Candidate], role: str) -> str:

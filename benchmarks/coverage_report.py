@@ -26,6 +26,9 @@ def kernel_summary(rows: Sequence[Mapping]) -> dict:
     good = [r for r in timed if 1.0 / r["ratios"]["pick_over_tuned"] >= GOOD_SPEED]
     against = [r for r in timed if r.get("pick_slower_than_pytorch") is not None]
     slower = [r for r in against if r["pick_slower_than_pytorch"]]
+    # Rows from before baselines were told apart carry no same-inputs verdict: left out of it.
+    against_same = [r for r in timed if r.get("pick_slower_than_pytorch_same_inputs") is not None]
+    slower_same = [r for r in against_same if r["pick_slower_than_pytorch_same_inputs"]]
     worst = max(timed, key=lambda r: r["ratios"]["pick_over_tuned"], default=None)
     return {
         "problems": len(rows),
@@ -46,6 +49,11 @@ def kernel_summary(rows: Sequence[Mapping]) -> dict:
         "with_pytorch": len(against),
         "pick_slower_than_pytorch": len(slower),
         "pick_slower_than_pytorch_share": share(len(slower), len(against)),
+        # The bar: slower than a PyTorch path over the op's own inputs (what backend
+        # selection could choose), not one that did part of its work ahead (prepared_baselines).
+        "with_pytorch_same_inputs": len(against_same),
+        "pick_slower_than_pytorch_same_inputs": len(slower_same),
+        "prepared_baselines": sorted({name for r in timed for name in r.get("prepared_baselines") or ()}),
     }
 
 
@@ -113,6 +121,10 @@ def summary_sentence(s: Mapping) -> str:
     if s["with_pytorch"]:
         text += (f" The pick is slower than the best PyTorch path on {s['pick_slower_than_pytorch']} of "
                  f"{s['with_pytorch']} ({percent(s['pick_slower_than_pytorch_share'])}).")
+    if s.get("prepared_baselines") and s.get("with_pytorch_same_inputs"):
+        ahead = ", ".join(f"`{name}`" for name in s["prepared_baselines"])
+        text += (f" Without the baselines that do part of their work ahead ({ahead}): slower on "
+                 f"{s['pick_slower_than_pytorch_same_inputs']} of {s['with_pytorch_same_inputs']}.")
     return text
 
 

@@ -268,18 +268,23 @@ class KernelSpec:
     dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     known_good: tuple[Mapping[str, ParamValue], ...] = ()
+    """Partial configs, laid over the default, that were fast somewhere before: the search measures
+    them right after the default (those valid for the problem), so the sampler starts from a
+    good region instead of finding it by luck."""
     backends: tuple[Mapping[str, ParamValue], ...] = ()
     """Partial configs that run another implementation of the same op (PyTorch's SDPA for
     attention): the finalists re-time them beside the best configs whenever they ran, so that a
     table records whichever is fastest and the op never ships slower than them."""
-    """Partial configs, laid over the default, that were fast somewhere before: the search measures
-    them right after the default (those valid for the problem), so the sampler starts from a
-    good region instead of finding it by luck."""
     example_problem: Any = None
     sample_problems: tuple = ()
     """More small problems for the contract tests: together with example_problem they should
     make every constraint fire and every code path (masks, GQA, odd sizes) run."""
     baselines: Callable[[Any], Mapping[str, Callable[[Any], torch.Tensor]]] | None = None
+    prepared_baselines: frozenset[str] = frozenset()
+    """Baselines that do part of their work before the timed calls (SDPA over a paged cache
+    gathered into a contiguous one once, ahead): what another data layout would cost, not a path
+    a caller holding this op's inputs could take. Reported beside the others, never counted as
+    the PyTorch path the op must not be slower than."""
     compare: Callable[[torch.Tensor, torch.Tensor], float] = relative_error
     restore_inputs: Callable[[Any], None] | None = None
     """For in-place kernels: put the inputs back as make_inputs left them."""

@@ -130,6 +130,12 @@ def check_identity(spec: KernelSpec) -> None:
         assert math.isfinite(tolerance) and tolerance >= 0, (
             f"{spec.name}: tolerance {tolerance} for {dtype_name(dtype)}"
         )
+    if spec.prepared_baselines:
+        named = set(spec.baselines(spec.example_problem)) if spec.baselines is not None else set()
+        assert spec.prepared_baselines <= named, (
+            f"{spec.name}: prepared_baselines {sorted(spec.prepared_baselines - named)} are not among its "
+            f"baselines {sorted(named)}"
+        )
 
 
 def check_params(spec: KernelSpec) -> None:

@@ -102,6 +102,9 @@ def test_rows_name_their_rung_and_their_ratios_are_the_times_ratios(evaluated, t
         assert ratios["default_over_tuned"] == pytest.approx(times["default"] / times["tuned"])
         assert ratios["best_pytorch_over_tuned"] == pytest.approx(times["best_pytorch"] / times["tuned"])
         assert row["pick_slower_than_pytorch"] == (times["pick"] > times["best_pytorch"])
+        # index_copy_ reads the op's own inputs: it is also the best a caller could run instead
+        assert row["prepared_baselines"] == [] and row["best_pytorch_same_inputs"] == "torch_index_copy"
+        assert row["pick_slower_than_pytorch_same_inputs"] == row["pick_slower_than_pytorch"]
         assert row["pick_is_tuned"] == (row["configs"]["pick"] == row["configs"]["tuned"])
 
     assert broken["status"] == "error" and "fp64" in broken["error"] and "ratios" not in broken
@@ -133,8 +136,36 @@ def test_the_summary_is_computed_from_the_rows(evaluated):
     assert summary["median_pick_over_tuned"] == pytest.approx(statistics.median(picks))
     assert summary["worst_pick_over_tuned"] == pytest.approx(max(picks))
     assert summary["pick_slower_than_pytorch"] == sum(r["pick_slower_than_pytorch"] for r in timed)
-    assert summary["with_pytorch"] == 3
+    assert summary["with_pytorch"] == summary["with_pytorch_same_inputs"] == 3
+    assert summary["pick_slower_than_pytorch_same_inputs"] == summary["pick_slower_than_pytorch"]
     assert doc["summary"]["all"] == summary
+
+
+def test_a_baseline_prepared_ahead_is_reported_but_not_the_bar():
+    """SDPA over a cache gathered ahead is faster than the pick here, the gather-then-SDPA path a
+    caller could run is slower: slower than PyTorch, yes; than a path over the same inputs, no."""
+    from coverage_eval import Candidate, times_and_ratios
+
+    def run():
+        return None
+
+    candidates = [Candidate("pick", run, ("pick",)), Candidate("default+tuned", run, ("default", "tuned")),
+                  Candidate("gather_sdpa", run), Candidate("sdpa_contiguous", run, prepared=True)]
+    medians = {"pick": 0.05, "default+tuned": 0.04, "gather_sdpa": 0.5, "sdpa_contiguous": 0.045}
+    row = times_and_ratios(candidates, {name: {"median_ms": ms} for name, ms in medians.items()})
+    assert row["best_pytorch"] == "sdpa_contiguous" and row["pick_slower_than_pytorch"] is True
+    assert row["best_pytorch_same_inputs"] == "gather_sdpa" and row["pick_slower_than_pytorch_same_inputs"] is False
+    assert row["times_ms"]["best_pytorch_same_inputs"] == 0.5 and row["prepared_baselines"] == ["sdpa_contiguous"]
+    assert row["ratios"]["pick_over_tuned"] == pytest.approx(0.05 / 0.04)
+
+    from coverage_report import kernel_summary, summary_sentence
+
+    ok = {"status": "ok", "rung": "nearest", "dtype": "bf16", "problem_key": "b=1"}
+    older = {**ok, "ratios": row["ratios"], "pick_slower_than_pytorch": True}  # a row from before the split
+    summary = kernel_summary([{**ok, **row}, older])
+    assert (summary["with_pytorch"], summary["pick_slower_than_pytorch"]) == (2, 2)
+    assert (summary["with_pytorch_same_inputs"], summary["pick_slower_than_pytorch_same_inputs"]) == (1, 0)
+    assert "(`sdpa_contiguous`): slower on 0 of 1" in summary_sentence(summary)
 
 
 def test_resume_skips_what_is_done_and_refuses_other_settings(evaluated, tables_dir, capsys):

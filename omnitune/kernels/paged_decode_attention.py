@@ -1542,6 +1542,7 @@ SPEC = KernelSpec(
     known_good=(dict(BLOCK_N=64, num_stages=3, num_warps=4), dict(BLOCK_N=128, num_stages=3, num_warps=4),
                 dict(NUM_SPLITS=1, FUSED_REDUCE=False, BLOCK_N=64, num_stages=3, num_warps=4)),
     baselines=_torch_baselines,
+    prepared_baselines=frozenset({"sdpa_contiguous_cache"}),
     adapt=lambda tuned, problem, config: adapt_config(tuned, problem, config),  # by name: tests swap it
     module=__name__,
 )
