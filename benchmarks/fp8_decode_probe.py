@@ -61,10 +61,35 @@ def _recorded_kernel(pda, launch):
     return recorder.kernel
 
 
+def _problem(ctx: int, cache: str):
+    """The probe's problem (batch 64, h28/4, d=128, pages of 16) over the named cache."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    return pda.PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=ctx, d=128,
+                                  cache_dtype="fp8_e4m3" if cache == "fp8" else "auto")
+
+
+def _configs(cache: str, args) -> list:
+    """The configs swept over one cache, in the order they are timed (the first is the one the
+    others' outputs are compared with)."""
+    from omnitune.spec import Config
+
+    grid = (list(itertools.product((2, 4, 8), (64, 128), (4,), (2, 3, 4)))
+            + [(8, 32, 4, 2), (2, 128, 8, 3), (2, 64, 8, 2), (2, 64, 8, 3)])
+    if args.quick:
+        grid = [(2, 64, 4, 2)] if cache == "bf16" else [(2, 64, 4, 2), (2, 64, 4, 3), (2, 128, 4, 3)]
+    if args.few_warps:  # the tuned config first: the others' outputs are compared with its
+        grid = [TUNED[cache]] + (FEW_WARPS_GRID if cache == "fp8" else [])
+    fused = (False, True) if args.fused_reduce and cache == "fp8" else (False,)
+    rows = [(*grid[0], False)] + [(*g, f) for g in grid[1:] for f in fused]
+    return [Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
+                   FUSED_REDUCE=fused_reduce) for splits, block_n, warps, stages, fused_reduce in rows]
+
+
 def main(argv=None) -> int:
     from omnitune.kernels import _fp8
     from omnitune.kernels import paged_decode_attention as pda
-    from omnitune.spec import Config
+    from omnitune.measure.precompile import precompile
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -76,10 +101,13 @@ def main(argv=None) -> int:
                         help="fp8 over 1-2 warps a program (72 configs) beside each cache's tuned config")
     parser.add_argument("--fused-reduce", action="store_true",
                         help="each fp8 config after the first also with FUSED_REDUCE (the combine in the same launch)")
+    parser.add_argument("--no-precompile", dest="precompile", action="store_false",
+                        help="compile each config in this process as it is first timed (by default every config "
+                             "is compiled first, in parallel processes: omnitune.measure.precompile)")
     parser.add_argument("--ncu-pair", action="store_true",
                         help="launch the split kernel once per cache with one config (for ncu -k _paged_decode_split)")
     args = parser.parse_args(argv)
-    problem = pda.PagedDecodeProblem(b=64, h=28, hkv=4, lq=1, ctx=args.ctx, d=128)
+    problem = _problem(args.ctx, "bf16")
     inputs = pda.SPEC.make_inputs(problem, torch.bfloat16, "cuda", 0)
     kc = inputs.key_cache.masked_fill(inputs.key_cache.isinf(), 0)
     vc = inputs.value_cache.masked_fill(inputs.value_cache.isinf(), 0)
@@ -90,18 +118,16 @@ def main(argv=None) -> int:
     first_out: dict[str, torch.Tensor] = {}  # each cache's first config's output
     keep = {("bf16", (2, 64, 4, 2)), ("fp8", (2, 64, 4, 2)), ("fp8", (8, 32, 4, 2)), ("fp8", (2, 128, 8, 3))}
     args.asm.mkdir(parents=True, exist_ok=True)
+    swept = {name: _configs(name, args) for name in caches}
+    compiled = {}
+    if args.precompile and not args.ncu_pair:
+        compiled = {name: precompile(pda.SPEC, _problem(args.ctx, name), torch.bfloat16, configs).summary()
+                    for name, configs in swept.items()}
+        print(compiled, flush=True)
     for name, (k, v, k_scale, v_scale) in caches.items():
-        grid = (list(itertools.product((2, 4, 8), (64, 128), (4,), (2, 3, 4)))
-                + [(8, 32, 4, 2), (2, 128, 8, 3), (2, 64, 8, 2), (2, 64, 8, 3)])
-        if args.quick:
-            grid = [(2, 64, 4, 2)] if name == "bf16" else [(2, 64, 4, 2), (2, 64, 4, 3), (2, 128, 4, 3)]
-        if args.few_warps:  # the tuned config first: the others' outputs are compared with its
-            grid = [TUNED[name]] + (FEW_WARPS_GRID if name == "fp8" else [])
-        fused = (False, True) if args.fused_reduce and name == "fp8" else (False,)
-        configs = [(*grid[0], False)] + [(*g, f) for g in grid[1:] for f in fused]
-        for splits, block_n, warps, stages, fused_reduce in (configs[:1] if args.ncu_pair else configs):
-            cfg = Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
-                         FUSED_REDUCE=fused_reduce)
+        for cfg in (swept[name][:1] if args.ncu_pair else swept[name]):
+            splits, block_n, warps, stages = (cfg[p] for p in ("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"))
+            fused_reduce = cfg["FUSED_REDUCE"]
             row = {"cache": name, "config": cfg.as_dict()}
             try:
                 kernel = _recorded_kernel(pda, lambda: pda._launch(
@@ -127,12 +153,10 @@ def main(argv=None) -> int:
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             rows.append(row)
             print(row, flush=True)
-    moved = {"bf16": pda.SPEC.bytes_moved(problem, torch.bfloat16),
-             "fp8": pda.SPEC.bytes_moved(pda.PagedDecodeProblem(64, 28, 4, 1, args.ctx, 128, cache_dtype="fp8"),
-                                         torch.bfloat16)}
+    moved = {name: pda.SPEC.bytes_moved(_problem(args.ctx, name), torch.bfloat16) for name in caches}
     best = {n: min((r["graph_us"] for r in rows if r["cache"] == n and "graph_us" in r), default=None) for n in caches}
     report = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(), "problem": problem.__dict__,
-              "bytes_moved": moved, "best_graph_us": best, "rows": rows}
+              "bytes_moved": moved, "best_graph_us": best, "precompiled": compiled, "rows": rows}
     args.out.write_text(json.dumps(report, indent=1))
     print("best", best)
     return 0

@@ -39,3 +39,22 @@ def test_the_recorded_launch_matches_the_reference_and_leaves_the_launcher_in_pl
     plan, _ = pda._launch(inputs.q, inputs.key_cache, inputs.value_cache, inputs.block_tables, inputs.context_lens,
                           inputs.sm_scale, out, config, None, inputs.k_scale, inputs.v_scale)
     assert isinstance(plan.split, BoundLauncher)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_few_warps_sweep_times_each_cache_tuned_config_first_then_its_grid(fused):
+    """The configs are listed before anything runs (they are compiled first, in parallel): the
+    cache's tuned config first, unfused, then over fp8 the 72 few-warps configs (each twice with
+    --fused-reduce), all valid for the probe's problem."""
+    args = probe.argparse.Namespace(quick=False, few_warps=True, fused_reduce=fused)
+    for cache in ("bf16", "fp8"):
+        configs = probe._configs(cache, args)
+        first = configs[0]
+        assert (first["NUM_SPLITS"], first["BLOCK_N"], first["num_warps"], first["num_stages"]) == probe.TUNED[cache]
+        assert first["FUSED_REDUCE"] is False
+        grid = len(probe.FEW_WARPS_GRID) if cache == "fp8" else 0
+        assert len(configs) == 1 + grid * (2 if fused and cache == "fp8" else 1)
+        assert len(set(configs)) == len(configs)
+        problem = probe._problem(4096, cache)
+        assert problem.cache_dtype == ("fp8_e4m3" if cache == "fp8" else "auto")
+        assert all(not pda.SPEC.violations(problem, c, torch.bfloat16) for c in configs)
