@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-eighth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H2|A|B|C
+#   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H13|H2|A|B|C   (H13: H1 then H3, one device call)
 # Part H (issues 16 and 15): the decode loop's row offsets hoisted out of the loop
 # (benchmarks/variants/decode_hoisted_rows.patch). A tile starts at a multiple of BLOCK_N, so where
 # BLOCK_N and the page size divide one another (both powers of two always do) a row's offset
@@ -37,11 +37,17 @@
 # the new kernel source, the public ops (fp8_kv_bench --quick) with it, and every gpu-marked test
 # (A: all but the five slow files; B: those). C (issue 14): paged decode's held-out set with the
 # adopted kernel, each problem searched afresh (a kernel change moves the optima; 370 s in round 13).
-part=${1:?part H1, H3, H2, A, B or C}
+# The few-warps sweeps compile their 73 configs first in parallel processes (round 26 compiled
+# them one at a time: 190-225 s for the 4k sweep with --fused-reduce, most of it compiling).
+part=${1:?part H1, H3, H13, H2, A, B or C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 patch=benchmarks/variants/decode_hoisted_rows.patch
 case $part in
+  H13)
+    bash "$0" H1
+    bash "$0" H3
+    ;;
   H1)
     few_warps_sweeps round28_H1_now 150
     variant_apply $patch
