@@ -4,6 +4,8 @@ tests/predictor_sweep.py: 64 to 4,096 tokens, 4 kv heads, in the activations' dt
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -167,3 +169,26 @@ def test_lookup_says_default_and_why(tables):
     assert "rung: default — no tuned shape within kv_cache_write's MatchPolicy" in out
     assert "differs in cache_dtype (fp8_e4m3 here, auto there; matched exactly)" in out
     assert f"closest tuned: fp16|{_key(1024)}" in out
+
+
+@pytest.mark.parametrize("t, hkv, cache, rung", [(1024, 4, "", "exact"), (16384, 4, "", "nearest"),
+                                                 (1024, 8, "", "predictor"), (1024, 4, "fp8_e4m3", "default")])
+def test_lookup_json_says_what_the_lines_say(tables, t, hkv, cache, rung):
+    """--json: one object with the rung, the config, the entry or neighbours and the file, the
+    same answer the lines give (which stay the default)."""
+    shape = SPEC.problem_key(problem(t, hkv)) + (f",cache_dtype={cache}" if cache else "")
+    result = invoke("lookup", "kv_cache_write", "--shape", shape, "--dtype", "fp16", "--device", H200, "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    lines = _lookup(t, hkv, cache)
+    assert found["rung"] == rung and f"rung: {rung} — {found['why']}" in lines
+    assert found["kernel"] == "kv_cache_write" and found["dtype"] == "fp16" and found["device"] == H200
+    assert f"as --config: {json.dumps(found['config'], sort_keys=True)}" in lines
+    assert (found["to_tune"] is None) == (rung == "exact")
+    if rung in ("exact", "nearest"):
+        assert f"entry: {found['matched_key']} (distance {found['distance']:.2f})" in lines
+        assert found["file"] == str(tables / "kv_cache_write" / "NVIDIA_H200.json")
+    if rung == "predictor":
+        assert len(found["neighbours"]) == 3 and f"predicted from: {', '.join(found['neighbours'])}" in lines
+    if rung == "default":
+        assert found["matched_key"] is None and f"closest tuned: {found['closest']}" in lines

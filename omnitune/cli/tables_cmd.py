@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import importlib.util
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -211,6 +212,10 @@ def lookup(
     device: str = typer.Option(
         None, "--device", help="GPU name as torch reports it, e.g. 'NVIDIA H200' (default: this machine's GPU)."
     ),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON object on stdout instead of the lines: for scripts (e.g. a serving "
+        "engine's CI checking which of its shapes are tuned)."
+    ),
 ) -> None:
     """Show the config omnitune.runtime would choose for a call, which rung answered, and why.
 
@@ -232,6 +237,20 @@ def lookup(
     found = _explain(spec, problem, torch_dtype, device_name)
     answer = found.lookup
     from omnitune.runtime import Rung
+    from omnitune.runtime._format import search_command
+
+    tune = (search_command(spec.name, spec.problem_key(problem), dtype_name(torch_dtype))
+            if answer.rung is not Rung.EXACT and device_name else None)
+    if as_json:
+        typer.echo(json.dumps({
+            "kernel": spec.name, "problem_key": spec.problem_key(problem), "dtype": dtype_name(torch_dtype),
+            "device": device_name, "config": answer.config.as_dict(), "rung": answer.rung.value, "why": found.why,
+            "matched_key": answer.matched_key, "distance": _finite(answer.distance),
+            "neighbours": list(found.neighbours), "closest": found.closest,
+            "file": str(answer.source) if answer.source is not None else None,
+            "expected_ratio": _finite(found.expected_ratio), "to_tune": tune,
+        }, sort_keys=True, allow_nan=False))
+        return
     # Plain lines, never wrapped: the --config JSON and the keys are meant to be copied.
     typer.echo(f"{spec.name} {spec.problem_key(problem)} {dtype_name(torch_dtype)} on {device_name or 'no GPU'}")
     typer.echo(f"config: {answer.config.label()}")
@@ -249,10 +268,13 @@ def lookup(
     if found.expected_ratio is not None and answer.rung in (Rung.NEAREST, Rung.DEFAULT):
         typer.echo(f"expected: {found.expected_ratio:.2f}× the best on the nearest tuned shapes "
                    f"({', '.join(found.neighbours)}), by the table's predictor")
-    if answer.rung is not Rung.EXACT and device_name:
-        from omnitune.runtime._format import search_command
+    if tune is not None:
+        typer.echo(f"to tune it: {tune}")
 
-        typer.echo(f"to tune it: {search_command(spec.name, spec.problem_key(problem), dtype_name(torch_dtype))}")
+
+def _finite(value: float | None) -> float | None:
+    """A number for JSON, which has no infinity or NaN: those become null."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _explain(spec, problem, dtype, device_name):
