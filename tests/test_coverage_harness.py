@@ -137,6 +137,8 @@ def test_the_summary_is_computed_from_the_rows(evaluated):
     assert summary["worst_pick_over_tuned"] == pytest.approx(max(picks))
     assert summary["pick_slower_than_pytorch"] == sum(r["pick_slower_than_pytorch"] for r in timed)
     assert summary["with_pytorch"] == summary["with_pytorch_same_inputs"] == 3
+    beyond = [r for r in timed if r["pick_slower_than_pytorch"] and harness.coverage_report.slower_beyond_spread(r)]
+    assert summary["pick_slower_than_pytorch_beyond_spread"] == len(beyond)
     assert summary["pick_slower_than_pytorch_same_inputs"] == summary["pick_slower_than_pytorch"]
     assert doc["summary"]["all"] == summary
 
@@ -166,6 +168,24 @@ def test_a_baseline_prepared_ahead_is_reported_but_not_the_bar():
     assert (summary["with_pytorch"], summary["pick_slower_than_pytorch"]) == (2, 2)
     assert (summary["with_pytorch_same_inputs"], summary["pick_slower_than_pytorch_same_inputs"]) == (1, 0)
     assert "(`sdpa_contiguous`): slower on 0 of 1" in summary_sentence(summary)
+
+
+@pytest.mark.parametrize("pick_p20, slower_beyond", [(0.0502, True), (0.0498, False)])
+def test_slower_beyond_the_spread_needs_the_pick_p20_above_the_baseline_p80(pick_p20, slower_beyond):
+    """Two timings of one implementation differ by a fraction of a percent: only a pick whose
+    p20 lies above the baseline's p80 counts as clearly slower."""
+    from coverage_report import kernel_summary, slower_beyond_spread
+
+    timings = {"pick+default": {"median_ms": 0.0505, "p20_ms": pick_p20, "p80_ms": 0.0510},
+               "tuned": {"median_ms": 0.0495, "p20_ms": 0.0490, "p80_ms": 0.0500},
+               "sdpa": {"median_ms": 0.0500, "p20_ms": 0.0495, "p80_ms": 0.0501}}
+    row = {"status": "ok", "rung": "default", "dtype": "bf16", "problem_key": "b=1", "timings": timings,
+           "best_pytorch": "sdpa", "pick_slower_than_pytorch": True,
+           "ratios": {"pick_over_tuned": 0.0505 / 0.0495, "default_over_tuned": 0.0505 / 0.0495}}
+    assert slower_beyond_spread(row) is slower_beyond
+    assert slower_beyond_spread({**row, "best_pytorch": None}) is None
+    summary = kernel_summary([row])
+    assert (summary["pick_slower_than_pytorch"], summary["pick_slower_than_pytorch_beyond_spread"]) == (1, int(slower_beyond))
 
 
 def test_resume_skips_what_is_done_and_refuses_other_settings(evaluated, tables_dir, capsys):
