@@ -8,13 +8,13 @@ import json
 
 import pytest
 import torch
+from predictor_sweep import problem, sweep_rows
+from trial_rows import H200, results_db
 from typer.testing import CliRunner
 
 from omnitune import export
 from omnitune.cli import app
 from omnitune.kernels.kv_cache_write import SPEC
-from predictor_sweep import problem, sweep_rows
-from trial_rows import H200, results_db
 
 COVERAGE = ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "--dtype", "fp16", "--coverage",
             "--device", H200]
@@ -86,6 +86,29 @@ def test_coverage_lists_predicted_problems_after_the_defaults(tables):
     assert f"omnitune search kv_cache_write --shape {keys[1]} --dtype fp16" in predicted
 
 
+def test_coverage_json_holds_what_the_lines_list(tables):
+    """--json: the counts per rung and every problem, largest gap first, with the search and its
+    estimate for each gap; the same order and searches as the printed list."""
+    lines = invoke(*COVERAGE).stdout
+    result = invoke(*COVERAGE, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["model"], doc["dtype"], doc["device"], doc["problems"]) == ("qwen2.5-omni-7b", "fp16", H200, 8)
+    assert doc["rungs"] == {"exact": 2, "nearest": 1, "predictor": 0, "default": 5}
+    gaps = [p for p in doc["listed"] if p["rung"] != "exact"]
+    assert [p["problem_key"] for p in gaps] == _listed(lines)
+    assert [p["rung"] for p in doc["listed"]][-2:] == ["exact", "exact"]  # the tuned ones after every gap
+    for p in gaps:
+        assert p["search"] in lines and p["trials"] >= 1 and p["estimate_s"] > 0
+        assert p["why"].split(":")[0] in lines
+    assert all(p["search"] is None for p in doc["listed"] if p["rung"] == "exact")
+    nearest = next(p for p in gaps if p["rung"] == "nearest")
+    assert nearest["matched_key"] == f"fp16|{_key(4096)}" and nearest["distance"] == 2.0
+
+    top = json.loads(invoke(*COVERAGE, "--json", "--top", "2").stdout)
+    assert [p["problem_key"] for p in top["listed"]] == _listed(lines)[:2] and top["problems"] == 8
+
+
 def test_top_lists_only_the_largest_gaps(tables):
     result = invoke(*COVERAGE, "--top", "2")
     assert result.exit_code == 0, result.output
@@ -113,8 +136,9 @@ def test_coverage_of_a_fully_tuned_preset_proposes_nothing(tmp_path, tables_dir)
 
 @pytest.mark.parametrize("args, message", [
     (["--coverage"], "pass --device NAME"),
-    (["--device", H200], "--device and --top go with --coverage"),
-    (["--top", "3"], "--device and --top go with --coverage"),
+    (["--device", H200], "--device, --top and --json go with --coverage"),
+    (["--top", "3"], "--device, --top and --json go with --coverage"),
+    (["--json"], "--device, --top and --json go with --coverage"),
     (["--coverage", "--device", " "], "--device needs a GPU's name"),
     (["--coverage", "--top", "0", "--device", H200], "Invalid value for '--top'"),
 ])

@@ -25,6 +25,11 @@ err_console = Console(stderr=True, highlight=False)
 DEFAULT_DB = "omnitune.db"
 
 
+def json_number(value: float | None) -> float | None:
+    """A number for a command's --json output: JSON has no infinity or NaN, so those are null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def db_path(db: str | None) -> Path:
     """--db, else OMNITUNE_DB, else ./omnitune.db."""
     return Path(db or os.environ.get("OMNITUNE_DB") or DEFAULT_DB)

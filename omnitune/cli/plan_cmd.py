@@ -77,6 +77,10 @@ def plan(
         None, "--top", min=1, help="With --coverage: list only the N largest gaps. \\[default: every gap]",
         show_default=False,
     ),
+    as_json: bool = typer.Option(
+        False, "--json", help="With --coverage: one JSON object on stdout instead (every problem, largest gap "
+        "first, with its rung, why, the search that would tune it and that search's estimate), for scripts.",
+    ),
 ) -> None:
     """Show what `omnitune search --model` would search, how long it should take, and which tables
     `omnitune export` would write. Touches no GPU.
@@ -94,17 +98,21 @@ def plan(
     preset = get_preset(model)
     names = parse_kernels(kernels)
     torch_dtype = parse_dtype(dtype)
-    if not coverage and (device is not None or top is not None):
-        raise OmnituneError("--device and --top go with --coverage: omnitune plan --model NAME --coverage --device NAME")
+    if not coverage and (device is not None or top is not None or as_json):
+        raise OmnituneError("--device, --top and --json go with --coverage: "
+                            "omnitune plan --model NAME --coverage --device NAME")
     key = device_key(torch.cuda.get_device_name()) if torch.cuda.is_available() else "<device_key>"
     if coverage:
-        from omnitune.cli.plan_coverage import coverage_device, print_coverage
+        from omnitune.cli.plan_coverage import coverage_device, coverage_json, print_coverage
 
         device_name = coverage_device(device)
         rates = measured_rates(db_path(db), device_key(device_name))
         budgets = {(name, p.problem_key): p for name in names
                    for p in plan_kernel(name, preset_problems(preset, name), torch_dtype, trials, rates)}
-        print_coverage(preset, names, torch_dtype, device_name, budgets, top)
+        if as_json:
+            typer.echo(coverage_json(preset, names, torch_dtype, device_name, budgets, top))
+        else:
+            print_coverage(preset, names, torch_dtype, device_name, budgets, top)
         return
     # This GPU's history; without one, the device the database has measured most.
     rates = measured_rates(db_path(db), key if torch.cuda.is_available() else None)

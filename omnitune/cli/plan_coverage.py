@@ -3,6 +3,7 @@ searches that would close the largest gaps first (omnitune.predict.coverage rank
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from omnitune.cli.common import console
+from omnitune.cli.common import console, json_number
 from omnitune.errors import OmnituneError
 from omnitune.presets import ModelPreset
 from omnitune.runtime import Rung
@@ -72,6 +73,31 @@ def print_coverage(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.d
     if tuned:
         console.print(f"\ntuned exactly (no gap): {sum(tuned.values())} — "
                       + ", ".join(f"{k} {n}" for k, n in tuned.items()), soft_wrap=True)
+
+
+def coverage_json(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dtype, device_name: str,
+                  budgets: Mapping[tuple[str, str], Any], top: int | None) -> str:
+    """The coverage as one JSON object: the counts per rung, then every problem largest gap first
+    (with --top, the N largest gaps and no exact ones), each with the search that tunes it."""
+    from omnitune.predict import coverage
+    from omnitune.spec import dtype_name
+
+    rows = coverage(preset, kernels, dtype, device_name)
+    counts = Counter(r.rung for r in rows)
+    listed = [r for r in rows if r.rung is not Rung.EXACT][:top] if top else rows
+
+    def problem(row) -> dict:
+        budget = budgets.get((row.kernel, row.problem_key))
+        return {"kernel": row.kernel, "problem_key": row.problem_key, "role": row.role, "rung": row.rung.value,
+                "why": row.why, "matched_key": row.matched_key, "distance": json_number(row.distance),
+                "expected_ratio": json_number(row.expected_ratio),
+                "search": None if row.rung is Rung.EXACT else row.command,
+                "trials": budget.trials if budget else None,
+                "estimate_s": json_number(budget.estimate_s) if budget else None}
+
+    return json.dumps({"model": preset.name, "dtype": dtype_name(dtype), "device": device_name,
+                       "problems": len(rows), "rungs": {r.value: counts[r] for r in _RUNGS},
+                       "listed": [problem(r) for r in listed]}, allow_nan=False)
 
 
 def _minutes(seconds: float) -> str:

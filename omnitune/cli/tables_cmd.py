@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 import importlib.util
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +13,7 @@ import typer
 
 from omnitune.cli import preflight
 from omnitune.cli._app import app
-from omnitune.cli.common import console, db_path, load_spec, parse_dtype_option, parse_problems
+from omnitune.cli.common import console, db_path, json_number, load_spec, parse_dtype_option, parse_problems
 from omnitune.errors import OmnituneError, StoreError
 
 if TYPE_CHECKING:
@@ -245,10 +244,10 @@ def lookup(
         typer.echo(json.dumps({
             "kernel": spec.name, "problem_key": spec.problem_key(problem), "dtype": dtype_name(torch_dtype),
             "device": device_name, "config": answer.config.as_dict(), "rung": answer.rung.value, "why": found.why,
-            "matched_key": answer.matched_key, "distance": _finite(answer.distance),
+            "matched_key": answer.matched_key, "distance": json_number(answer.distance),
             "neighbours": list(found.neighbours), "closest": found.closest,
             "file": str(answer.source) if answer.source is not None else None,
-            "expected_ratio": _finite(found.expected_ratio), "to_tune": tune,
+            "expected_ratio": json_number(found.expected_ratio), "to_tune": tune,
         }, sort_keys=True, allow_nan=False))
         return
     # Plain lines, never wrapped: the --config JSON and the keys are meant to be copied.
@@ -270,11 +269,6 @@ def lookup(
                    f"({', '.join(found.neighbours)}), by the table's predictor")
     if tune is not None:
         typer.echo(f"to tune it: {tune}")
-
-
-def _finite(value: float | None) -> float | None:
-    """A number for JSON, which has no infinity or NaN: those become null."""
-    return value if value is not None and math.isfinite(value) else None
 
 
 def _explain(spec, problem, dtype, device_name):
