@@ -13,6 +13,7 @@ for the kernel of round 8 (V through its scale's significand), 100 / 158 / 102 o
 
     PYTHONPATH=$PWD python benchmarks/decode_registers_offline.py
     python benchmarks/decode_registers_offline.py --loop --out benchmarks/results/decode_loop_offline.json
+    python benchmarks/decode_registers_offline.py --rows --out benchmarks/results/decode_default_tiles_offline.json
 
 --loop counts the instructions of the split kernel's key loop in its SASS (one iteration: one tile
 of BLOCK_N keys, per warp), over both caches at the configs the searches and sweeps explored, and
@@ -95,14 +96,51 @@ def loop_rows(block_m: int = 16) -> list[dict]:
     return rows
 
 
+# The 16-bit tile default_config gives a program by the query rows it serves (GQA group × query
+# tokens, padded), head dim 128, 3 stages: (rows, BLOCK_N, num_warps).
+DEFAULT_TILES = ((16, 64, 4), (32, 32, 2), (64, 64, 4), (128, 64, 8))
+# sm_90: 228 KiB of shared memory an SM, of which 1 KiB is reserved per resident block; 64K registers.
+SHARED_PER_SM, SHARED_RESERVED_PER_BLOCK, REGISTERS_PER_SM = 233472, 1024, 65536
+
+
+def programs_per_sm(row: dict, warps: int) -> int:
+    """How many programs of a compiled tile an SM holds at once, by shared memory and registers."""
+    by_shared = SHARED_PER_SM // (row["shared_bytes"] + SHARED_RESERVED_PER_BLOCK)
+    by_registers = REGISTERS_PER_SM // (row["registers"] * warps * 32)
+    return min(by_shared, by_registers)
+
+
+def default_tile_rows() -> list[dict]:
+    """Each default tile's registers, shared memory and programs an SM (default_config's waves)."""
+    rows = []
+    for block_m, block_n, warps in DEFAULT_TILES:
+        row = resources(compile_split(False, block_n, warps, 3, block_m=block_m))
+        rows.append({"rows": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": 3, **row,
+                     "programs_per_sm": programs_per_sm(row, warps)})
+        print(f"{block_m:3d} rows, BLOCK_N={block_n:3d} warps={warps}: {row['registers']} registers, "
+              f"{row['shared_bytes']} B shared: {rows[-1]['programs_per_sm']} programs an SM", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loop", action="store_true", help="count the key loop's instructions per key")
-    parser.add_argument("--out", type=Path, help="with --loop: the results JSON")
+    parser.add_argument("--rows", action="store_true",
+                        help="the default tile for each count of query rows (bf16, head dim 128, 3 stages): how "
+                             "many programs an SM holds")
+    parser.add_argument("--out", type=Path, help="with --loop or --rows: the results JSON")
     parser.add_argument("--block-m", type=int, default=16,
                         help="with --loop: the tile's query rows (the 7 of GQA 7 padded to this; 8 for a kernel "
                              "variant whose dots run transposed below 16 rows)")
     args = parser.parse_args(argv)
+    if args.rows:
+        rows = default_tile_rows()
+        if args.out:
+            args.out.write_text(json.dumps({"command": "python benchmarks/decode_registers_offline.py --rows",
+                                            "triton": triton.__version__, "target": "sm_90",
+                                            "problem": "b x 28 query heads over 4 kv heads, d=128, pages of 16, "
+                                                       "bf16, 2 splits", "rows": rows}, indent=1))
+        return 0
     if args.loop:
         rows = loop_rows(args.block_m)
         if args.out:

@@ -31,3 +31,25 @@ def test_the_key_loop_is_found_and_counted():
     # Over fp8 both K and V are widened from e4m3 in the loop: 2 × 64 × 128 elements, two an
     # unpack, over 128 threads — at least 64 unpacks a thread; over bf16 there is nothing to widen.
     assert loops["fp8"]["opcodes"]["F2FP"] >= 64 > loops["bf16"]["opcodes"].get("F2FP", 0)
+
+
+_TILES = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+from decode_registers_offline import default_tile_rows
+print(json.dumps({row["rows"]: row["programs_per_sm"] for row in default_tile_rows()}))
+"""
+
+
+def test_the_default_waves_are_the_programs_an_sm_holds_of_each_tile():
+    """default_config's programs an SM, per tile, are what the compiler makes of those tiles for
+    sm_90 (shared memory and registers): a kernel change that moves them fails here."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    done = compile_for_sm90(["-c", _TILES])
+    assert done.returncode == 0, done.stderr[-2000:]
+    per_sm = {int(rows): n for rows, n in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    assert per_sm[16] == pda._PROGRAMS_PER_SM_3_STAGES
+    assert per_sm[32] == pda._PROGRAMS_PER_SM_32_ROWS
+    assert per_sm[128] == pda._PROGRAMS_PER_SM_128_ROWS
+    assert per_sm[64] == 2  # the rule keeps 3 here: no measured problem tells the two apart

@@ -83,9 +83,18 @@ def test_the_default_follows_the_query_rows_a_program_serves_and_how_far_one_spl
     for b, h, hkv, lq in ((6, 40, 8, 4), (12, 32, 8, 6), (24, 28, 4, 4)):
         assert shape(SPEC.default_config(PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=9000, d=128),
                                          torch.bfloat16)) == (32, 2, 3), (b, h, hkv, lq)
-    # 65–128 rows: 8 warps, the 64-key tile and the splits as for any other grid.
+    # 65–128 rows: 8 warps and the 64-key tile, one of which an SM holds: the splits fill one
+    # program an SM (16 programs × 8 splits ≤ 132 SMs), where 3 an SM had them overfill it.
     many = SPEC.default_config(PagedDecodeProblem(b=4, h=28, hkv=4, lq=16, ctx=8000, d=128), torch.bfloat16)
-    assert shape(many) == (64, 8, 3) and 4 * 4 * many["NUM_SPLITS"] <= 3 * sms
+    assert shape(many) == (64, 8, 3) and 4 * 4 * many["NUM_SPLITS"] <= sms < 4 * 4 * many["NUM_SPLITS"] * 2
+    # 32 rows at head dim 128: five of their tile an SM (8 programs × 64 splits ≤ 5 × 132).
+    few = SPEC.default_config(PagedDecodeProblem(b=1, h=40, hkv=8, lq=4, ctx=40000, d=128, block_size=64),
+                              torch.bfloat16)
+    assert shape(few) == (32, 2, 3) and 8 * few["NUM_SPLITS"] <= 5 * sms < 8 * few["NUM_SPLITS"] * 2
+    # ... and where a head dim of 64 makes every tile smaller, the 3-stage count of its own tile.
+    small = SPEC.default_config(PagedDecodeProblem(b=1, h=40, hkv=8, lq=4, ctx=40000, d=64, block_size=64),
+                                torch.bfloat16)
+    assert shape(small) == (32, 2, 3) and 8 * small["NUM_SPLITS"] <= 4 * sms < 8 * small["NUM_SPLITS"] * 2
     # 16 and 64 rows keep the 64-key tile over 4 warps.
     for lq in (2, 8):
         assert shape(SPEC.default_config(PagedDecodeProblem(b=8, h=32, hkv=4, lq=lq, ctx=6000, d=128),

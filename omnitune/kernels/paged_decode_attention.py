@@ -1353,6 +1353,17 @@ _MIN_KEYS_PER_SPLIT = 256
 # any tile over 2 stages. And the most splits the default takes (the search space's largest).
 _PROGRAMS_PER_SM_3_STAGES = 3
 _PROGRAMS_PER_SM_SMALLER_TILE = 4
+# The same count for the tiles the default gives more query rows, head dim 128 (a padded 128),
+# 3 stages, compiled for sm_90 (decode_registers_offline.py --rows, results/decode_default_tiles_offline.json):
+# 32 rows over the 32-key tile and 2 warps take 43,008 B and 183 registers, so 5 fit an SM; 128
+# rows over the 64-key tile and 8 warps take 131,072 B, so one does. (64 rows: 2, where the rule
+# keeps the 16-row tile's 3 — no problem of the studies or searches below tells the two apart.) Counted as 3, the 128-row grid overfilled its wave:
+# at batch 4, h28/4, 16 query tokens, 9k context the H200's search (train_h200_round22_A.db.gz)
+# timed 8 splits (128 programs) at 47.1 µs, 16 at 55.6 and 4 at 78.7; at batch 3, 12 tokens
+# (decode_default_study_h200_round13_A.json) 8 splits beat 32 by 5%. The 32-row grid underfilled
+# it: at batch 1, h40/8, 4 tokens, 40k, 64 splits (512 programs) took 50.0 µs, 32 took 58.5.
+_PROGRAMS_PER_SM_32_ROWS = 5
+_PROGRAMS_PER_SM_128_ROWS = 1
 _MAX_DEFAULT_SPLITS = 128
 # Where one split per sequence fills this many waves, 16-key tiles (round 13's study: 1.18x faster
 # than 32-key ones at 2.6 waves, 1.5% slower at 1.9 waves and less).
@@ -1393,7 +1404,8 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
     4 programs an SM follow the fp8 entries the searches chose (10 of the H200 table's 12 have 3
     stages).
     fp32 (the checking path) keeps 2 stages and 4 programs an SM; more warps, fewer stages or no
-    packing wherever a constraint demands it."""
+    packing wherever a constraint demands it. At head dim 128 the 32- and 128-row tiles split to
+    the wave of their own tile (5 and 1 an SM: see _PROGRAMS_PER_SM_32_ROWS), not the 16-row one's."""
     p = problem
     pack = p.group > 1
     block_n = 64
@@ -1411,12 +1423,18 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
         wave = _wave_programs(p)
         splits = _default_splits(p, programs, wave)
         block_m = _block_m(p.group * p.lq if pack else p.lq)
+        padded_d = triton.next_power_of_2(p.d)
         if programs * splits >= _OVERFILL_WAVES_FOR_16_KEYS * wave:
             preferred.append((splits, min(16, block_n), 2, 3))
         elif programs * splits > wave or block_m == 32:
-            preferred.append((splits, min(32, block_n), 2, 3))
+            # An overfilled grid keeps its one split; 32 rows split to the wave of their own tile.
+            rows_32 = programs * splits <= wave and block_m == 32 and padded_d == 128
+            preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_32_ROWS * sms) if rows_32 else splits,
+                              min(32, block_n), 2, 3))
         elif block_m >= 128:
-            preferred.append((splits, block_n, 8, 3))
+            one_an_sm = padded_d >= 128  # head dim 256: larger still, one an SM at most
+            preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_128_ROWS * sms) if one_an_sm else splits,
+                              block_n, 8, 3))
         preferred.append((splits, block_n, 4, 3))
     fallback_splits = _default_splits(p, programs, _PROGRAMS_PER_SM_SMALLER_TILE * sms)
     preferred += [(fallback_splits, block_n, warps, stages) for warps in (4, 8) for stages in (2, 1)]
