@@ -1354,14 +1354,16 @@ _MIN_KEYS_PER_SPLIT = 256
 _PROGRAMS_PER_SM_3_STAGES = 3
 _PROGRAMS_PER_SM_SMALLER_TILE = 4
 # The same count for the tiles the default gives more query rows, head dim 128 (a padded 128),
-# 3 stages, compiled for sm_90 (decode_registers_offline.py --rows, results/decode_default_tiles_offline.json):
-# 32 rows over the 32-key tile and 2 warps take 43,008 B and 183 registers, so 5 fit an SM; 128
-# rows over the 64-key tile and 8 warps take 131,072 B, so one does. (64 rows: 2, where the rule
-# keeps the 16-row tile's 3 — no problem of the studies or searches below tells the two apart.) Counted as 3, the 128-row grid overfilled its wave:
-# at batch 4, h28/4, 16 query tokens, 9k context the H200's search (train_h200_round22_A.db.gz)
-# timed 8 splits (128 programs) at 47.1 µs, 16 at 55.6 and 4 at 78.7; at batch 3, 12 tokens
-# (decode_default_study_h200_round13_A.json) 8 splits beat 32 by 5%. The 32-row grid underfilled
-# it: at batch 1, h40/8, 4 tokens, 40k, 64 splits (512 programs) took 50.0 µs, 32 took 58.5.
+# 3 stages, compiled for sm_90 (decode_registers_offline.py --rows,
+# results/decode_default_tiles_offline.json): 32 rows over the 32-key tile and 2 warps take
+# 43,008 B and 183 registers, so 5 fit an SM; 128 rows over the 64-key tile and 8 warps take
+# 131,072 B, so one does. (64 rows: 2, where the rule keeps the 16-row tile's 3 — no problem of
+# the studies or searches below tells the two apart.) Counted as 3, the 128-row grid overfilled
+# its wave: at batch 4, h28/4, 16 query tokens, 9k context the H200's search
+# (train_h200_round22_A.db.gz) timed 8 splits (128 programs) at 47.1 µs, 16 at 55.6 and 4 at
+# 78.7; at batch 3, 12 tokens (decode_default_study_h200_round13_A.json) 8 splits beat 32 by 5%.
+# The 32-row grid underfilled it: at batch 1, h40/8, 4 tokens, 40k, 64 splits (512 programs)
+# took 50.0 µs, 32 took 58.5.
 _PROGRAMS_PER_SM_32_ROWS = 5
 _PROGRAMS_PER_SM_128_ROWS = 1
 _MAX_DEFAULT_SPLITS = 128
