@@ -1,6 +1,7 @@
 """Attention's default for query-light tiles over long key ranges: 128-key tiles where a tile holds
-≤ 32 query rows, the keys number ≥ 1,024 and the grid has no more programs than the SMs (the
-H200 trials behind it: the comment at WIDE_KEY_TILE_MAX_ROWS in omnitune/kernels/attention.py).
+≤ 32 query rows and the keys number ≥ 1,024, or 64 rows and ≥ 16,000 keys, and the grid has no
+more programs than the SMs (the H200 trials behind it: the comments at WIDE_KEY_TILE_MAX_ROWS and
+WIDE_KEY_TILE_64_ROWS_MIN_KEYS in omnitune/kernels/attention.py).
 Every default and untuned answer stays a valid config, whatever the shape, dtype or device."""
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ import pytest
 import torch
 
 from omnitune.kernels import attention as attention_module
-from omnitune.kernels.attention import SPEC, WIDE_KEY_TILE_MIN_KEYS, AttentionProblem
+from omnitune.kernels.attention import (
+    SPEC,
+    WIDE_KEY_TILE_64_ROWS_MIN_KEYS,
+    WIDE_KEY_TILE_MIN_KEYS,
+    AttentionProblem,
+)
 from omnitune.spec import Config, DeviceLimits
 
 from conftest import DEVICE
@@ -43,9 +49,17 @@ def _tile(cfg: Config) -> tuple:
     (AttentionProblem(b=64, h=28, hkv=28, lq=1, lk=4096, d=128), (16, 64, 4, 3, False, True)),
     # not taken: fewer than 1,024 keys
     (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=1023, d=128), (16, 64, 4, 3, True, True)),
-    # not taken: 64-row tiles (8 queries × 8 heads a kv head; 128 queries) — slower with 128 keys
+    # not taken: 64-row tiles (8 queries × 8 heads a kv head; 128 queries) under 16,000 keys —
+    # slower with 128 keys
     (AttentionProblem(b=1, h=32, hkv=4, lq=8, lk=8192, d=128, causal=True), (64, 64, 4, 3, True, True)),
     (AttentionProblem(b=1, h=28, hkv=4, lq=128, lk=4096, d=128, causal=True), (64, 64, 4, 3, False, True)),
+    # taken: 64-row tiles over ≥ 16,000 keys on a grid no larger than the SMs (the study's three:
+    # 28 and 128 programs)
+    (AttentionProblem(b=1, h=28, hkv=4, lq=64, lk=20000, d=128), (64, 128, 4, 3, False, True)),
+    (AttentionProblem(b=1, h=64, hkv=8, lq=128, lk=16000, d=128, causal=True), (64, 128, 4, 3, False, True)),
+    (AttentionProblem(b=1, h=32, hkv=8, lq=256, lk=16000, d=128), (64, 128, 4, 3, False, True)),
+    # not taken: 160 programs (640 causal queries, 16 heads), more than the SMs — measured slower
+    (AttentionProblem(b=1, h=16, hkv=2, lq=640, lk=24000, d=128, causal=True), (64, 64, 4, 3, False, True)),
     # not taken: 3 stages of 128-key tiles do not fit at d=256 (the 2-stage wide tile measured slower)
     (AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=256), (16, 64, 4, 3, True, True)),
 ])
@@ -86,6 +100,9 @@ def test_the_rule_reads_the_devices_sms_and_tma(monkeypatch):
     # causal: this kernel, with the wide tile
     (AttentionProblem(b=8, h=32, hkv=4, lq=2, lk=4096, d=128, causal=True), "triton", 128),
     (AttentionProblem(b=64, h=28, hkv=4, lq=1, lk=4096, d=128), "triton", 64),
+    # non-causal, a small grid of 64-row tiles: not SDPA (1.32x and 1.52x slower there), the wide tile
+    (AttentionProblem(b=1, h=32, hkv=8, lq=256, lk=16000, d=128), "triton", 128),
+    (AttentionProblem(b=1, h=28, hkv=4, lq=64, lk=20000, d=128), "triton", 128),
 ])
 def test_the_untuned_answer_keeps_its_order(problem, backend, block_n):
     answer = SPEC.untuned_answer(problem, BF16)
@@ -125,7 +142,8 @@ def test_every_default_and_untuned_answer_is_valid_over_a_sweep(monkeypatch):
                 default = SPEC.default_config(problem, dtype)
                 if default["BLOCK_N"] == 128:
                     wide += 1
-                    assert default["BLOCK_M"] <= 32 and problem.lk >= WIDE_KEY_TILE_MIN_KEYS
+                    assert ((default["BLOCK_M"] <= 32 and problem.lk >= WIDE_KEY_TILE_MIN_KEYS)
+                            or (default["BLOCK_M"] == 64 and problem.lk >= WIDE_KEY_TILE_64_ROWS_MIN_KEYS))
                     assert default["num_stages"] == 3 and default["num_warps"] == 4
     assert wide  # the sweep reaches the rule
 

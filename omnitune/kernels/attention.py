@@ -880,6 +880,15 @@ def _tma_here() -> bool:
 # 3-stage pipeline past its fill) is asked, as the small-grid SDPA rule below asks.
 WIDE_KEY_TILE_MAX_ROWS = 32
 WIDE_KEY_TILE_MIN_KEYS = 1024
+# Except over much longer key ranges: in the attention default study's training problems
+# (benchmarks/results/attention_default_study_h200_round15_A.json, none held out) the 64-row tile
+# over 128 keys (4 warps, 3 stages, TMA) was the fastest candidate on all three span-free problems
+# of 16,000-20,000 keys with no more programs than the SMs: 173.6 against the 64-key tile's 205.5
+# µs (b1 h28/4, 64 queries over 20,000 keys, 28 programs), 147.8 against 171.1 (b1 h64/8, 128
+# causal queries over 16,000, 128 programs), 146.7 against 171.9 (b1 h32/8, 256 over 16,000, 128
+# programs), where SDPA took 263.5, 230.2 and 193.4. With more programs than the SMs it lost
+# (b1 h16/2, 640 causal queries over 24,000 keys, 160 programs: 409.9 against 347.7).
+WIDE_KEY_TILE_64_ROWS_MIN_KEYS = 16000
 
 
 # GQA packing (one program's rows drawn from all query heads of a kv head) in the default: where
@@ -923,10 +932,12 @@ def _base_default(problem: AttentionProblem, dtype: torch.dtype) -> Config:
 
 
 def _wide_key_tile(problem: AttentionProblem, base: Config) -> bool:
-    """Whether the default's tile is query-light over a long key range on a grid no larger than
-    the SMs (see WIDE_KEY_TILE_MAX_ROWS)."""
-    return (int(base["BLOCK_M"]) <= WIDE_KEY_TILE_MAX_ROWS and int(base["BLOCK_N"]) == 64
-            and int(base["num_stages"]) == 3 and problem.lk >= WIDE_KEY_TILE_MIN_KEYS
+    """Whether the default's tile is query-light over a long key range, or a 64-row tile over a
+    much longer one, on a grid no larger than the SMs (see WIDE_KEY_TILE_MAX_ROWS)."""
+    rows = int(base["BLOCK_M"])
+    min_keys = WIDE_KEY_TILE_MIN_KEYS if rows <= WIDE_KEY_TILE_MAX_ROWS else WIDE_KEY_TILE_64_ROWS_MIN_KEYS
+    return (rows <= 64 and int(base["BLOCK_N"]) == 64 and int(base["num_warps"]) == 4
+            and int(base["num_stages"]) == 3 and problem.lk >= min_keys
             and _programs(problem, base) <= _device_limits().multiprocessors)
 
 
@@ -972,6 +983,10 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
 # causal fp16 b4 h32/8), tied at 640 and 512 (1.003, 1.023) and lost at 576 (d=64, non-causal:
 # 0.83) and with Lq < Lk (256–640 queries over 16k–24k keys: 0.49–0.89). The runtime answers a
 # bucket of lengths by its bound (quarter octaves: 640, 768, ...), so from 641 rows on.
+# The small-grid rule holds for query-light tiles (≤ 32 rows: the one-query shapes it was drawn
+# from). Over 64-row tiles the same study's two such problems went the other way: SDPA took 263.5
+# and 193.4 µs where this kernel's 128-key tile took 173.6 and 146.7 (b1 h28/4, 64 queries over
+# 20,000 keys; b1 h32/8, 256 over 16,000: WIDE_KEY_TILE_64_ROWS_MIN_KEYS).
 SDPA_UNTUNED_MIN_QUERIES = 768
 SDPA_UNTUNED_MIN_KEYS_FEW_PROGRAMS = 1024
 
@@ -984,12 +999,13 @@ def _programs(problem: AttentionProblem, config: Config) -> int:
 
 
 def untuned_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
-    """PyTorch's SDPA for span-free long prefill (≥ 768 query rows) and for non-causal grids too
-    small to fill the SMs over ≥ 1,024 keys, else the default config: the runtime's answer for an
-    attention problem nothing tuned answers (see above)."""
+    """PyTorch's SDPA for span-free long prefill (≥ 768 query rows) and for non-causal grids of
+    query-light tiles too small to fill the SMs over ≥ 1,024 keys, else the default config: the
+    runtime's answer for an attention problem nothing tuned answers (see above)."""
     default = default_config(problem, dtype)
     if not problem.spans:
         few_programs = (not problem.causal and problem.lk >= SDPA_UNTUNED_MIN_KEYS_FEW_PROGRAMS
+                        and int(default["BLOCK_M"]) <= WIDE_KEY_TILE_MAX_ROWS
                         and _programs(problem, default) < _device_limits().multiprocessors)
         if problem.lq >= SDPA_UNTUNED_MIN_QUERIES or few_programs:
             sdpa_config = Config(BACKEND="sdpa", **PARKED)
