@@ -14,6 +14,7 @@ import torch
 
 from omnitune.kernels import attention as attention_module
 from omnitune.kernels.attention import (
+    LONG_PREFILL_MIN_QUERIES,
     SPEC,
     WIDE_KEY_TILE_64_ROWS_MIN_KEYS,
     WIDE_KEY_TILE_MIN_KEYS,
@@ -69,6 +70,28 @@ def test_the_default_takes_128_key_tiles_for_few_rows_over_long_keys_on_a_small_
     assert cfg["BACKEND"] == "triton" and not SPEC.violations(problem, cfg, BF16)
 
 
+@pytest.mark.parametrize("problem, tile", [
+    # causal prefill of ≥ 8,192 rows at head dim 128, with spans or without: 128×128 over 8 warps
+    # (the shipped table's 9 such entries with spans all chose it)
+    (AttentionProblem(b=1, h=28, hkv=4, lq=8260, lk=8260, d=128, causal=True, spans=1, span_len=256),
+     (128, 128, 8, 3, False, True)),
+    (AttentionProblem(b=1, h=64, hkv=8, lq=12000, lk=12000, d=128, causal=True, spans=8, span_len=1000),
+     (128, 128, 8, 3, False, True)),
+    (AttentionProblem(b=1, h=32, hkv=4, lq=16384, lk=16384, d=128, causal=True), (128, 128, 8, 3, False, True)),
+    # not taken: shorter (the searches kept 64×64 at 640-765 rows), not causal, another head dim
+    (AttentionProblem(b=1, h=28, hkv=4, lq=4096, lk=4096, d=128, causal=True, spans=1, span_len=256),
+     (64, 64, 4, 3, False, True)),
+    (AttentionProblem(b=1, h=32, hkv=4, lq=16384, lk=16384, d=128), (64, 64, 4, 3, False, True)),
+    (AttentionProblem(b=1, h=24, hkv=4, lq=20000, lk=20000, d=64, causal=True, spans=20, span_len=300),
+     (64, 64, 4, 3, False, True)),
+])
+def test_long_causal_prefill_takes_128_by_128_tiles_over_8_warps(problem, tile):
+    for dtype in (BF16, torch.float16):
+        cfg = SPEC.default_config(problem, dtype)
+        assert _tile(cfg) == tile, (dtype, cfg)
+        assert not SPEC.violations(problem, cfg, dtype)
+
+
 def test_fp32_keeps_64_key_tiles_where_3_stages_of_128_do_not_fit():
     problem = AttentionProblem(b=4, h=28, hkv=4, lq=1, lk=4096, d=128)
     assert SPEC.default_config(problem, torch.float16)["BLOCK_N"] == 128
@@ -115,7 +138,7 @@ def test_the_untuned_answer_keeps_its_order(problem, backend, block_n):
 def _sweep():
     for (h, hkv), lq, lk, d, b, mask in itertools.product(
             ((1, 1), (8, 2), (28, 4), (64, 8)),
-            (1, 4, 7, 33, 96, 2048),
+            (1, 4, 7, 33, 96, 2048, 8192),
             (20, 1023, 3000, 32768),
             (64, 80, 128, 256),
             (1, 64),
@@ -140,7 +163,10 @@ def test_every_default_and_untuned_answer_is_valid_over_a_sweep(monkeypatch):
                     assert not SPEC.violations(problem, cfg, dtype, limits), (problem, dtype, cfg)
                     assert SPEC.coerce_config(cfg.as_dict()) == cfg
                 default = SPEC.default_config(problem, dtype)
-                if default["BLOCK_N"] == 128:
+                if default["BLOCK_M"] == 128:  # long causal prefill
+                    assert problem.causal and problem.lq >= LONG_PREFILL_MIN_QUERIES and problem.d == 128
+                    assert (default["BLOCK_N"], default["num_warps"], default["num_stages"]) == (128, 8, 3)
+                elif default["BLOCK_N"] == 128:
                     wide += 1
                     assert ((default["BLOCK_M"] <= 32 and problem.lk >= WIDE_KEY_TILE_MIN_KEYS)
                             or (default["BLOCK_M"] == 64 and problem.lk >= WIDE_KEY_TILE_64_ROWS_MIN_KEYS))

@@ -891,6 +891,15 @@ WIDE_KEY_TILE_MIN_KEYS = 1024
 WIDE_KEY_TILE_64_ROWS_MIN_KEYS = 16000
 
 
+# Long causal prefill: 128-row tiles over 128 keys, 8 warps. Every entry of the shipped H200 table
+# with image spans and 8,192 or more query rows (9 of 9: h16/2, h28/4 and h32/4, 8,192-8,510
+# rows, 1 or 16 spans, bf16 and fp16, head dim 128; 22-68 trials each, none held out) is that
+# tile, at 1.04-1.20x the 64×64 default's speed; at 640-765 rows the same searches kept 64×64
+# (7 of 8; the eighth 64×32). The span-free ones of that length went to SDPA, as untuned
+# span-free prefill does (below): for them this is the kernel's own answer, the search's baseline.
+LONG_PREFILL_MIN_QUERIES = 8192
+
+
 # GQA packing (one program's rows drawn from all query heads of a kv head) in the default: where
 # there are fewer query rows than a 64-row tile, and — from the attention default study's training
 # problems (benchmarks/results/attention_default_study_h200_round15_A.json, none held out) — up to
@@ -931,6 +940,18 @@ def _base_default(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
 
 
+def _long_causal_prefill(problem: AttentionProblem) -> bool:
+    """Causal prefill of ≥ 8,192 query rows at head dim 128 (the shapes LONG_PREFILL_MIN_QUERIES
+    was measured on; none at other head dims)."""
+    return problem.causal and problem.lq >= LONG_PREFILL_MIN_QUERIES and problem.d == 128
+
+
+def _is_plain_tile(base: Config) -> bool:
+    """Whether _base_default gave its first choice, 64×64 over 4 warps and 3 stages (nothing about
+    the problem or the device forced a smaller tile or fewer stages)."""
+    return (int(base["BLOCK_M"]), int(base["BLOCK_N"]), int(base["num_warps"]), int(base["num_stages"])) == (64, 64, 4, 3)
+
+
 def _wide_key_tile(problem: AttentionProblem, base: Config) -> bool:
     """Whether the default's tile is query-light over a long key range, or a 64-row tile over a
     much longer one, on a grid no larger than the SMs (see WIDE_KEY_TILE_MAX_ROWS)."""
@@ -945,8 +966,10 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     """The untuned starting point: 64×64 tiles, 4 warps, 3 stages (why: docs/results.md, "Why the
     defaults"); GQA packing when there are fewer query rows than a tile; K/V through tensor
     descriptors (TMA) where the device has them; 128-key tiles for tiles of ≤ 32 query rows over
-    ≥ 1,024 keys on a grid no larger than the SMs (WIDE_KEY_TILE_MAX_ROWS above says why); smaller
-    tiles, fewer stages or pointer loads only where the problem or the device demands it.
+    ≥ 1,024 keys, or of 64 over ≥ 16,000, on a grid no larger than the SMs (WIDE_KEY_TILE_MAX_ROWS
+    above says why); 128×128 tiles over 8 warps for causal prefill of ≥ 8,192 query rows at head
+    dim 128 (LONG_PREFILL_MIN_QUERIES); smaller tiles, fewer stages or pointer loads only where
+    the problem or the device demands it.
 
     TMA: in the H200's recorded trials (results/sweep_trials_h200.json, search_trials_h200*.json:
     the searches behind the shipped table, none of them held out), the default's tile with TMA was
@@ -955,6 +978,11 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     answered by SDPA where untuned. Every config of this kernel the shipped table's searches chose
     loads through TMA (7 of 7)."""
     base = _base_default(problem, dtype)
+    if _long_causal_prefill(problem) and _is_plain_tile(base):
+        for tma in dict.fromkeys((bool(base["USE_TMA"]), False)):
+            long = base.replace(BLOCK_M=128, BLOCK_N=128, num_warps=8, USE_TMA=tma)
+            if not SPEC.violations(problem, long, dtype):
+                return long
     if _wide_key_tile(problem, base):
         for tma in dict.fromkeys((bool(base["USE_TMA"]), False)):
             wide = base.replace(BLOCK_N=128, USE_TMA=tma)
