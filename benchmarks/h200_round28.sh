@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Twenty-eighth H200 round, one H200:
-#   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H13|H2|A|B|C   (H13: H1 then H3, one device call)
+#   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H13|H2|A|B|C|D   (H13: H1 then H3, one device call)
 # Part H (issues 16 and 15): the decode loop's row offsets hoisted out of the loop
 # (benchmarks/variants/decode_hoisted_rows.patch). A tile starts at a multiple of BLOCK_N, so where
 # BLOCK_N and the page size divide one another (both powers of two always do) a row's offset
@@ -36,10 +36,14 @@
 # A and B, only once a variant is adopted and committed: the paged-decode table revalidated for
 # the new kernel source, the public ops (fp8_kv_bench --quick) with it, and every gpu-marked test
 # (A: all but the five slow files; B: those). C (issue 14): paged decode's held-out set with the
-# adopted kernel, each problem searched afresh (a kernel change moves the optima; 370 s in round 13).
+# adopted kernel, each problem searched afresh (a kernel change moves the optima; 370 s in round 13),
+# with the default's new waves for 32- and 128-row tiles (round 28, offline: kv_cache.md, Defaults).
+# D (issue 14): attention's held-out set with round 28's default rules (64-row tiles over ≥ 16,000
+# keys, the small-grid SDPA rule for query-light tiles only, 128×128 for long causal prefill), the
+# optima from round 22 B's searches (the same kernel source, 0922d9a3c56bea5f), as round 24 J did.
 # The few-warps sweeps compile their 73 configs first in parallel processes (round 26 compiled
 # them one at a time: 190-225 s for the 4k sweep with --fused-reduce, most of it compiling).
-part=${1:?part H1, H3, H13, H2, A, B or C}
+part=${1:?part H1, H3, H13, H2, A, B, C or D}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 patch=benchmarks/variants/decode_hoisted_rows.patch
@@ -84,6 +88,11 @@ case $part in
     ;;
   B)
     gpu_tests_second_half
+    ;;
+  D)
+    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_h200_round28_D.json" \
+      --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
+      --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
     ;;
   C)
     step 580 python benchmarks/coverage.py --kernel paged_decode_attention --trials 40 --time-budget 520 \
