@@ -5,10 +5,12 @@ Under the interpreter on the CPU (fp32 and fp16), on the GPU when there is one."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
 import torch
+import triton
 
 from omnitune.errors import InputError, OmnituneError
 from omnitune.kernels import paged_decode_attention as pda
@@ -108,6 +110,31 @@ def test_the_default_follows_the_query_rows_a_program_serves_and_how_far_one_spl
     for problem in (fp8, PagedDecodeProblem(b=128, h=32, hkv=8, lq=1, ctx=2500, d=128)):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             assert not SPEC.violations(problem, SPEC.default_config(problem, dtype), dtype)
+
+
+def test_every_default_is_a_valid_config_over_a_sweep():
+    """Whatever the rows a program serves (GQA group × query tokens), the batch, context, head
+    dim, page size, dtype or cache: the default breaks no constraint, and the 8-warp 128-row and
+    2-warp 32-row tiles split no further than one program an SM and five an SM fill."""
+    sms = DeviceLimits().multiprocessors
+    checked = 0
+    for (h, hkv), lq, ctx, d, block_size, b, cache in itertools.product(
+            ((1, 1), (8, 1), (28, 4), (40, 8), (64, 8)), (1, 2, 4, 8, 16), (1, 300, 9000, 131072),
+            (64, 80, 128, 256), (16, 64), (1, 4, 64), ("auto", "fp8_e4m3")):
+        if lq > ctx:
+            continue
+        problem = PagedDecodeProblem(b=b, h=h, hkv=hkv, lq=lq, ctx=ctx, d=d, block_size=block_size, cache_dtype=cache)
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            cfg = SPEC.default_config(problem, dtype)
+            assert not SPEC.violations(problem, cfg, dtype), (problem, dtype, cfg)
+            checked += 1
+            programs = b * (hkv if cfg["PACK_GQA"] else h)
+            if cache == "auto" and dtype != torch.float32 and triton.next_power_of_2(d) == 128:
+                if cfg["num_warps"] == 8 and cfg["NUM_SPLITS"] > 1:
+                    assert programs * cfg["NUM_SPLITS"] <= sms, (problem, cfg)
+                if (cfg["BLOCK_N"], cfg["num_warps"]) == (32, 2) and cfg["NUM_SPLITS"] > 1:
+                    assert programs * cfg["NUM_SPLITS"] <= 5 * sms, (problem, cfg)
+    assert checked > 1000
 
 
 def test_problem_parses_from_its_key_and_rejects_impossible_shapes():
