@@ -1425,18 +1425,14 @@ def default_config(problem: PagedDecodeProblem, dtype: torch.dtype) -> Config:
         wave = _wave_programs(p)
         splits = _default_splits(p, programs, wave)
         block_m = _block_m(p.group * p.lq if pack else p.lq)
-        padded_d = triton.next_power_of_2(p.d)
         if programs * splits >= _OVERFILL_WAVES_FOR_16_KEYS * wave:
             preferred.append((splits, min(16, block_n), 2, 3))
         elif programs * splits > wave or block_m == 32:
             # An overfilled grid keeps its one split; 32 rows split to the wave of their own tile.
-            rows_32 = programs * splits <= wave and block_m == 32 and padded_d == 128
-            preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_32_ROWS * sms) if rows_32 else splits,
-                              min(32, block_n), 2, 3))
+            own = splits if programs * splits > wave else _default_splits(p, programs, _wave_programs(p, block_m))
+            preferred.append((own, min(32, block_n), 2, 3))
         elif block_m >= 128:
-            one_an_sm = padded_d >= 128  # head dim 256: larger still, one an SM at most
-            preferred.append((_default_splits(p, programs, _PROGRAMS_PER_SM_128_ROWS * sms) if one_an_sm else splits,
-                              block_n, 8, 3))
+            preferred.append((_default_splits(p, programs, _wave_programs(p, block_m)), block_n, 8, 3))
         preferred.append((splits, block_n, 4, 3))
     fallback_splits = _default_splits(p, programs, _PROGRAMS_PER_SM_SMALLER_TILE * sms)
     preferred += [(fallback_splits, block_n, warps, stages) for warps in (4, 8) for stages in (2, 1)]
@@ -1483,9 +1479,17 @@ def adapt_config(tuned: PagedDecodeProblem, problem: PagedDecodeProblem, config:
     return adapted
 
 
-def _wave_programs(problem: PagedDecodeProblem) -> int:
-    """Programs of the 16-bit 3-stage tile that one wave holds (default_config's rule)."""
-    per_sm = _PROGRAMS_PER_SM_3_STAGES if problem.d > 64 else _PROGRAMS_PER_SM_SMALLER_TILE
+def _wave_programs(problem: PagedDecodeProblem, block_m: int = 16) -> int:
+    """Programs of the 16-bit 3-stage tile default_config gives `block_m` query rows that one wave
+    holds: at head dim 128 the 32- and 128-row tiles' own counts (head dim 256: one an SM at most),
+    else the 16-row tile's."""
+    padded_d = triton.next_power_of_2(problem.d)
+    if block_m == 32 and padded_d == 128:
+        per_sm = _PROGRAMS_PER_SM_32_ROWS
+    elif block_m >= 128 and padded_d >= 128:
+        per_sm = _PROGRAMS_PER_SM_128_ROWS
+    else:
+        per_sm = _PROGRAMS_PER_SM_3_STAGES if problem.d > 64 else _PROGRAMS_PER_SM_SMALLER_TILE
     return per_sm * DeviceLimits().multiprocessors
 
 
