@@ -978,17 +978,22 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     answered by SDPA where untuned. Every config of this kernel the shipped table's searches chose
     loads through TMA (7 of 7)."""
     base = _base_default(problem, dtype)
-    if _long_causal_prefill(problem) and _is_plain_tile(base):
-        for tma in dict.fromkeys((bool(base["USE_TMA"]), False)):
-            long = base.replace(BLOCK_M=128, BLOCK_N=128, num_warps=8, USE_TMA=tma)
-            if not SPEC.violations(problem, long, dtype):
-                return long
-    if _wide_key_tile(problem, base):
-        for tma in dict.fromkeys((bool(base["USE_TMA"]), False)):
-            wide = base.replace(BLOCK_N=128, USE_TMA=tma)
-            if not SPEC.violations(problem, wide, dtype):
-                return wide
+    if (_long_causal_prefill(problem) and _is_plain_tile(base)
+            and (long := _larger_tile(problem, dtype, base, BLOCK_M=128, BLOCK_N=128, num_warps=8)) is not None):
+        return long
+    if _wide_key_tile(problem, base) and (wide := _larger_tile(problem, dtype, base, BLOCK_N=128)) is not None:
+        return wide
     return base
+
+
+def _larger_tile(problem: AttentionProblem, dtype: torch.dtype, base: Config, **changes) -> Config | None:
+    """`base` with `changes`, through its loads or else through pointers: the first that breaks no
+    constraint (a larger tile's TMA descriptors may not fit where pointer loads do), else None."""
+    for tma in dict.fromkeys((bool(base["USE_TMA"]), False)):
+        config = base.replace(USE_TMA=tma, **changes)
+        if not SPEC.violations(problem, config, dtype):
+            return config
+    return None
 
 
 # Where no tuned shape answers, span-free problems of two kinds go to PyTorch's SDPA as it
