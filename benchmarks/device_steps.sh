@@ -4,9 +4,9 @@
 # that the committed logs are read by; left BUDGET: seconds of BUDGET not yet spent since $started;
 # fp8_shapes KERNEL: the fp8 problems of the Qwen presets (7B and VL-7B share their shapes) as
 # --shape arguments. decode_stalls CACHE SHAPE CONFIG_JSON: Nsight Compute's details and top stalls
-# of paged decode's split kernel, appended to $OUT/ncu_decode_stalls_h200.txt. few_warps_sweeps NAME
+# of paged decode's split kernel, appended to $OUT/ncu_decode_stalls_${card}.txt. few_warps_sweeps NAME
 # [LIMIT]: fp8_decode_probe.py's few-warps sweep at 4k and 16k into
-# $OUT/fp8_decode_few_warps_h200_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
+# $OUT/fp8_decode_few_warps_${card}_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
 # PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them.
 # gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
 # what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s),
@@ -16,6 +16,9 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160
 started=${started:-$(date +%s)}
+# The card's short name in result files (h200, h100): the lender may give either for one kind.
+card=${card:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]00' | tr 'H' 'h')}
+card=${card:-h200}
 
 step() { local limit=$1; shift; echo "### $* (limit ${limit}s)"; local t=$(date +%s); timeout "$limit" "$@"; echo "### rc=$? in $(( $(date +%s) - t )) s"; }
 left() { echo $(( $1 - ($(date +%s) - started) )); }
@@ -29,7 +32,7 @@ decode_stalls() {  # decode_stalls CACHE SHAPE CONFIG_JSON: ncu's details and th
     echo "===== $cache cache: $shape $config"
     python benchmarks/ncu_stall_summary.py <(ncu -i "$report.ncu-rep" --page source --csv --print-source sass) --top 40
     ncu -i "$report.ncu-rep" --page details
-  } >> "$OUT/ncu_decode_stalls_h200.txt" 2>&1
+  } >> "$OUT/ncu_decode_stalls_${card}.txt" 2>&1
 }
 
 fp8_shapes() {
@@ -53,7 +56,7 @@ few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT [PROBE_ARGS...]]
   shift; [ $# -gt 0 ] && shift
   for ctx in 4096 16384; do
     step "$limit" python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx "$@" \
-      --out "$OUT/fp8_decode_few_warps_h200_${name}_$ctx.json" --asm "/tmp/asm_$name"
+      --out "$OUT/fp8_decode_few_warps_${card}_${name}_$ctx.json" --asm "/tmp/asm_$name"
   done
 }
 
@@ -63,9 +66,9 @@ variant_restore() { git checkout -- $(git apply --numstat "$1" | cut -f3) 2>/dev
 revalidated_decode_ops() {  # revalidated_decode_ops ROUND: paged decode's table re-verified (--fix), then the public ops
   mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
   step 200 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
-    --json "$OUT/verify_fix_paged_decode_h200_$1.json"
+    --json "$OUT/verify_fix_paged_decode_${card}_$1.json"
   rm -f "$OUT"/tc/*/.*.lock
-  step 90 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_$1_A.json"
+  step 90 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_$1_A.json"
 }
 
 _slow_gpu_tests="tests/test_lanes.py tests/test_precompile.py tests/test_verify.py tests/test_worker.py tests/test_ncu.py"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Twenty-eighth H200 round, one H200:
+# Twenty-eighth H200 round, one H200 (result files are named by the card that ran them: the lender
+# gave an H100 for H13, H2 and the gpu tests, files *_h100_round28_*):
 #   OUT=dir bash benchmarks/h200_round28.sh H1|H3|H13|H2|A|B|C|D   (H13: H1 then H3, one device call)
 # Part H (issues 16 and 15): the decode loop's row offsets hoisted out of the loop
 # (benchmarks/variants/decode_hoisted_rows.patch). A tile starts at a multiple of BLOCK_N, so where
@@ -43,7 +44,11 @@
 # optima from round 22 B's searches (the same kernel source, 0922d9a3c56bea5f), as round 24 J did.
 # The few-warps sweeps compile their 73 configs first in parallel processes (round 26 compiled
 # them one at a time: 190-225 s for the 4k sweep with --fused-reduce, most of it compiling).
-part=${1:?part H1, H3, H13, H2, A, B, C or D}
+# U (this round's card may be an H100: the lender gives either): on an H200, D then the public
+# fp8 ops (fp8_kv_bench --quick); on another card, the gpu-marked verify test that needed an
+# H200 table (it now re-addresses the H200's to this GPU) and the public fp8 ops as a user of
+# that card meets them (no table ships for it: the defaults).
+part=${1:?part H1, H3, H13, H2, A, B, C, D or U}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
 patch=benchmarks/variants/decode_hoisted_rows.patch
@@ -70,15 +75,15 @@ case $part in
     variant_restore benchmarks/variants/decode_hoisted_rows_swap_ab.patch
     ;;
   H2)
-    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_now.json"
+    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_${card}_round28_H2_now.json"
     variant_apply $patch
-    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_hoisted.json"
+    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_${card}_round28_H2_hoisted.json"
     variant_restore $patch
     variant_apply benchmarks/variants/decode_combine_pdl.patch
     export OMNITUNE_DECODE_PDL=1
     step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py tests/test_production_ops.py \
       tests/test_production_ops_gpu.py
-    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_h200_round28_H2_pdl.json"
+    step 150 python benchmarks/long_decode_sweep.py --out "$OUT/long_decode_sweep_${card}_round28_H2_pdl.json"
     unset OMNITUNE_DECODE_PDL
     variant_restore benchmarks/variants/decode_combine_pdl.patch
     ;;
@@ -90,12 +95,22 @@ case $part in
     gpu_tests_second_half
     ;;
   D)
-    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_h200_round28_D.json" \
+    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_${card}_round28_D.json" \
       --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
       --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
     ;;
+  U)
+    echo "### card: $card"
+    if [[ $card == h200 ]]; then
+      bash "$0" D
+      step 120 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round28_U.json"
+    else
+      step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py
+      step 150 python benchmarks/fp8_kv_bench.py --out "$OUT/fp8_kv_${card}_round28_U.json"
+    fi
+    ;;
   C)
     step 580 python benchmarks/coverage.py --kernel paged_decode_attention --trials 40 --time-budget 520 \
-      --work-dir /tmp/cov --out "$OUT/coverage_paged_decode_h200_round28_C.json"
+      --work-dir /tmp/cov --out "$OUT/coverage_paged_decode_${card}_round28_C.json"
     ;;
 esac
