@@ -44,10 +44,11 @@
 # optima from round 22 B's searches (the same kernel source, 0922d9a3c56bea5f), as round 24 J did.
 # The few-warps sweeps compile their 73 configs first in parallel processes (round 26 compiled
 # them one at a time: 190-225 s for the 4k sweep with --fused-reduce, most of it compiling).
-# U (this round's card may be an H100: the lender gives either): on an H200, D then the public
-# fp8 ops (fp8_kv_bench --quick); on another card, the gpu-marked verify test that needed an
-# H200 table (it now re-addresses the H200's to this GPU) and the public fp8 ops as a user of
-# that card meets them (no table ships for it: the defaults).
+# U (this round's card may be an H100: the lender gives either): on an H200, H13 (the H100's
+# sweep, 88% of copy there, could not tell whether fewer instructions pay where the loop runs at
+# 71%) then D; on another card, the gpu-marked verify test that needed an H200 table (it now
+# re-addresses the H200's to this GPU) and the public fp8 ops as a user of that card meets them
+# (no table ships for it: the defaults).
 part=${1:?part H1, H3, H13, H2, A, B, C, D or U}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
@@ -102,8 +103,8 @@ case $part in
   U)
     echo "### card: $card"
     if [[ $card == h200 ]]; then
+      bash "$0" H13
       bash "$0" D
-      step 120 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round28_U.json"
     else
       step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py
       step 150 python benchmarks/fp8_kv_bench.py --out "$OUT/fp8_kv_${card}_round28_U.json"
