@@ -54,7 +54,7 @@ EOF
 few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT [PROBE_ARGS...]]
   local name=$1 limit=${2:-150} ctx
   shift; [ $# -gt 0 ] && shift
-  for ctx in 4096 16384; do
+  for ctx in ${SWEEP_CTXS:-4096 16384}; do  # SWEEP_CTXS: fewer contexts when time is short
     step "$limit" python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx "$@" \
       --out "$OUT/fp8_decode_few_warps_${card}_${name}_$ctx.json" --asm "/tmp/asm_$name"
   done

@@ -48,7 +48,7 @@
 # sweep, 88% of copy there, could not tell whether fewer instructions pay where the loop runs at
 # 71%) then D if time is left; on another card, the gpu-marked verify test that needed an H200 table (it now
 # re-addresses the H200's to this GPU) and the public fp8 ops as a user of that card meets them
-# (no table ships for it: the defaults).
+# (no table ships for it: the defaults); with U_OTHER=ops, every public op (ops_bench.py) instead.
 part=${1:?part H1, H3, H13, H2, A, B, C, D or U}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, step, left
 
@@ -103,7 +103,9 @@ case $part in
   U)
     echo "### card: $card"
     if [[ $card == h200 ]]; then
-      # H13 without its GPU tests (the variants' tests passed on the H100, the same sm_90 code)
+      # H13 without its GPU tests (the variants' tests passed on the H100, the same sm_90 code),
+      # at 4k alone unless SWEEP_CTXS says otherwise (16k has followed 4k in every round)
+      export SWEEP_CTXS=${SWEEP_CTXS:-4096}
       few_warps_sweeps round28_U_now 150
       variant_apply $patch
       few_warps_sweeps round28_U_hoisted 150
@@ -114,6 +116,8 @@ case $part in
       unset OMNITUNE_DECODE_SWAP_AB
       variant_restore benchmarks/variants/decode_hoisted_rows_swap_ab.patch
       [ "$(left ${U_LIMIT:-560})" -gt 160 ] && bash "$0" D  # U_LIMIT: the call's limit
+    elif [[ ${U_OTHER:-} == ops ]]; then  # the second call that got an H100: every public op
+      step 150 python benchmarks/ops_bench.py --out "$OUT/ops_bench_${card}_round28_U.json"
     else
       step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py
       step 150 python benchmarks/fp8_kv_bench.py --out "$OUT/fp8_kv_${card}_round28_U.json"
