@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Twenty-ninth H200 round, one H200: OUT=dir bash benchmarks/h200_round29.sh S|A|B|C
+# Issue 16: adopt the transposed dots for fp8 caches (benchmarks/variants/decode_fp8_swap_ab.patch,
+# applied to the working tree before the call: `git apply benchmarks/variants/decode_fp8_swap_ab.patch`).
+# Round 28 U measured its study form on the H200: the fp8 few-warps sweep at batch 64, 4k went from
+# 88.9 to 78.9 µs (best config; per config median 0.86x, 3 of 73 slower by ≤ 7%), against the bf16
+# cache's 126.6-127.9 µs in the same run: 1.62x where the kernel as committed reached 1.44x
+# (fp8_decode_few_warps_h200_round28_U_*_4096.json). The adopted form takes the transposed dots and
+# the hoisted row offsets over fp8 caches only; the 16-bit loop compiles as before.
+# S: the variant's decode GPU tests; the fp8 sweep at 16k (4k was round 28's); the paged-decode
+#    table revalidated for the new source (verify --fix into $OUT/tc, the file to ship); the batch-64
+#    fp8 entries searched again, seeded with the sweep's new best tiles (32 keys, one warp), and
+#    exported into $OUT/tc; then the public fp8 ops with those tables (fp8_kv_bench --quick).
+# A, B (after the patch and S's table are committed): every gpu-marked test, in two halves.
+# C (issue 14): paged decode's held-out set with the kernel and default as they then are.
+part=${1:?part S, A, B or C}
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
+
+case $part in
+  S)
+    grep -q "SWAP_AB: tl.constexpr" omnitune/kernels/paged_decode_attention.py \
+      || { echo "apply benchmarks/variants/decode_fp8_swap_ab.patch first"; exit 2; }
+    step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
+      tests/test_fp8_kv_cache.py tests/test_production_ops.py
+    SWEEP_CTXS=16384 few_warps_sweeps round29_S 90
+    mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"
+    step 170 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
+      --json "$OUT/verify_fix_paged_decode_${card}_round29_S.json"
+    rm -f "$OUT"/tc/*/.*.lock
+    shapes=""
+    for hh in "h=16,hkv=2" "h=28,hkv=4" "h=32,hkv=4"; do for ctx in 4096 16384; do
+      shapes="$shapes --shape b=64,$hh,lq=1,ctx=$ctx,d=128,block_size=16,cache_dtype=fp8_e4m3"; done; done
+    one='"num_warps": 1, "PACK_GQA": true, "FUSED_REDUCE": false, "num_stages": 3'
+    step $(left 500) python -m omnitune search paged_decode_attention $shapes --dtype bf16,fp16 -n 10 \
+      --timeout $(left 470) --db "$OUT/fp8.db" \
+      --try "{\"BLOCK_N\": 32, \"NUM_SPLITS\": 4, $one}" --try "{\"BLOCK_N\": 32, \"NUM_SPLITS\": 8, $one}" \
+      --try "{\"BLOCK_N\": 32, \"NUM_SPLITS\": 16, $one}" --try "{\"BLOCK_N\": 16, \"NUM_SPLITS\": 4, $one}"
+    step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel paged_decode_attention --out "$OUT/tc" --no-predictor
+    gzip -k "$OUT/fp8.db"
+    rm -f "$OUT"/tc/*/.*.lock
+    step 60 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick \
+      --out "$OUT/fp8_kv_${card}_round29_S.json"
+    ;;
+  A) gpu_tests_first_half 330 ;;
+  B) gpu_tests_second_half ;;
+  C)
+    step 580 python benchmarks/coverage.py --kernel paged_decode_attention --trials 40 --time-budget 520 \
+      --work-dir /tmp/cov --out "$OUT/coverage_paged_decode_${card}_round29_C.json"
+    ;;
+esac
