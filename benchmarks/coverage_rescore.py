@@ -14,38 +14,20 @@ shipped (the file records their folders; a later export changes the answers).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coverage_report import GOOD_SPEED
+from match_ratio_probe import match_ratio
 
 from omnitune import runtime
 from omnitune.registry import get_spec
 from omnitune.spec import KernelSpec, parse_dtype
 
 MEASURED = ("pick", "default", "tuned")
-
-
-@contextlib.contextmanager
-def match_ratio(spec: KernelSpec, max_ratio: float | None) -> Iterator[None]:
-    """The spec's MatchPolicy with another max_ratio while the block runs (the registry's spec is
-    the one the runtime reads, so it is changed in place and put back)."""
-    if max_ratio is None:
-        yield
-        return
-    kept = spec.match
-    object.__setattr__(spec, "match", dataclasses.replace(kept, max_ratio=max_ratio))
-    runtime.clear_cache()
-    try:
-        yield
-    finally:
-        object.__setattr__(spec, "match", kept)
-        runtime.clear_cache()
 
 
 def rescore_row(row: Mapping, spec: KernelSpec, device: str) -> dict:

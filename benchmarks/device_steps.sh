@@ -8,6 +8,7 @@
 # [LIMIT]: fp8_decode_probe.py's few-warps sweep at 4k and 16k into
 # $OUT/fp8_decode_few_warps_${card}_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
 # PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them.
+# fp8_b64_entries_searched: the b64 fp8 table entries searched again and exported into $OUT/tc.
 # gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
 # what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s),
 # gpu_tests_first_half and gpu_tests_second_half each alone (one device call each).
@@ -58,6 +59,20 @@ few_warps_sweeps() {  # few_warps_sweeps NAME [LIMIT [PROBE_ARGS...]]
     step "$limit" python benchmarks/fp8_decode_probe.py --few-warps --ctx $ctx "$@" \
       --out "$OUT/fp8_decode_few_warps_${card}_${name}_$ctx.json" --asm "/tmp/asm_$name"
   done
+}
+
+fp8_b64_entries_searched() {  # fp8_b64_entries_searched TRIALS LIMIT TIMEOUT [SEARCH_ARGS...]: the Qwen presets'
+  # batch-64 fp8 decode problems (h16/2, h28/4, h32/4 at 4k and 16k, bf16 and fp16) searched into
+  # $OUT/fp8.db and exported over the tables in $OUT/tc (the caller copies the shipped ones there)
+  local trials=$1 limit=$2 timeout=$3 shapes="" hh ctx
+  shift 3
+  for hh in "h=16,hkv=2" "h=28,hkv=4" "h=32,hkv=4"; do for ctx in 4096 16384; do
+    shapes="$shapes --shape b=64,$hh,lq=1,ctx=$ctx,d=128,block_size=16,cache_dtype=fp8_e4m3"; done; done
+  step "$limit" python -m omnitune search paged_decode_attention $shapes --dtype bf16,fp16 -n "$trials" \
+    --timeout "$timeout" --db "$OUT/fp8.db" "$@"
+  step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel paged_decode_attention --out "$OUT/tc" --no-predictor
+  gzip -k "$OUT/fp8.db"
+  rm -f "$OUT"/tc/*/.*.lock
 }
 
 variant_apply() { git apply "$1" || patch -p1 < "$1"; }

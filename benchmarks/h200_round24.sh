@@ -67,17 +67,10 @@ case $part in
   D)
     step 120 python -m pytest -q -p no:cacheprovider tests/test_fp8_decode_probe.py tests/test_fp8_kv_cache.py
     mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention "$OUT/tc/"
-    shapes=""
-    for hh in "h=16,hkv=2" "h=28,hkv=4" "h=32,hkv=4"; do for ctx in 4096 16384; do
-      shapes="$shapes --shape b=64,$hh,lq=1,ctx=$ctx,d=128,block_size=16,cache_dtype=fp8_e4m3"; done; done
     one='"BLOCK_N": 16, "num_warps": 1, "PACK_GQA": true, "FUSED_REDUCE": false'
-    step $(left 400) python -m omnitune search paged_decode_attention $shapes --dtype bf16,fp16 -n 16 \
-      --timeout $(left 330) --db "$OUT/fp8.db" \
+    fp8_b64_entries_searched 16 $(left 400) $(left 330) \
       --try "{\"NUM_SPLITS\": 4, \"num_stages\": 4, $one}" --try "{\"NUM_SPLITS\": 16, \"num_stages\": 3, $one}" \
       --try "{\"NUM_SPLITS\": 8, \"num_stages\": 3, $one}" --try "{\"NUM_SPLITS\": 4, \"num_stages\": 3, $one}"
-    step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel paged_decode_attention --out "$OUT/tc" --no-predictor
-    gzip -k "$OUT/fp8.db"
-    rm -f "$OUT"/tc/*/.*.lock
     step 80 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_h200_round24_D_shipped.json"
     ;;
   E)

@@ -27,17 +27,10 @@ case $part in
     step 170 python -m omnitune verify --kernels paged_decode_attention --tables "$OUT/tc" --fix \
       --json "$OUT/verify_fix_paged_decode_${card}_round29_S.json"
     rm -f "$OUT"/tc/*/.*.lock
-    shapes=""
-    for hh in "h=16,hkv=2" "h=28,hkv=4" "h=32,hkv=4"; do for ctx in 4096 16384; do
-      shapes="$shapes --shape b=64,$hh,lq=1,ctx=$ctx,d=128,block_size=16,cache_dtype=fp8_e4m3"; done; done
     one='"num_warps": 1, "PACK_GQA": true, "FUSED_REDUCE": false, "num_stages": 3'
-    step $(left 500) python -m omnitune search paged_decode_attention $shapes --dtype bf16,fp16 -n 10 \
-      --timeout $(left 470) --db "$OUT/fp8.db" \
+    fp8_b64_entries_searched 10 $(left 500) $(left 470) \
       --try "{\"BLOCK_N\": 32, \"NUM_SPLITS\": 4, $one}" --try "{\"BLOCK_N\": 32, \"NUM_SPLITS\": 8, $one}" \
       --try "{\"BLOCK_N\": 32, \"NUM_SPLITS\": 16, $one}" --try "{\"BLOCK_N\": 16, \"NUM_SPLITS\": 4, $one}"
-    step 30 python -m omnitune export --db "$OUT/fp8.db" --kernel paged_decode_attention --out "$OUT/tc" --no-predictor
-    gzip -k "$OUT/fp8.db"
-    rm -f "$OUT"/tc/*/.*.lock
     step 60 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick \
       --out "$OUT/fp8_kv_${card}_round29_S.json"
     ;;
