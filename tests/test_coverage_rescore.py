@@ -49,6 +49,7 @@ def _row(problem, pick, times) -> dict:
 
 def test_answers_are_scored_by_the_timing_of_the_config_they_match(tables_dir):
     _table(tables_dir)
+    shipped = SPEC.match.max_ratio
     doc = {"device": {"name": GPU}, "rows": [
         _row(NEAR, TABLE, (1.0, 1.2, 1.0)),    # the table's config, timed as the pick
         _row(FAR, TABLE, (1.5, 1.0, 1.0)),     # the table's config lent 3.2x away: 1.5x the optimum
@@ -63,7 +64,7 @@ def test_answers_are_scored_by_the_timing_of_the_config_they_match(tables_dir):
     far = with_two["rows"][1]
     assert far["rung"] == "default" and far["timed_as"] == "default" and far["pick_over_tuned"] == 1.0
     assert with_two["within_95pct"] == 2
-    assert SPEC.match.max_ratio == 2.0  # put back after the block
+    assert SPEC.match.max_ratio == shipped  # put back after the block
     runtime.clear_cache()
 
 
