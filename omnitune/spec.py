@@ -295,7 +295,8 @@ class KernelSpec:
     adapt: Callable[[Any, Any, Config], Config] | None = None
     """For the runtime's nearest rung: the config tuned for one problem (the first argument)
     carried over to another (the second) by a rule the kernel knows — paged decode scales its
-    split count so that the grid keeps as many programs as the tuned one's. The runtime checks the
+    split count so that the grid keeps as many programs as the tuned one's, attention does not carry
+    its long-prefill tile below the length its default takes it at. The runtime checks the
     result like any config, and uses the tuned config as it is where the rule raises, leaves the
     space, or breaks a constraint."""
     rollback_config: Mapping[str, ParamValue] | None = None

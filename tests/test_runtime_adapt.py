@@ -149,3 +149,50 @@ def test_the_predictor_ranks_its_neighbours_configs_as_carried_over_to_the_probl
     assert ranking.estimate(TUNED) == ranking.neighbours[0][1].typical  # the as-measured 32: not a candidate here
     plain = predictor.rank(dataclasses.replace(pda.SPEC, adapt=None), target, torch.bfloat16)
     assert plain.candidates()[0] == (1.0, TUNED)
+
+
+# --- attention: the long causal prefill tile stays above the length the default takes it at ----
+
+LONG = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, PACK_GQA=False, USE_TMA=True)
+
+
+def _attention_table(config_dir, problem, config):
+    from omnitune.kernels import attention
+
+    key = f"bf16|{attention.SPEC.problem_key(problem)}"
+    doc = {"schema_version": 1, "kernel": "attention",
+           "device": {"name": GPU, "key": device_key(GPU), "compute_capability": "9.0", "driver": "575.51"},
+           "kernel_source_hash": attention.SPEC.source_hash(), "exported_at": "2026-12-06T00:00:00+00:00",
+           "entries": {key: {"problem": dataclasses.asdict(problem), "dtype": "bf16", "config": dict(config),
+                             "time_ms": 1.0}}}
+    path = config_dir / "attention" / f"{device_key(GPU)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("lq, expected", [
+    (3000, LONG.replace(BLOCK_M=64, BLOCK_N=64, num_warps=4)),  # below 8,192: the plain tile
+    (12000, LONG),                                              # above: as tuned
+])
+def test_attention_carries_the_long_prefill_tile_only_where_the_default_takes_it(tables_dir, lq, expected):
+    from omnitune.kernels.attention import AttentionProblem
+
+    tuned = AttentionProblem(b=1, h=16, hkv=2, lq=8510, lk=8510, d=128, causal=True, spans=1, span_len=256)
+    _attention_table(tables_dir, tuned, LONG)
+    problem = dataclasses.replace(tuned, lq=lq, lk=lq, spans=2, span_len=729)
+    answer = runtime.lookup("attention", problem, torch.bfloat16, GPU)
+    assert answer.rung is Rung.NEAREST and answer.config == expected
+    assert answer.tuned_config == (LONG if expected != LONG else None)
+
+
+def test_attention_carries_every_other_config_as_tuned():
+    from omnitune.kernels.attention import AttentionProblem, adapt_config
+
+    tuned = AttentionProblem(b=1, h=16, hkv=2, lq=8510, lk=8510, d=128, causal=True, spans=1, span_len=256)
+    short = dataclasses.replace(tuned, lq=3000, lk=3000)
+    other = LONG.replace(BLOCK_N=64)  # not the long-prefill tile
+    assert adapt_config(tuned, short, other) == other
+    sdpa = LONG.replace(BACKEND="sdpa")
+    assert adapt_config(tuned, short, sdpa) == sdpa
+    plain = {"causal": False, "spans": 0, "span_len": 0}
+    assert adapt_config(dataclasses.replace(tuned, **plain), dataclasses.replace(short, **plain), LONG) == LONG

@@ -996,6 +996,22 @@ def _larger_tile(problem: AttentionProblem, dtype: torch.dtype, base: Config, **
     return None
 
 
+def adapt_config(tuned: AttentionProblem, problem: AttentionProblem, config: Config) -> Config:
+    """The config tuned for `tuned`, carried over to `problem` by the runtime's nearest rung: the
+    long causal prefill tile (128×128 over 8 warps), tuned at ≥ LONG_PREFILL_MIN_QUERIES rows, is
+    not carried below that length — there it takes the plain 64×64 tile over 4 warps and 3 stages,
+    as default_config does, its loads and packing as tuned. The default's threshold is where the
+    evidence for that tile lies (the shipped H200 table: all 9 entries with image spans at 8,192+
+    rows chose it, 7 of 8 at 640–765 rows kept 64×64); carried down to 3,000 rows it took 1.073x the
+    64×64 tile's time on the held-out set (round 28 D: b1 h16/2 with 2 spans, lent from 8,510 rows).
+    Anything else is carried as tuned."""
+    long_tile = (str(config.get("BACKEND", "triton")) == "triton"
+                 and (int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_warps"])) == (128, 128, 8))
+    if long_tile and _long_causal_prefill(tuned) and problem.causal and problem.lq < LONG_PREFILL_MIN_QUERIES:
+        return config.replace(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    return config
+
+
 # Where no tuned shape answers, span-free problems of two kinds go to PyTorch's SDPA as it
 # dispatches. Long prefill: on the H200 its backends won every span-free shape of 1,024 or more
 # query rows that the shipped table holds (12 of 12: h24/24, h28/4 and h32/4, 1k–16k, causal or
@@ -1115,6 +1131,7 @@ SPEC = KernelSpec(
     # of 27 (benchmarks/coverage_rescore.py over coverage_attention_h200_round28_D.json), but short
     # prompts of 228-1,806 rows would be left to the default: not adopted.
     match=MatchPolicy(exact=("d", "causal", "h", "hkv"), max_ratio=4.0),
+    adapt=lambda tuned, problem, config: adapt_config(tuned, problem, config),  # by name: tests swap it
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
     # The fastest of a hand-picked list on the H200 for long prefill (543–567 TFLOP/s, bf16, D=128;
     # benchmarks/results/attention_bench_h200.json), and the best small-tile TMA config there.

@@ -1,6 +1,7 @@
 """A config tuned for one problem, carried over to another by the kernel's own rule
 (KernelSpec.adapt: paged decode scales its split count so that the grid keeps the tuned problem's
-number of programs). Both the nearest rung (an entry's config) and the predictor rung (every
+number of programs; attention keeps its long-prefill tile above the length its default takes it
+at). Both the nearest rung (an entry's config) and the predictor rung (every
 config a neighbouring problem measured) carry configs over before judging them for the problem
 asked. A table is untrusted input, and so is what a rule makes of it: nothing here raises."""
 
