@@ -11,7 +11,9 @@
 #    table revalidated for the new source (verify --fix into $OUT/tc, the file to ship); the batch-64
 #    fp8 entries searched again, seeded with the sweep's new best tiles (32 keys, one warp), and
 #    exported into $OUT/tc; then the public fp8 ops with those tables (fp8_kv_bench --quick).
-# A, B (after the patch and S's table are committed): every gpu-marked test, in two halves.
+# A, B (after the patch and S's table are committed): every gpu-marked test, in two halves; A then
+#    attention's held-out set (as round 28 D) with the nearest rung's new carry-over rule, which
+#    keeps the long-prefill tile above 8,192 rows (round 28 D rescored offline: 28 of 32).
 # C (issue 14): paged decode's held-out set with the kernel and default as they then are.
 part=${1:?part S, A, B or C}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -34,7 +36,12 @@ case $part in
     step 60 env OMNITUNE_CONFIG_DIR="$OUT/tc" python benchmarks/fp8_kv_bench.py --quick \
       --out "$OUT/fp8_kv_${card}_round29_S.json"
     ;;
-  A) gpu_tests_first_half 330 ;;
+  A)
+    gpu_tests_first_half 330
+    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_${card}_round29_A.json" \
+      --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
+      --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
+    ;;
   B) gpu_tests_second_half ;;
   C)
     step 580 python benchmarks/coverage.py --kernel paged_decode_attention --trials 40 --time-budget 520 \
