@@ -141,10 +141,10 @@ def test_entries_kept_from_older_source_in_a_current_table_are_served_with_one_i
 
 
 def test_nearest_hit_picks_the_closest_problem_within_the_ratio(config_dir):
-    small = dataclasses.replace(PREFILL, lq=1024, lk=1024)
+    small = dataclasses.replace(PREFILL, lq=512, lk=512)
     large = dataclasses.replace(PREFILL, lq=2048, lk=2048)
     _write(config_dir, _document([_entry(small, OTHER), _entry(large, TUNED)]))
-    request = dataclasses.replace(PREFILL, lq=1536, lk=1536)  # 1.5× small, 1.33× large: both within
+    request = dataclasses.replace(PREFILL, lq=1536, lk=1536)  # 3× small, 1.33× large
 
     answer = runtime.lookup("attention", request, torch.float16, GPU)
 
@@ -275,7 +275,7 @@ def test_a_config_that_breaks_a_constraint_of_the_requested_problem_is_skipped(c
     tuned_for = dataclasses.replace(PREFILL, lq=64, lk=64)
     config = TUNED.replace(BLOCK_M=64)
     assert not SPEC.violations(tuned_for, config, torch.float16)
-    request = dataclasses.replace(PREFILL, lq=32, lk=64)  # 32 rows: BLOCK_M=64 is too large
+    request = dataclasses.replace(PREFILL, lq=16, lk=64)  # 16 rows: BLOCK_M=64 is too large
     assert SPEC.violations(request, config, torch.float16)
     _write(config_dir, _document([_entry(tuned_for, config)]))
 
@@ -375,7 +375,7 @@ def test_files_are_parsed_once_per_version(config_dir, monkeypatch):
     # (a longer exported_at, so that the size changes even where mtimes are coarse)
     _write(config_dir, _document([_entry(PREFILL, OTHER)], exported_at="2026-12-01T00:00:00.000+00:00"))
     assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == TUNED
-    assert runtime.lookup("attention", dataclasses.replace(PREFILL, lq=600, lk=600), torch.float16, GPU).config == OTHER
+    assert runtime.lookup("attention", dataclasses.replace(PREFILL, b=4), torch.float16, GPU).config == OTHER
     assert parses == [path, path]
     runtime.clear_cache()
     assert runtime.get_config("attention", PREFILL, torch.float16, GPU) == OTHER
