@@ -35,8 +35,8 @@ def rescore_row(row: Mapping, spec: KernelSpec, device: str) -> dict:
     row timed that config."""
     problem = spec.problem_from_mapping(row["problem"])
     dtype = parse_dtype(row["dtype"])
-    found = runtime.explain(spec.name, problem, dtype, device)
-    config = found.lookup.config
+    found = runtime.lookup(spec.name, problem, dtype, device)
+    config = found.config
     configs = row.get("configs") or {}
     times = row.get("times_ms") or {}
     same = next((label for label in MEASURED
@@ -44,7 +44,7 @@ def rescore_row(row: Mapping, spec: KernelSpec, device: str) -> dict:
     tuned = times.get("tuned")
     ratio = times[same] / tuned if same and tuned else None
     then = spec.coerce_config(configs["pick"]) if "pick" in configs else None
-    return {"key": row["key"], "rung": found.lookup.rung.value, "config": dict(config), "timed_as": same,
+    return {"key": row["key"], "rung": found.rung.value, "config": dict(config), "timed_as": same,
             "changed": config != then, "pick_over_tuned": ratio,
             "then": {"rung": row.get("rung"), "pick_over_tuned": (row.get("ratios") or {}).get("pick_over_tuned")}}
 

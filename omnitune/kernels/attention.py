@@ -946,10 +946,20 @@ def _long_causal_prefill(problem: AttentionProblem) -> bool:
     return problem.causal and problem.lq >= LONG_PREFILL_MIN_QUERIES and problem.d == 128
 
 
+# The default's first-choice tile, and the one it takes for long causal prefill (with the plain
+# tile's stages).
+_PLAIN_TILE = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+_LONG_PREFILL_TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}
+
+
+def _has_tile(config: Config, tile: dict) -> bool:
+    return all(int(config[name]) == value for name, value in tile.items())
+
+
 def _is_plain_tile(base: Config) -> bool:
     """Whether _base_default gave its first choice, 64×64 over 4 warps and 3 stages (nothing about
     the problem or the device forced a smaller tile or fewer stages)."""
-    return (int(base["BLOCK_M"]), int(base["BLOCK_N"]), int(base["num_warps"]), int(base["num_stages"])) == (64, 64, 4, 3)
+    return _has_tile(base, _PLAIN_TILE)
 
 
 def _wide_key_tile(problem: AttentionProblem, base: Config) -> bool:
@@ -979,7 +989,7 @@ def default_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     loads through TMA (7 of 7)."""
     base = _base_default(problem, dtype)
     if (_long_causal_prefill(problem) and _is_plain_tile(base)
-            and (long := _larger_tile(problem, dtype, base, BLOCK_M=128, BLOCK_N=128, num_warps=8)) is not None):
+            and (long := _larger_tile(problem, dtype, base, **_LONG_PREFILL_TILE)) is not None):
         return long
     if _wide_key_tile(problem, base) and (wide := _larger_tile(problem, dtype, base, BLOCK_N=128)) is not None:
         return wide
@@ -1005,10 +1015,9 @@ def adapt_config(tuned: AttentionProblem, problem: AttentionProblem, config: Con
     rows chose it, 7 of 8 at 640–765 rows kept 64×64); carried down to 3,000 rows it took 1.073x the
     64×64 tile's time on the held-out set (round 28 D: b1 h16/2 with 2 spans, lent from 8,510 rows).
     Anything else is carried as tuned."""
-    long_tile = (str(config.get("BACKEND", "triton")) == "triton"
-                 and (int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_warps"])) == (128, 128, 8))
-    if long_tile and _long_causal_prefill(tuned) and problem.causal and problem.lq < LONG_PREFILL_MIN_QUERIES:
-        return config.replace(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    long_tile = str(config.get("BACKEND", "triton")) == "triton" and _has_tile(config, _LONG_PREFILL_TILE)
+    if long_tile and _long_causal_prefill(tuned) and problem.causal and not _long_causal_prefill(problem):
+        return config.replace(**_PLAIN_TILE)
     return config
 
 
@@ -1131,7 +1140,7 @@ SPEC = KernelSpec(
     # of 27 (benchmarks/coverage_rescore.py over coverage_attention_h200_round28_D.json), but short
     # prompts of 228-1,806 rows would be left to the default: not adopted.
     match=MatchPolicy(exact=("d", "causal", "h", "hkv"), max_ratio=4.0),
-    adapt=lambda tuned, problem, config: adapt_config(tuned, problem, config),  # by name: tests swap it
+    adapt=adapt_config,
     aliases={"l": ("lq", "lk"), "heads": ("h",), "kv_heads": ("hkv",)},
     # The fastest of a hand-picked list on the H200 for long prefill (543–567 TFLOP/s, bf16, D=128;
     # benchmarks/results/attention_bench_h200.json), and the best small-tile TMA config there.
