@@ -107,6 +107,30 @@ def tables_dir(tmp_path, monkeypatch):
     runtime.clear_cache()
 
 
+def write_tuned_table(folder, spec, device_name: str, entries, **entry_fields):
+    """A current table of `spec` for `device_name` under `folder` (a tables_dir), one entry per
+    (problem, dtype name, config) of `entries`, each with `entry_fields` beside its time."""
+    import dataclasses
+    import json
+
+    import omnitune
+    from omnitune.trial import device_key
+
+    doc = {"schema_version": 1, "kernel": spec.name,
+           "device": {"name": device_name, "key": device_key(device_name), "compute_capability": "9.0",
+                      "driver": "575.51"},
+           "software": {"torch": "2.11", "triton": "3.6", "omnitune": omnitune.__version__},
+           "kernel_source_hash": spec.source_hash(), "exported_at": "2026-12-01T12:00:00+00:00",
+           "representative": True,
+           "entries": {f"{dtype}|{spec.problem_key(problem)}": {"problem": dataclasses.asdict(problem), "dtype": dtype,
+                                                               "config": dict(config), **entry_fields}
+                       for problem, dtype, config in entries}}
+    path = folder / spec.name / f"{device_key(device_name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
 def capture_graph(fn):
     """fn captured in a CUDA graph (warmed up once on a side stream first, as capture requires):
     (graph, what the captured call returned)."""

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import torch
+from conftest import write_tuned_table
 
 from omnitune import runtime
 from omnitune.kernels.attention import SPEC, AttentionProblem
 from omnitune.spec import Config
-from omnitune.trial import device_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import coverage_rescore
@@ -28,14 +28,7 @@ OTHER = Config(BACKEND="triton", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stage
 
 
 def _table(folder: Path) -> None:
-    key = f"fp16|{SPEC.problem_key(TUNED_AT)}"
-    doc = {"schema_version": 1, "kernel": "attention",
-           "device": {"name": GPU, "key": device_key(GPU), "compute_capability": "9.0"},
-           "kernel_source_hash": SPEC.source_hash(), "exported_at": "2026-12-06T00:00:00+00:00",
-           "entries": {key: {"problem": dataclasses.asdict(TUNED_AT), "dtype": "fp16", "config": dict(TABLE),
-                             "time_ms": 0.5}}}
-    (folder / "attention").mkdir(parents=True, exist_ok=True)
-    (folder / "attention" / f"{device_key(GPU)}.json").write_text(json.dumps(doc))
+    write_tuned_table(folder, SPEC, GPU, [(TUNED_AT, "fp16", TABLE)], time_ms=0.5)
 
 
 def _row(problem, pick, times) -> dict:

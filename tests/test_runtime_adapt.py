@@ -6,15 +6,13 @@ config as it is."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
+from conftest import write_tuned_table
 
-import omnitune
-import omnitune.runtime as runtime
+from omnitune import runtime
 from omnitune.kernels import paged_decode_attention as pda
-from omnitune.profile.device import device_key
 from omnitune.runtime import Rung, _adapt
 from omnitune.spec import Config
 
@@ -24,17 +22,8 @@ TUNED = Config(BLOCK_N=64, FUSED_REDUCE=False, NUM_SPLITS=32, PACK_GQA=True, num
 
 
 def _write_table(config_dir, problem=TUNED_PROBLEM, config=TUNED):
-    key = f"bf16|{pda.SPEC.problem_key(problem)}"
-    entry = {"problem": dataclasses.asdict(problem), "dtype": "bf16", "config": dict(config), "time_ms": 0.04,
-             "trials": 20, "measured_at": "2026-12-01T12:00:00+00:00"}
-    doc = {"schema_version": 1, "kernel": pda.SPEC.name,
-           "device": {"name": GPU, "key": device_key(GPU), "compute_capability": "9.0", "driver": "575.51"},
-           "software": {"torch": "2.11", "triton": "3.6", "omnitune": omnitune.__version__},
-           "kernel_source_hash": pda.SPEC.source_hash(), "exported_at": "2026-12-01T12:00:00+00:00",
-           "representative": True, "entries": {key: entry}}
-    path = config_dir / pda.SPEC.name / f"{device_key(GPU)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc))
+    write_tuned_table(config_dir, pda.SPEC, GPU, [(problem, "bf16", config)], time_ms=0.04, trials=20,
+                      measured_at="2026-12-01T12:00:00+00:00")
 
 
 @pytest.mark.parametrize("b, ctx, splits", [
@@ -156,29 +145,16 @@ def test_the_predictor_ranks_its_neighbours_configs_as_carried_over_to_the_probl
 LONG = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, PACK_GQA=False, USE_TMA=True)
 
 
-def _attention_table(config_dir, problem, config):
-    from omnitune.kernels import attention
-
-    key = f"bf16|{attention.SPEC.problem_key(problem)}"
-    doc = {"schema_version": 1, "kernel": "attention",
-           "device": {"name": GPU, "key": device_key(GPU), "compute_capability": "9.0", "driver": "575.51"},
-           "kernel_source_hash": attention.SPEC.source_hash(), "exported_at": "2026-12-06T00:00:00+00:00",
-           "entries": {key: {"problem": dataclasses.asdict(problem), "dtype": "bf16", "config": dict(config),
-                             "time_ms": 1.0}}}
-    path = config_dir / "attention" / f"{device_key(GPU)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc))
-
-
 @pytest.mark.parametrize("lq, expected", [
     (3000, LONG.replace(BLOCK_M=64, BLOCK_N=64, num_warps=4)),  # below 8,192: the plain tile
     (12000, LONG),                                              # above: as tuned
 ])
 def test_attention_carries_the_long_prefill_tile_only_where_the_default_takes_it(tables_dir, lq, expected):
+    from omnitune.kernels import attention
     from omnitune.kernels.attention import AttentionProblem
 
     tuned = AttentionProblem(b=1, h=16, hkv=2, lq=8510, lk=8510, d=128, causal=True, spans=1, span_len=256)
-    _attention_table(tables_dir, tuned, LONG)
+    write_tuned_table(tables_dir, attention.SPEC, GPU, [(tuned, "bf16", LONG)], time_ms=1.0)
     problem = dataclasses.replace(tuned, lq=lq, lk=lq, spans=2, span_len=729)
     answer = runtime.lookup("attention", problem, torch.bfloat16, GPU)
     assert answer.rung is Rung.NEAREST and answer.config == expected
