@@ -139,3 +139,15 @@ INTERPRETER_DEVICE = "triton-interpreter"
 def device_key(name: str) -> str:
     """'NVIDIA H200' → 'NVIDIA_H200': the file and database key of a device."""
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "unknown"
+
+
+# GPUs made of the same chip with the same multiprocessors, shared memory and registers, so that a
+# config valid on one is valid on the other and tuned on one is the best untuned guess for the
+# other: the H100 SXM and the H200 are both GH100 with 132 SMs enabled (the H200 has more and
+# faster memory). Keys as device_key gives them; a PCIe H100 (114 SMs) is not one of them.
+_SAME_CHIP = (("NVIDIA_H200", "NVIDIA_H100_80GB_HBM3"),)
+
+
+def same_chip_keys(key: str) -> tuple[str, ...]:
+    """The device keys of the other GPUs made of the same chip as `key`'s (none for most)."""
+    return tuple(other for group in _SAME_CHIP if key in group for other in group if other != key)

@@ -199,6 +199,42 @@ def test_a_missing_table_warns_once_per_kernel_and_device(config_dir, warnings_s
     assert len(warnings_seen()) == 2
 
 
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"  # GPUs of one chip (omnitune.trial.same_chip_keys)
+
+
+def test_a_gpu_without_tables_reads_those_of_a_gpu_of_the_same_chip_and_says_so(config_dir, caplog):
+    caplog.set_level(logging.INFO, logger="omnitune.runtime")
+    path = _write(config_dir, _document([_entry(PREFILL, TUNED)], device_name=H200), device_name=H200)
+    answer = runtime.lookup("attention", PREFILL, torch.float16, H100)
+    assert answer.rung is Rung.EXACT and answer.config == TUNED and answer.source == path
+    near = dataclasses.replace(PREFILL, lq=640, lk=640)
+    assert runtime.lookup("attention", near, torch.float16, H100).rung is Rung.NEAREST
+    said = [r for r in caplog.records if r.name == "omnitune.runtime"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO, [r.getMessage() for r in said]
+    assert f"no tuned configs for attention on {H100}: using {path}" in said[0].getMessage()
+    assert "NVIDIA_H200, a GPU of the same chip" in runtime.explain("attention", PREFILL, torch.float16, H100).why
+    assert "from NVIDIA_H200's tables" in runtime.explain("attention", near, torch.float16, H100).why
+    assert runtime.explain("attention", PREFILL, torch.float16, H200).why.endswith("on this GPU")
+    # a search on the H100 warm-starts from the H200's winners too; and the other way round
+    assert runtime.nearest_configs(SPEC, near, torch.float16, device_key(H100)) == [TUNED]
+    assert runtime.nearest_configs(SPEC, near, torch.float16, device_key("NVIDIA A100")) == []
+    path.unlink()
+    runtime.clear_cache()
+    _write(config_dir, _document([_entry(PREFILL, OTHER)], device_name=H100), device_name=H100)
+    assert runtime.lookup("attention", PREFILL, torch.float16, H200).config == OTHER
+
+
+def test_a_gpu_s_own_table_wins_over_its_twin_s_and_other_chips_borrow_nothing(config_dir, warnings_seen):
+    _write(config_dir, _document([_entry(PREFILL, TUNED)], device_name=H200), device_name=H200)
+    _write(config_dir, _document([_entry(DECODE, OTHER)], device_name=H100), device_name=H100)
+    # the H100's table has no entry near PREFILL: its own default, not the H200's exact entry
+    assert runtime.lookup("attention", PREFILL, torch.float16, H100).rung is Rung.DEFAULT
+    assert runtime.lookup("attention", PREFILL, torch.float16, "NVIDIA A100-SXM4-80GB").rung is Rung.DEFAULT
+    assert runtime.lookup("attention", PREFILL, torch.float16, "NVIDIA H100 PCIe").rung is Rung.DEFAULT
+    seen = warnings_seen()
+    assert len(seen) == 2 and all("no tuned configs for attention" in line for line in seen), seen
+
+
 def test_no_dtype_or_no_gpu_means_the_default(config_dir, monkeypatch):
     _write(config_dir, _document([_entry(PREFILL, TUNED)]))
     assert runtime.lookup("attention", PREFILL, None, GPU).rung is Rung.DEFAULT

@@ -8,9 +8,11 @@ import torch
 
 import omnitune
 # The device identity is a leaf type (omnitune.trial); re-exported where it has always been read.
-from omnitune.trial import INTERPRETER_DEVICE, DeviceFacts, device_key
+from omnitune.trial import INTERPRETER_DEVICE, DeviceFacts, device_key, same_chip_keys
 
-__all__ = ["INTERPRETER_DEVICE", "DeviceFacts", "current_device_facts", "device_key", "software_versions"]
+__all__ = [
+    "INTERPRETER_DEVICE", "DeviceFacts", "current_device_facts", "device_key", "same_chip_keys", "software_versions",
+]
 
 
 def software_versions() -> dict[str, str]:

@@ -202,9 +202,10 @@ def nearest_configs(
     """The tuned configs of the exported problems nearest to `problem` (same kernel and device,
     within the spec's MatchPolicy, the exact problem included), nearest first — of the same dtype,
     then of its sibling (fp16 for bf16 and back, as the runtime's chain borrows): at most `most`
-    distinct configs, each valid for `problem`. What a search warm-starts from."""
+    distinct configs, each valid for `problem`; a same-chip GPU's where this one has no table. What a
+    search warm-starts from."""
     chosen: list[Config] = []
-    tables = _tables_at(spec, problem, dtype, device_key, config_dirs())
+    tables, _ = _own_or_twin_tables(spec, problem, dtype, device_key, config_dirs())
     for source in dtypes_to_borrow(dtype):
         for _, _, entry in ranked_entries(spec, problem, source, tables):
             if len(chosen) >= most:
@@ -276,12 +277,36 @@ def _bucketing_of(kernel: str, spec: KernelSpec) -> Bucketing:
 
 
 def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype | None, device_name: str | None) -> list:
-    """The tables a lookup reads: none without a dtype or a device (the default answers)."""
+    """The tables a lookup reads: none without a dtype or a device (the default answers). Where
+    no directory holds a readable table for this GPU, those of a GPU made of the same chip
+    (same_chip_keys: an H100 SXM reads the H200's), said once in the log."""
     if dtype is None or device_name is None:
         return []
     from omnitune.profile.device import device_key
 
-    return _tables_at(spec, problem, dtype, device_key(device_name), _snapshot_dirs(), device_name)
+    own = device_key(device_name)
+    tables, twin = _own_or_twin_tables(spec, problem, dtype, own, _snapshot_dirs())
+    if twin:
+        gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
+        _tables.note_twin(spec, device_name, tables[0].path, gap)
+    elif not tables:
+        _tables_at(spec, problem, dtype, own, _snapshot_dirs(), device_name)  # warns once what is missing
+    return tables
+
+
+def _own_or_twin_tables(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str, dirs: list[Path],
+) -> tuple[list, str | None]:
+    """The readable tables for device `key`; without any, the first same-chip GPU's that has some
+    (and its key, None for the device's own)."""
+    from omnitune.profile.device import same_chip_keys
+
+    tables = _tables_at(spec, problem, dtype, key, dirs)
+    for twin in () if tables else same_chip_keys(key):
+        tables = _tables_at(spec, problem, dtype, twin, dirs)
+        if tables:
+            return tables, twin
+    return tables, None
 
 
 def _tables_at(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -42,8 +42,13 @@ def explain(
 ) -> Explanation:
     """Why the chain gave `answer` for `problem` from `tables` (as omnitune.runtime.explain reads
     them), re-deriving what each rung above it found."""
+    twin = _twin(tables, device_name)
     if answer.rung is Rung.EXACT:
-        return Explanation(answer, "this shape was tuned in this dtype on this GPU", 1.0 if dtype else None)
+        where = f"on {twin}, a GPU of the same chip (none tuned on this one)" if twin else "on this GPU"
+        return Explanation(answer, f"this shape was tuned in this dtype {where}", 1.0 if dtype else None)
+    if twin:  # every other rung: the same reasons, read from the twin's tables
+        found = explain(spec, problem, dtype, None if device_name is None else twin, tables, answer, limits)
+        return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; none for this one)")
     if dtype is None:
         return Explanation(answer, "no dtype given: tables are keyed by dtype")
     if device_name is None:
@@ -86,6 +91,16 @@ def explain(
     if spec.untuned_config is not None:
         why += f"; {spec.name}'s answer for an untuned shape ({_untuned_rule(spec.untuned_config)})"
     return Explanation(answer, why, expected, keys, closest)
+
+
+def _twin(tables: Sequence[Table], device_name: str | None) -> str | None:
+    """The device key of the tables read when they are another GPU's (same_chip_keys), else None."""
+    if not tables or device_name is None:
+        return None
+    from omnitune.trial import device_key
+
+    key = tables[0].path.stem
+    return key if key != device_key(device_name) else None
 
 
 def _untuned_rule(rule) -> str:

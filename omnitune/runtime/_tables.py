@@ -146,12 +146,12 @@ def warn_entry_once(table: Table, key: str, message: str) -> None:
     warn_once((str(table.path), table.stamp, key), message)
 
 
-def warn_once(identity: tuple, message: str) -> None:
+def warn_once(identity: tuple, message: str, level: int = logging.WARNING) -> None:
     with _lock:
         if identity in _warned:
             return
         _warned.add(identity)
-    logger.warning(message)
+    logger.log(level, message)
 
 
 def warn_missing(spec: KernelSpec, device_name: str, paths: Iterable[Path], gap_command: str) -> None:
@@ -162,6 +162,14 @@ def warn_missing(spec: KernelSpec, device_name: str, paths: Iterable[Path], gap_
         f"no tuned configs for {spec.name} on {device_name}: none of {', '.join(map(str, paths))} exists; "
         f"using the default config for every {spec.name} call. To tune a shape: {gap_command}, then omnitune export",
     )
+
+
+def note_twin(spec: KernelSpec, device_name: str, path: Path, gap_command: str) -> None:
+    """No table for this kernel and device, so path's is read, tuned on a GPU of the same chip:
+    said once per kernel, device and file (INFO: configs are served, tuned or not here)."""
+    warn_once(("twin", spec.name, device_name, str(path)),
+              f"no tuned configs for {spec.name} on {device_name}: using {path}, tuned on a GPU of the same chip. "
+              f"To tune for this GPU: {gap_command}, then omnitune export", level=logging.INFO)
 
 
 def fallback_advice(command: str) -> str:
