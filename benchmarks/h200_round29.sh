@@ -24,13 +24,27 @@
 # T2 (an H100): the same for the KV write and attention; T3 (an H100): the public fp8 ops with the
 #    H200's tables (fp8_kv_bench --quick); T4 (an H100): the same twice in one call, with the
 #    same-chip tables and without them (omnitune.trial._SAME_CHIP emptied: the defaults).
-part=${1:?part S, A, B, C, T, T2, T3 or T4}
+# T5 (an H100): the public ops (ops_bench) the same two ways. AC (the H200): A's held-out attention, then C.
+part=${1:?part S, A, B, C, AC, T, T2, T3, T4 or T5}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 
 held_out_paged_decode() {  # LIMIT
   step "$1" python benchmarks/coverage.py --kernel paged_decode_attention --trials 40 --time-budget $(( $1 - 20 )) \
     --work-dir /tmp/cov --out "$OUT/coverage_paged_decode_${card}_round29_C.json" \
     --tuned-from benchmarks/results/coverage_paged_decode_h200_round13_B.json
+}
+
+twin_on_and_off() {  # LIMIT SCRIPT NAME [ARGS...]: SCRIPT --out ${NAME}_${card}_round29_T*_twin_{on,off}.json,
+  # once as shipped (a GPU without tables reads its same-chip twin's), once with no twin (the defaults)
+  local limit=$1 script=$2 name=$3 twin
+  shift 3
+  for twin in on off; do
+    step "$limit" python -c "
+import sys, runpy, omnitune.trial as t
+if sys.argv[1] == 'off': t._SAME_CHIP = ()
+sys.argv = [sys.argv[2], *sys.argv[4:], '--out', sys.argv[3]]
+runpy.run_path(sys.argv[0], run_name='__main__')" $twin "$script" "$OUT/${name}_${card}_round29_${part}_twin_$twin.json" "$@"
+  done
 }
 
 case $part in
@@ -76,13 +90,12 @@ case $part in
       --out "$OUT/coverage_attention_${card}_round29_T2.json"
     ;;
   T3) step 200 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_round29_T3.json" ;;
-  T4)
-    for twin in on off; do
-      step 150 python -c "
-import sys, runpy, omnitune.trial as t
-if sys.argv[1] == 'off': t._SAME_CHIP = ()
-sys.argv = ['benchmarks/fp8_kv_bench.py', '--quick', '--out', sys.argv[2]]
-runpy.run_path('benchmarks/fp8_kv_bench.py', run_name='__main__')" $twin "$OUT/fp8_kv_${card}_round29_T4_twin_$twin.json"
-    done
+  T4) twin_on_and_off 150 benchmarks/fp8_kv_bench.py fp8_kv --quick ;;
+  T5) twin_on_and_off 250 benchmarks/ops_bench.py ops_bench ;;
+  AC)  # on the H200 alone: attention's held-out set (as A's), then paged decode's (C), about 350 s
+    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_${card}_round29_A.json" \
+      --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
+      --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
+    held_out_paged_decode 300
     ;;
 esac
