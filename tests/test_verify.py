@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = AttentionProblem(b=1, h=2, hkv=1, lq=17, lk=23, d=64, causal=True)
 DEFAULT = SPEC.default_config(PROBLEM, torch.float32)
 FAST = Config(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=True, USE_TMA=False)
-H100 = "NVIDIA H100 80GB HBM3"
+H100 = "NVIDIA H100 80GB HBM3"  # the H200's twin (omnitune.trial.same_chip_keys)
+H100_PCIE = "NVIDIA H100 PCIe"
 
 
 def invoke(*args: str):
@@ -206,8 +207,9 @@ def test_compile_workers_that_cannot_start_leave_the_checks_to_compile(tmp_path,
 
 @cpu_only
 def test_a_table_from_another_gpu_fails_and_its_entries_are_not_run(tmp_path, monkeypatch):
-    h100 = interpreter_facts(name=H100, compute_capability="9.0", driver="575.51")
-    tables = exported(tmp_path, [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device=H100)], [h100])
+    # a PCIe H100 (114 SMs) is another chip than the H200, though of the same architecture
+    h100 = interpreter_facts(name=H100_PCIE, compute_capability="9.0", driver="575.51")
+    tables = exported(tmp_path, [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device=H100_PCIE)], [h100])
     here = machine(interpreter_facts(name="NVIDIA H200", compute_capability="9.0", driver="575.51"))
     report = run_verify(VerifyOptions(tables=(tables,), interpret=True), machine=here).as_record()
     assert report["exit_code"] == 1
@@ -223,6 +225,52 @@ def test_a_table_from_another_gpu_fails_and_its_entries_are_not_run(tmp_path, mo
     assert result.exit_code == 1, result.output
     assert "verdict: FAIL" in result.stdout
     assert "another GPU" in checks(json.loads((tmp_path / "r.json").read_text()), "compat")[0]["summary"]
+
+
+@cpu_only
+def test_the_twin_s_table_the_runtime_serves_here_is_checked_and_timed_here_but_never_rewritten(tmp_path):
+    # an H200's table on an H100 with none of its own: what the runtime here serves
+    h200 = interpreter_facts(**H200_FACTS)
+    tables = exported(tmp_path, [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device="NVIDIA H200"),
+                                 row(1, PROBLEM, FAST, time_ms=0.5, device="NVIDIA H200")], [h200])
+    path = next(tables.glob("attention/*.json"))
+    before = path.read_text()
+    here = machine(interpreter_facts(name=H100, compute_capability="9.0", driver="580.159.04"))
+    said = []
+    # the tuned config slower here than its fallback: --fix would replace it, in a table of this GPU
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=here,
+                        timer=fake_timer({"entry": 2.0, "fallback": 1.0, "default": 1.0}), progress=said.append)
+    (table_check,) = checks(report.as_record(), "compat")
+    assert table_check["status"] == "warn" and "a GPU of the same chip: served here" in table_check["summary"]
+    assert table_check["details"]["hard"] == [] and [d["field"] for d in table_check["details"]["soft"]] == ["device"]
+    assert [c.status for c in report.checks if c.part == "numerics"] == [Status.PASS]
+    (speed_check,) = [c for c in report.checks if c.part == "speed"]
+    assert speed_check.status is Status.FAIL and "fixed" not in speed_check.details
+    assert path.read_text() == before
+    assert any("served here: not rewritten" in line for line in said), said
+
+    # once this GPU has a table of its own for the kernel, the twin's is another GPU's again
+    own = exported(tmp_path / "own", [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device=H100)],
+                   [interpreter_facts(name=H100, compute_capability="9.0", driver="580.159.04")])
+    report = run_verify(VerifyOptions(tables=(tables, own), interpret=True), machine=here,
+                        timer=fake_timer({"entry": 1.0, "fallback": 1.0, "default": 1.0})).as_record()
+    by_table = {c["details"]["table"]: c for c in checks(report, "compat")}
+    assert by_table[str(path)]["status"] == "fail" and "another GPU" in by_table[str(path)]["summary"]
+    assert len(checks(report, "numerics")) == 2  # the H100's own entry run, the H200's table skipped
+    assert [c["status"] for c in checks(report, "numerics")].count("skipped") == 1
+
+
+@cpu_only
+def test_a_stale_twin_table_is_never_revalidated_here(tmp_path):
+    tables = stale_h200_table(tmp_path, tuned=((PROBLEM, FAST),))
+    path = next(tables.glob("attention/*.json"))
+    before = path.read_text()
+    here = machine(interpreter_facts(name=H100, compute_capability="9.0", driver="580.159.04"))
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=here, timer=FASTER)
+    (table_check,) = [c for c in report.checks if c.part == "compat"]
+    assert table_check.status is Status.FAIL and table_check.details["revalidation"]["possible"] is False
+    assert "NVIDIA H200's table (served here as a same-chip GPU's): only there" in table_check.summary
+    assert path.read_text() == before
 
 
 @cpu_only

@@ -11,6 +11,11 @@ other kernel source (kept by an export from a table tuned on older source), whic
 own kernel_source_hash: each such entry is checked apart, in a check of its own (subject: its
 key), so that it fails for its source while the table and its other entries pass.
 
+A table of a GPU made of the same chip as this one (omnitune.trial.same_chip_keys: an H200's on an
+H100 SXM), for a kernel this GPU has no table of, is what the runtime here serves (served_twins):
+its other name is a soft difference, its entries are checked and timed here, and --fix never
+writes into it — configs timed here say nothing of the GPU it is for.
+
 Without a GPU (--interpret) a GPU's table cannot be compared with this machine's GPU: the device
 fields are skipped, the source hash and the versions still checked — which is what CI can check.
 
@@ -24,11 +29,11 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omnitune.profile.device import INTERPRETER_DEVICE, device_key
+from omnitune.profile.device import INTERPRETER_DEVICE, device_key, same_chip_keys
 from omnitune.provenance import ENTRY_SOURCE_HASH
 from omnitune.source_hash import UNKNOWN, source_matches
 from omnitune.verify.tables import TableFile
@@ -51,9 +56,10 @@ class Difference:
         return f"{self.field} {self.recorded} → {self.here}" + (f" ({self.note})" if self.note else "")
 
 
-def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
+def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = False) -> list[Check]:
     """The table's compatibility check, one failed check per entry the runtime would skip, and one
-    per entry whose own kernel source hash is not today's source."""
+    per entry whose own kernel source hash is not today's source. twin: the table is one the
+    runtime here serves as its same-chip twin's (served_twins)."""
     if table.problem is not None:
         return [Check(PART, table.label, Status.FAIL, f"unusable: it {table.problem}", table.kernel,
                       {"table": str(table.path)})]
@@ -67,7 +73,7 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
     if _is_interpreter(machine) and device.get("name") != INTERPRETER_DEVICE:
         skipped += ["device", "compute_capability", "driver"]
     else:
-        _compare_device(device, machine, hard, soft)
+        _compare_device(device, machine, hard, soft, twin)
     software = doc.get("software") or {}
     for name in ("torch", "triton", "omnitune"):
         recorded, here = software.get(name), machine.get(name)
@@ -76,9 +82,10 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
         elif recorded != here:
             soft.append(Difference(name, recorded, here, version_change(recorded, here)))
     _compare_source(table, doc.get("kernel_source_hash"), hard, soft, notes)
-    entry_checks = _entry_source_checks(table, device, [d for d in hard if d.field != "kernel_source_hash"], skipped)
+    entry_checks = _entry_source_checks(table, device, [d for d in hard if d.field != "kernel_source_hash"], skipped,
+                                        twin)
 
-    revalidation = _revalidation(table, device, hard, skipped)
+    revalidation = _revalidation(table, device, hard, skipped, twin=twin)
     status = Status.FAIL if hard else Status.WARN if soft else Status.PASS
     if hard:
         summary = "hard: " + "; ".join(d.text() for d in hard)
@@ -111,7 +118,7 @@ def check_table(table: TableFile, machine: Mapping[str, Any]) -> list[Check]:
 
 
 def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_hard: list[Difference],
-                         skipped: list[str]) -> list[Check]:
+                         skipped: list[str], twin: bool = False) -> list[Check]:
     """A check for each entry that carries its own kernel source hash and is not good for today's
     source: failed as a stale table is (revalidatable on the same conditions), or warned about
     when the hash it carries says nothing (not recorded). Entries good for today's source, and
@@ -133,7 +140,7 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
         if source_matches(module, recorded) is not None:
             continue
         stale = Difference("kernel_source_hash", recorded, here, "kernel source changed since this entry was measured")
-        revalidation = _revalidation(table, device, [stale, *device_hard], skipped, entry_count=False)
+        revalidation = _revalidation(table, device, [stale, *device_hard], skipped, entry_count=False, twin=twin)
         summary = (f"hard: {stale.text()}, the entry's own hash (the table's is "
                    f"{details['table_kernel_source_hash']}){revalidation_hint(revalidation, device)}")
         checks.append(Check(PART, entry.key, Status.FAIL, summary, table.kernel,
@@ -141,10 +148,22 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
     return checks
 
 
-def other_gpu(table: TableFile, machine: Mapping[str, Any]) -> str | None:
-    """The GPU a readable table is for when that is not this machine's (None when it is, or when
-    there is no GPU here to compare): its entries are then not run here."""
-    if table.document is None or _is_interpreter(machine):
+def served_twins(tables: Sequence[TableFile], machine: Mapping[str, Any]) -> set[str]:
+    """The paths of the tables the runtime here serves as this GPU's twin's, as it chooses them
+    (omnitune.runtime): a same-chip GPU's, for a kernel none of `tables` holds for this GPU."""
+    if _is_interpreter(machine):
+        return set()
+    here = device_key(str(machine.get("name", "")))
+    own = {t.kernel for t in tables if t.device_key == here}
+    twins = same_chip_keys(here)
+    return {str(t.path) for t in tables if t.device_key in twins and t.kernel not in own}
+
+
+def other_gpu(table: TableFile, machine: Mapping[str, Any], *, twin: bool = False) -> str | None:
+    """The GPU a readable table is for when that is not this machine's (None when it is, when
+    the runtime here serves it as its twin's, or when there is no GPU here to compare): its
+    entries are then not run here."""
+    if table.document is None or twin or _is_interpreter(machine):
         return None
     name = (table.document.get("device") or {}).get("name")
     if name is None or device_key(str(name)) != device_key(str(machine.get("name", ""))):
@@ -153,7 +172,7 @@ def other_gpu(table: TableFile, machine: Mapping[str, Any]) -> str | None:
 
 
 def _revalidation(table: TableFile, device: Mapping[str, Any], hard: list[Difference],
-                  skipped: list[str], *, entry_count: bool = True) -> dict[str, Any] | None:
+                  skipped: list[str], *, entry_count: bool = True, twin: bool = False) -> dict[str, Any] | None:
     """Whether `verify --fix` may revalidate the table (or one entry: `hard` is then the entry's)
     here, when its source hash is a hard mismatch (None otherwise): `possible`, and `why_not` when
     it is not. Configs measured on one chip say nothing about another, so the device must have
@@ -166,6 +185,8 @@ def _revalidation(table: TableFile, device: Mapping[str, Any], hard: list[Differ
     others = [d for d in hard if d is not stale]
     if others:
         why_not = "; ".join(f"{d.field} differs ({d.note})" for d in others)
+    elif twin:
+        why_not = f"it is {device.get('name')}'s table (served here as a same-chip GPU's): only there"
     elif skipped:
         why_not = "no GPU here to compare the table's with"
     elif device.get("compute_capability") is None:
@@ -201,9 +222,12 @@ def _is_interpreter(machine: Mapping[str, Any]) -> bool:
     return machine.get("name") == INTERPRETER_DEVICE
 
 
-def _compare_device(device: Mapping[str, Any], machine: Mapping[str, Any], hard: list, soft: list) -> None:
+def _compare_device(device: Mapping[str, Any], machine: Mapping[str, Any], hard: list, soft: list,
+                    twin: bool = False) -> None:
     name, here = device.get("name"), machine.get("name")
-    if name != here:
+    if name != here and twin:
+        soft.append(Difference("device", name, here, "a GPU of the same chip: served here, this GPU having no table"))
+    elif name != here:
         hard.append(Difference("device", name, here, "another GPU"))
     cc, here_cc = device.get("compute_capability"), machine.get("compute_capability")
     if cc is None:

@@ -60,6 +60,8 @@ class _State:
     fixed: dict[str, list[str]] = field(default_factory=dict)
     compat_at: dict[str, int] = field(default_factory=dict)
     """Table path → where its compat check lies in the report (--fix rewrites it)."""
+    twins: set[str] = field(default_factory=set)
+    """Paths of the tables the runtime here serves as a same-chip GPU's (compat.served_twins)."""
     entry_compat_at: dict[str, dict[str, int]] = field(default_factory=dict)
     """Table path → entry key → where the compat check of an entry with a stale hash of its own lies."""
 
@@ -94,9 +96,10 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
         raise OmnituneError(f"no tables{only} under {where}; give --tables DIR, or --model NAME to check a preset")
 
     state.progress(f"compat: {len(tables)} tables")
+    state.twins = compat.served_twins(tables, machine)
     for table in tables:
         start = len(state.report.checks)
-        table_checks = compat.check_table(table, machine)
+        table_checks = compat.check_table(table, machine, twin=str(table.path) in state.twins)
         state.compat_at[str(table.path)] = start
         state.entry_compat_at[str(table.path)] = {c.subject: start + i for i, c in enumerate(table_checks)
                                                   if i > 0 and "revalidation" in c.details}
@@ -125,7 +128,8 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
     for table in tables:
         if table.problem is not None or table.spec is None:
             continue  # compat failed it as unusable
-        elsewhere = compat.other_gpu(table, machine)
+        twin = str(table.path) in state.twins
+        elsewhere = compat.other_gpu(table, machine, twin=twin)
         if elsewhere is not None:
             reason = f"the table is for {elsewhere}"
             state.report.add([skipped(numerics.PART, reason, subject=table.label, kernel=table.kernel),
@@ -146,7 +150,10 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
         finally:
             if workers is not None:
                 state.progress(f"{table.label}: {workers.close().summary()}")
-        if options.fix:
+        if options.fix and twin:
+            state.progress(f"--fix: {table.label} is a same-chip GPU's table, served here: not rewritten (a search "
+                           "and export on this GPU make its own)")
+        elif options.fix:
             speed_checks = _apply_fixes(table, replacements, results, speed_checks, state, timed=timer is not None)
         state.report.add(speed_checks)
 
