@@ -269,7 +269,8 @@ def test_a_stale_twin_table_is_never_revalidated_here(tmp_path):
     report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=here, timer=FASTER)
     (table_check,) = [c for c in report.checks if c.part == "compat"]
     assert table_check.status is Status.FAIL and table_check.details["revalidation"]["possible"] is False
-    assert "NVIDIA H200's table (served here as a same-chip GPU's): only there" in table_check.summary
+    assert "NVIDIA H200's table, served here as a same-chip GPU's: only `omnitune verify --fix` on an NVIDIA H200" \
+        in table_check.summary
     assert path.read_text() == before
 
 

@@ -186,7 +186,8 @@ def _revalidation(table: TableFile, device: Mapping[str, Any], hard: list[Differ
     if others:
         why_not = "; ".join(f"{d.field} differs ({d.note})" for d in others)
     elif twin:
-        why_not = f"it is {device.get('name')}'s table (served here as a same-chip GPU's): only there"
+        why_not = (f"it is {device.get('name')}'s table, served here as a same-chip GPU's: only `omnitune verify "
+                   f"--fix` on an {device.get('name')} revalidates it")
     elif skipped:
         why_not = "no GPU here to compare the table's with"
     elif device.get("compute_capability") is None:
