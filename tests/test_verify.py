@@ -258,6 +258,13 @@ def test_the_twin_s_table_the_runtime_serves_here_is_checked_and_timed_here_but_
     assert by_table[str(path)]["status"] == "fail" and "another GPU" in by_table[str(path)]["summary"]
     assert len(checks(report, "numerics")) == 2  # the H100's own entry run, the H200's table skipped
     assert [c["status"] for c in checks(report, "numerics")].count("skipped") == 1
+    # an unusable table of its own is passed over, by the runtime and so here: the twin's is served
+    next(own.glob("attention/*.json")).write_text("{")
+    report = run_verify(VerifyOptions(tables=(tables, own), interpret=True), machine=here,
+                        timer=fake_timer({"entry": 1.0, "fallback": 1.0, "default": 1.0})).as_record()
+    by_table = {c["details"]["table"]: c for c in checks(report, "compat")}
+    assert by_table[str(path)]["status"] == "warn"
+    assert [c["status"] for c in checks(report, "numerics")] == ["pass"]
 
 
 @cpu_only

@@ -284,42 +284,41 @@ def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype | None, devic
         return []
     from omnitune.profile.device import device_key
 
-    own = device_key(device_name)
-    tables, twin = _own_or_twin_tables(spec, problem, dtype, own, _snapshot_dirs())
-    if twin:
-        gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
-        _tables.note_twin(spec, device_name, tables[0].path, gap)
-    elif not tables:
-        _tables_at(spec, problem, dtype, own, _snapshot_dirs(), device_name)  # warns once what is missing
+    tables, _ = _own_or_twin_tables(spec, problem, dtype, device_key(device_name), _snapshot_dirs(), device_name)
     return tables
 
 
 def _own_or_twin_tables(
-    spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str, dirs: list[Path],
+    spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str, dirs: list[Path], device_name: str | None = None,
 ) -> tuple[list, str | None]:
-    """The readable tables for device `key`; without any, the first same-chip GPU's that has some
-    (and its key, None for the device's own)."""
+    """The readable tables for device `key` under `dirs`, in precedence order; without any, the
+    first same-chip GPU's that has some (and that GPU's key; None for the device's own). With
+    device_name (a lookup, not a search's warm start), reading a twin's is said once, and so is
+    finding no file of this device's and no twin's table."""
     from omnitune.profile.device import same_chip_keys
 
-    tables = _tables_at(spec, problem, dtype, key, dirs)
-    for twin in () if tables else same_chip_keys(key):
-        tables = _tables_at(spec, problem, dtype, twin, dirs)
-        if tables:
-            return tables, twin
-    return tables, None
-
-
-def _tables_at(
-    spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str, dirs: list[Path], device_name: str | None = None,
-) -> list:
-    """The readable tables for one kernel and device under `dirs`, in precedence order; a bad file
-    warns once, naming the search that would fill the gap, and is skipped. With device_name (a
-    lookup, not a search's warm start), no table in any directory warns once too."""
     gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
-    tables, paths, found_any = [], [], False
+    tables, found_any = _tables_at(spec, key, dirs, gap)
+    if tables:
+        return tables, None
+    for twin in same_chip_keys(key):
+        tables, _ = _tables_at(spec, twin, dirs, gap)
+        if tables:
+            if device_name is not None:
+                _tables.note_twin(spec, device_name, tables[0].path, gap)
+            return tables, twin
+    if not found_any and device_name is not None:
+        _tables.warn_missing(spec, device_name, [table_path(d, spec.name, key) for d in dirs], gap)
+    return [], None
+
+
+def _tables_at(spec: KernelSpec, key: str, dirs: list[Path], gap: str) -> tuple[list, bool]:
+    """The readable tables for one kernel and device under `dirs`, in precedence order, and whether
+    any directory holds a file for them; a bad file warns once, naming the search that would fill
+    the gap (`gap`), and is skipped."""
+    tables, found_any = [], False
     for config_dir in dirs:
         path = table_path(config_dir, spec.name, key)
-        paths.append(path)
         stamp = _tables.file_stamp(path)
         if stamp is None:
             continue
@@ -327,9 +326,7 @@ def _tables_at(
         table = _tables.load_stamped(path, stamp, spec, gap)
         if table is not None:
             tables.append(table)
-    if not found_any and device_name is not None:
-        _tables.warn_missing(spec, device_name, paths, gap)
-    return tables
+    return tables, found_any
 
 
 def _as_problem(spec: KernelSpec, problem: Any) -> Any:

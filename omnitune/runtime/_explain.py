@@ -47,7 +47,7 @@ def explain(
         where = f"on {twin}, a GPU of the same chip (none tuned on this one)" if twin else "on this GPU"
         return Explanation(answer, f"this shape was tuned in this dtype {where}", 1.0 if dtype else None)
     if twin:  # every other rung: the same reasons, read from the twin's tables
-        found = explain(spec, problem, dtype, None if device_name is None else twin, tables, answer, limits)
+        found = explain(spec, problem, dtype, twin, tables, answer, limits)
         return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; none for this one)")
     if dtype is None:
         return Explanation(answer, "no dtype given: tables are keyed by dtype")

@@ -150,11 +150,12 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
 
 def served_twins(tables: Sequence[TableFile], machine: Mapping[str, Any]) -> set[str]:
     """The paths of the tables the runtime here serves as this GPU's twin's, as it chooses them
-    (omnitune.runtime): a same-chip GPU's, for a kernel none of `tables` holds for this GPU."""
+    (omnitune.runtime): a same-chip GPU's, for a kernel none of `tables` holds a usable table of
+    for this GPU (the runtime passes over an unusable one)."""
     if _is_interpreter(machine):
         return set()
     here = device_key(str(machine.get("name", "")))
-    own = {t.kernel for t in tables if t.device_key == here}
+    own = {t.kernel for t in tables if t.device_key == here and t.problem is None}
     twins = same_chip_keys(here)
     return {str(t.path) for t in tables if t.device_key in twins and t.kernel not in own}
 
