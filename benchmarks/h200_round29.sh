@@ -28,6 +28,12 @@
 part=${1:?part S, A, B, C, AC, T, T2, T3, T4 or T5}
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 
+held_out_attention() {
+  step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_${card}_round29_A.json" \
+    --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
+    --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
+}
+
 held_out_paged_decode() {  # LIMIT
   step "$1" python benchmarks/coverage.py --kernel paged_decode_attention --trials 40 --time-budget $(( $1 - 20 )) \
     --work-dir /tmp/cov --out "$OUT/coverage_paged_decode_${card}_round29_C.json" \
@@ -72,9 +78,7 @@ case $part in
     ;;
   A)
     gpu_tests_first_half 330
-    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_${card}_round29_A.json" \
-      --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
-      --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
+    held_out_attention
     held_out_paged_decode $(left 585)
     ;;
   B) gpu_tests_second_half ;;
@@ -93,9 +97,7 @@ case $part in
   T4) twin_on_and_off 150 benchmarks/fp8_kv_bench.py fp8_kv --quick ;;
   T5) twin_on_and_off 250 benchmarks/ops_bench.py ops_bench ;;
   AC)  # on the H200 alone: attention's held-out set (as A's), then paged decode's (C), about 350 s
-    step 150 python benchmarks/coverage.py --kernel attention --out "$OUT/coverage_attention_${card}_round29_A.json" \
-      --trials 40 --work-dir /tmp/cov_a --time-budget 130 \
-      --tuned-from benchmarks/results/coverage_attention_h200_round22_B_trained_tables.json
+    held_out_attention
     held_out_paged_decode 300
     ;;
 esac
