@@ -224,11 +224,29 @@ def test_a_gpu_without_tables_reads_those_of_a_gpu_of_the_same_chip_and_says_so(
     assert runtime.lookup("attention", PREFILL, torch.float16, H200).config == OTHER
 
 
-def test_a_gpu_s_own_table_wins_over_its_twin_s_and_other_chips_borrow_nothing(config_dir, warnings_seen):
-    _write(config_dir, _document([_entry(PREFILL, TUNED)], device_name=H200), device_name=H200)
-    _write(config_dir, _document([_entry(DECODE, OTHER)], device_name=H100), device_name=H100)
-    # the H100's table has no entry near PREFILL: its own default, not the H200's exact entry
-    assert runtime.lookup("attention", PREFILL, torch.float16, H100).rung is Rung.DEFAULT
+def test_a_gpu_s_own_entries_answer_first_its_twin_s_fill_the_shapes_they_lack(config_dir, warnings_seen, caplog):
+    caplog.set_level(logging.INFO, logger="omnitune.runtime")
+    long = dataclasses.replace(PREFILL, lq=4096, lk=4096)
+    h200 = _write(config_dir, _document([_entry(PREFILL, TUNED), _entry(long, TUNED)], device_name=H200),
+                  device_name=H200)
+    h100 = _write(config_dir, _document([_entry(long, OTHER)], device_name=H100), device_name=H100)
+    # the shape the H100 was tuned for: its own entry, though the H200's is exact too
+    own = runtime.lookup("attention", long, torch.float16, H100)
+    assert (own.rung, own.config, own.source) == (Rung.EXACT, OTHER, h100)
+    assert runtime.explain("attention", long, torch.float16, H100).why.endswith("on this GPU")
+    # a shape it was not: the H200's exact entry, not the H100's default (or its 4,096-row entry)
+    lent = runtime.lookup("attention", PREFILL, torch.float16, H100)
+    assert (lent.rung, lent.config, lent.source) == (Rung.EXACT, TUNED, h200)
+    assert "on NVIDIA_H200, a GPU of the same chip (this GPU's own tables have nothing nearer)" in \
+        runtime.explain("attention", PREFILL, torch.float16, H100).why
+    near = dataclasses.replace(PREFILL, lq=640, lk=640)
+    assert runtime.lookup("attention", near, torch.float16, H100).source == h200
+    assert "from NVIDIA_H200's tables" in runtime.explain("attention", near, torch.float16, H100).why
+    said = [r.getMessage() for r in caplog.records if r.name == "omnitune.runtime" and r.levelno == logging.INFO]
+    assert len(said) == 1 and f"shapes its own tables lack are served from {h200}" in said[0], said
+    # a search on the H100 warm-starts from its own winners first, then the H200's
+    assert runtime.nearest_configs(SPEC, long, torch.float16, device_key(H100)) == [OTHER, TUNED]
+    # other chips borrow nothing: the default, with the missing-table warning
     assert runtime.lookup("attention", PREFILL, torch.float16, "NVIDIA A100-SXM4-80GB").rung is Rung.DEFAULT
     assert runtime.lookup("attention", PREFILL, torch.float16, "NVIDIA H100 PCIe").rung is Rung.DEFAULT
     seen = warnings_seen()

@@ -202,8 +202,8 @@ def nearest_configs(
     """The tuned configs of the exported problems nearest to `problem` (same kernel and device,
     within the spec's MatchPolicy, the exact problem included), nearest first — of the same dtype,
     then of its sibling (fp16 for bf16 and back, as the runtime's chain borrows): at most `most`
-    distinct configs, each valid for `problem`; a same-chip GPU's where this one has no table. What a
-    search warm-starts from."""
+    distinct configs, each valid for `problem`; a same-chip GPU's after this one's own. What a search
+    warm-starts from."""
     chosen: list[Config] = []
     tables, _ = _own_or_twin_tables(spec, problem, dtype, device_key, config_dirs())
     for source in dtypes_to_borrow(dtype):
@@ -277,9 +277,9 @@ def _bucketing_of(kernel: str, spec: KernelSpec) -> Bucketing:
 
 
 def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype | None, device_name: str | None) -> list:
-    """The tables a lookup reads: none without a dtype or a device (the default answers). Where
-    no directory holds a readable table for this GPU, those of a GPU made of the same chip
-    (same_chip_keys: an H100 SXM reads the H200's), said once in the log."""
+    """The tables a lookup reads: none without a dtype or a device (the default answers). This
+    GPU's own, then those of a GPU made of the same chip (same_chip_keys: an H100 SXM reads the
+    H200's) for the shapes its own lack, said once in the log."""
     if dtype is None or device_name is None:
         return []
     from omnitune.profile.device import device_key
@@ -291,25 +291,25 @@ def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype | None, devic
 def _own_or_twin_tables(
     spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str, dirs: list[Path], device_name: str | None = None,
 ) -> tuple[list, str | None]:
-    """The readable tables for device `key` under `dirs`, in precedence order; without any, the
-    first same-chip GPU's that has some (and that GPU's key; None for the device's own). With
-    device_name (a lookup, not a search's warm start), reading a twin's is said once, and so is
-    finding no file of this device's and no twin's table."""
+    """The readable tables for device `key` under `dirs`, in precedence order, followed by those of
+    the first same-chip GPU that has some (and that GPU's key; None when no twin's table is read).
+    The device's own entries come first at every rung; the twin's answer the shapes they lack (a
+    GPU tuned for one shape keeps the twin's entries for every other, rather than the default).
+    With device_name (a lookup, not a search's warm start), reading a twin's is said once, and so
+    is finding no file of this device's and no twin's table."""
     from omnitune.profile.device import same_chip_keys
 
     gap = search_command(spec.name, spec.problem_key(problem), dtype_name(dtype))
-    tables, found_any = _tables_at(spec, key, dirs, gap)
-    if tables:
-        return tables, None
+    own, found_any = _tables_at(spec, key, dirs, gap)
     for twin in same_chip_keys(key):
         tables, _ = _tables_at(spec, twin, dirs, gap)
         if tables:
             if device_name is not None:
-                _tables.note_twin(spec, device_name, tables[0].path, gap)
-            return tables, twin
+                _tables.note_twin(spec, device_name, tables[0].path, gap, below_own=bool(own))
+            return own + tables, twin
     if not found_any and device_name is not None:
         _tables.warn_missing(spec, device_name, [table_path(d, spec.name, key) for d in dirs], gap)
-    return [], None
+    return own, None
 
 
 def _tables_at(spec: KernelSpec, key: str, dirs: list[Path], gap: str) -> tuple[list, bool]:

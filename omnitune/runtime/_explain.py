@@ -42,13 +42,24 @@ def explain(
 ) -> Explanation:
     """Why the chain gave `answer` for `problem` from `tables` (as omnitune.runtime.explain reads
     them), re-deriving what each rung above it found."""
-    twin = _twin(tables, device_name)
+    twin, own = _twin(tables, answer, device_name), _has_own(tables, device_name)
     if answer.rung is Rung.EXACT:
-        where = f"on {twin}, a GPU of the same chip (none tuned on this one)" if twin else "on this GPU"
+        where = "on this GPU"
+        if twin:
+            where = f"on {twin}, a GPU of the same chip ({_own_gap(own, 'none tuned on this one')})"
         return Explanation(answer, f"this shape was tuned in this dtype {where}", 1.0 if dtype else None)
-    if twin:  # every other rung: the same reasons, read from the twin's tables
-        found = explain(spec, problem, dtype, twin, tables, answer, limits)
-        return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; none for this one)")
+    found = _rungs(spec, problem, dtype, device_name, tables, answer, limits)
+    if twin:  # every other rung: the same reasons, read from tables the twin's answered from
+        return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; "
+                                  f"{_own_gap(own, 'none for this one')})")
+    return found
+
+
+def _rungs(
+    spec: KernelSpec, problem: Any, dtype: torch.dtype | None, device_name: str | None, tables: Sequence[Table],
+    answer: Lookup, limits: DeviceLimits,
+) -> Explanation:
+    """Why a rung below the exact one answered, and what the rungs above it lacked."""
     if dtype is None:
         return Explanation(answer, "no dtype given: tables are keyed by dtype")
     if device_name is None:
@@ -93,14 +104,31 @@ def explain(
     return Explanation(answer, why, expected, keys, closest)
 
 
-def _twin(tables: Sequence[Table], device_name: str | None) -> str | None:
-    """The device key of the tables read when they are another GPU's (same_chip_keys), else None."""
+def _twin(tables: Sequence[Table], answer: Lookup, device_name: str | None) -> str | None:
+    """The device key of the same-chip GPU (same_chip_keys) whose table answered, or — for the
+    default — whose tables alone were read; None when this GPU's own table answered or none was read."""
     if not tables or device_name is None:
         return None
     from omnitune.trial import device_key
 
-    key = tables[0].path.stem
-    return key if key != device_key(device_name) else None
+    here = device_key(device_name)
+    if answer.source is not None:
+        return answer.source.stem if answer.source.stem != here else None
+    return None if _has_own(tables, device_name) else tables[0].path.stem
+
+
+def _has_own(tables: Sequence[Table], device_name: str | None) -> bool:
+    """Whether any of the tables read is this GPU's own (the runtime puts those first)."""
+    if not tables or device_name is None:
+        return False
+    from omnitune.trial import device_key
+
+    return tables[0].path.stem == device_key(device_name)
+
+
+def _own_gap(own: bool, without: str) -> str:
+    """What this GPU's own tables lacked for a twin's table to answer: `without` when it has none."""
+    return "this GPU's own tables have nothing nearer" if own else without
 
 
 def _untuned_rule(rule) -> str:

@@ -164,12 +164,17 @@ def warn_missing(spec: KernelSpec, device_name: str, paths: Iterable[Path], gap_
     )
 
 
-def note_twin(spec: KernelSpec, device_name: str, path: Path, gap_command: str) -> None:
-    """No table for this kernel and device, so path's is read, tuned on a GPU of the same chip:
-    said once per kernel, device and file (INFO: configs are served, tuned or not here)."""
-    warn_once(("twin", spec.name, device_name, str(path)),
-              f"no tuned configs for {spec.name} on {device_name}: using {path}, tuned on a GPU of the same chip. "
-              f"To tune for this GPU: {gap_command}, then omnitune export", level=logging.INFO)
+def note_twin(spec: KernelSpec, device_name: str, path: Path, gap_command: str, *, below_own: bool = False) -> None:
+    """path's table, tuned on a GPU of the same chip, is read for this kernel and device — alone
+    (no table of this GPU's) or below_own (for the shapes this GPU's own tables lack): said once
+    per kernel, device and file (INFO: configs are served, tuned or not here)."""
+    if below_own:
+        said = (f"{spec.name} on {device_name}: shapes its own tables lack are served from {path}, tuned on a GPU "
+                f"of the same chip. To tune one for this GPU: {gap_command}, then omnitune export")
+    else:
+        said = (f"no tuned configs for {spec.name} on {device_name}: using {path}, tuned on a GPU of the same "
+                f"chip. To tune for this GPU: {gap_command}, then omnitune export")
+    warn_once(("twin", spec.name, device_name, str(path)), said, level=logging.INFO)
 
 
 def fallback_advice(command: str) -> str:

@@ -12,7 +12,7 @@ own kernel_source_hash: each such entry is checked apart, in a check of its own 
 key), so that it fails for its source while the table and its other entries pass.
 
 A table of a GPU made of the same chip as this one (omnitune.trial.same_chip_keys: an H200's on an
-H100 SXM), for a kernel this GPU has no table of, is what the runtime here serves (served_twins):
+H100 SXM) is what the runtime here serves below this GPU's own tables (served_twins):
 its other name is a soft difference, its entries are checked and timed here, and --fix never
 writes into it — configs timed here say nothing of the GPU it is for.
 
@@ -150,14 +150,12 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
 
 def served_twins(tables: Sequence[TableFile], machine: Mapping[str, Any]) -> set[str]:
     """The paths of the tables the runtime here serves as this GPU's twin's, as it chooses them
-    (omnitune.runtime): a same-chip GPU's, for a kernel none of `tables` holds a usable table of
-    for this GPU (the runtime passes over an unusable one)."""
+    (omnitune.runtime): a same-chip GPU's, below this GPU's own (which answer first where they
+    have the shape)."""
     if _is_interpreter(machine):
         return set()
-    here = device_key(str(machine.get("name", "")))
-    own = {t.kernel for t in tables if t.device_key == here and t.problem is None}
-    twins = same_chip_keys(here)
-    return {str(t.path) for t in tables if t.device_key in twins and t.kernel not in own}
+    twins = same_chip_keys(device_key(str(machine.get("name", ""))))
+    return {str(t.path) for t in tables if t.device_key in twins}
 
 
 def other_gpu(table: TableFile, machine: Mapping[str, Any], *, twin: bool = False) -> str | None:
