@@ -149,6 +149,13 @@ def test_bad_coverage_options_are_one_line(tables_dir, monkeypatch, args, messag
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_lookup_with_an_empty_device_name_is_one_line(tables_dir, name):
+    result = invoke("lookup", "kv_cache_write", "--shape", SPEC.problem_key(problem(1024, 4)), "--device", name)
+    assert result.exit_code == 2, result.output
+    assert "--device needs a GPU's name" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 def test_plan_help_explains_coverage():
     result = invoke("plan", "--help")
     assert result.exit_code == 0

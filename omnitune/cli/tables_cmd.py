@@ -228,6 +228,8 @@ def lookup(
     problem = parse_problems(spec, [shape])[0]
     torch_dtype = parse_dtype_option(spec, dtype)
     device_name = device
+    if device_name is not None and not device_name.strip():
+        raise OmnituneError("--device needs a GPU's name, e.g. --device 'NVIDIA H200'")
     if device_name is None:
         import torch
 
