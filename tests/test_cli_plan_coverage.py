@@ -134,6 +134,18 @@ def test_coverage_of_a_fully_tuned_preset_proposes_nothing(tmp_path, tables_dir)
     assert "tuned exactly (no gap): 4" in result.stdout
 
 
+def test_coverage_on_a_gpu_of_the_same_chip_says_whose_tables_answered(tables):
+    h100 = "NVIDIA H100 80GB HBM3"  # no table of its own: the H200's serve it (same_chip_keys)
+    args = [*COVERAGE[:-1], h100]
+    out = invoke(*args).stdout
+    assert "8 problems — 2 exact, 1 nearest, 0 predictor, 5 default" in out
+    assert ("3 answered from NVIDIA_H200's tables, a GPU of the same chip: to tune them on this GPU, omnitune "
+            "search --model qwen2.5-omni-7b --dtype fp16") in out
+    doc = json.loads(invoke(*args, "--json").stdout)
+    assert sorted(str(p["tuned_on"]) for p in doc["listed"]) == ["NVIDIA_H200"] * 3 + ["None"] * 5
+    assert "answered from" not in invoke(*COVERAGE).stdout  # on the H200 itself
+
+
 @pytest.mark.parametrize("args, message", [
     (["--coverage"], "pass --device NAME"),
     (["--device", H200], "--device, --top and --json go with --coverage"),

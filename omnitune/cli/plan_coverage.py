@@ -51,9 +51,14 @@ def print_coverage(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.d
     console.print(f"[bold]coverage of {escape(preset.name)}[/] ({escape(preset.description)}) in {dtype_name(dtype)} "
                   f"on {escape(device_name)}: {len(rows)} problems — "
                   + ", ".join(f"{counts[r]} {r.value}" for r in _RUNGS), soft_wrap=True)
+    lent = Counter(r.tuned_on for r in rows if r.tuned_on is not None)
+    for twin, count in lent.items():
+        console.print(f"{count} answered from {escape(twin)}'s tables, a GPU of the same chip: to tune them on this "
+                      f"GPU, omnitune search --model {escape(preset.name)} --dtype {dtype_name(dtype)}", soft_wrap=True)
     gaps = [r for r in rows if r.rung is not Rung.EXACT]
     if not gaps:
-        console.print("every problem is tuned exactly on this GPU: nothing to tune next", soft_wrap=True)
+        here = " on this GPU" if not lent else ""
+        console.print(f"every problem is tuned exactly{here}: nothing to tune next", soft_wrap=True)
         return
     shown = gaps[:top] if top else gaps
     console.print(f"\ntune next, largest gap first ({len(shown)} of {len(gaps)}):", soft_wrap=True)
@@ -91,7 +96,7 @@ def coverage_json(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dt
         return {"kernel": row.kernel, "problem_key": row.problem_key, "role": row.role, "rung": row.rung.value,
                 "why": row.why, "matched_key": row.matched_key, "distance": json_number(row.distance),
                 "expected_ratio": json_number(row.expected_ratio),
-                "search": None if row.rung is Rung.EXACT else row.command,
+                "search": None if row.rung is Rung.EXACT else row.command, "tuned_on": row.tuned_on,
                 "trials": budget.trials if budget else None,
                 "estimate_s": json_number(budget.estimate_s) if budget else None}
 
