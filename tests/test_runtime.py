@@ -237,11 +237,12 @@ def test_a_gpu_s_own_entries_answer_first_its_twin_s_fill_the_shapes_they_lack(c
     # a shape it was not: the H200's exact entry, not the H100's default (or its 4,096-row entry)
     lent = runtime.lookup("attention", PREFILL, torch.float16, H100)
     assert (lent.rung, lent.config, lent.source) == (Rung.EXACT, TUNED, h200)
-    assert "on NVIDIA_H200, a GPU of the same chip (this GPU's own tables have nothing nearer)" in \
+    assert "on NVIDIA_H200, a GPU of the same chip (this GPU's own tables lack it)" in \
         runtime.explain("attention", PREFILL, torch.float16, H100).why
     near = dataclasses.replace(PREFILL, lq=640, lk=640)
     assert runtime.lookup("attention", near, torch.float16, H100).source == h200
-    assert "from NVIDIA_H200's tables" in runtime.explain("attention", near, torch.float16, H100).why
+    assert ("from NVIDIA_H200's tables: a GPU of the same chip; this GPU's own tables have nothing nearer"
+            in runtime.explain("attention", near, torch.float16, H100).why)
     said = [r.getMessage() for r in caplog.records if r.name == "omnitune.runtime" and r.levelno == logging.INFO]
     assert len(said) == 1 and f"shapes its own tables lack are served from {h200}" in said[0], said
     # a search on the H100 warm-starts from its own winners first, then the H200's

@@ -46,12 +46,13 @@ def explain(
     if answer.rung is Rung.EXACT:
         where = "on this GPU"
         if twin:
-            where = f"on {twin}, a GPU of the same chip ({_own_gap(own, 'none tuned on this one')})"
+            lacking = "this GPU's own tables lack it" if own else "none tuned on this one"
+            where = f"on {twin}, a GPU of the same chip ({lacking})"
         return Explanation(answer, f"this shape was tuned in this dtype {where}", 1.0 if dtype else None)
     found = _rungs(spec, problem, dtype, device_name, tables, answer, limits)
     if twin:  # every other rung: the same reasons, read from tables the twin's answered from
-        return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; "
-                                  f"{_own_gap(own, 'none for this one')})")
+        lacking = "this GPU's own tables have nothing nearer" if own else "none for this one"
+        return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; {lacking})")
     return found
 
 
@@ -124,11 +125,6 @@ def _has_own(tables: Sequence[Table], device_name: str | None) -> bool:
     from omnitune.trial import device_key
 
     return tables[0].path.stem == device_key(device_name)
-
-
-def _own_gap(own: bool, without: str) -> str:
-    """What this GPU's own tables lacked for a twin's table to answer: `without` when it has none."""
-    return "this GPU's own tables have nothing nearer" if own else without
 
 
 def _untuned_rule(rule) -> str:
