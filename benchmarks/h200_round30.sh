@@ -7,7 +7,7 @@
 # (each its own JSON, so a step cut short loses only its own): compat (the H200's name a soft
 # difference), every entry's numerics on fresh inputs against the reference, and its speed re-timed
 # interleaved against its fallback and PyTorch. No --fix: a twin's table is never rewritten on
-# another GPU. The kernels are taken in the order given while the call has time (570 s).
+# another GPU. The kernels are taken in the order given while the call has time ($BUDGET s, 570 unless set).
 part=${1:?part V}
 shift
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -15,7 +15,7 @@ source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $sta
 [ "$part" = V ] || { echo "part V"; exit 2; }
 nvidia-smi -L
 for kernel in "$@"; do
-  budget=$(left 570)
+  budget=$(left ${BUDGET:-570})
   [ "$budget" -gt 60 ] || { echo "### no time left for $kernel"; break; }
   step "$budget" python -m omnitune verify --kernels "$kernel" --json "$OUT/verify_twin_${card}_round30_$kernel.json"
 done
