@@ -6,16 +6,28 @@
 # product's own check of them there: `omnitune verify` over the shipped tables, one kernel a step
 # (each its own JSON, so a step cut short loses only its own): compat (the H200's name a soft
 # difference), every entry's numerics on fresh inputs against the reference, and its speed re-timed
-# interleaved against its fallback and PyTorch. No --fix: a twin's table is never rewritten on
-# another GPU. The kernels are taken in the order given while the call has time ($BUDGET s, 570 unless set).
+# interleaved against its fallback and PyTorch. With FIX=1: `verify --fix` over a copy of the shipped
+# tables in $OUT/tc — the H200's tables are never rewritten there; their entries slower on this GPU
+# go, replaced by their fallback, into this GPU's own tables beside them ($OUT/tc/*/NVIDIA_H100_80GB_HBM3.json,
+# the files to ship). The kernels are taken in the order given while the call has time ($BUDGET s,
+# 570 unless set).
 part=${1:?part V}
 shift
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 
 [ "$part" = V ] || { echo "part V"; exit 2; }
 nvidia-smi -L
+fix=() suffix=""
+if [ "${FIX:-0}" = 1 ]; then
+  suffix=_fix
+  mkdir -p "$OUT/tc" && cp -r tuned_configs/. "$OUT/tc/"
+  fix=(--tables "$OUT/tc" --fix)
+fi
 for kernel in "$@"; do
   budget=$(left ${BUDGET:-570})
   [ "$budget" -gt 60 ] || { echo "### no time left for $kernel"; break; }
-  step "$budget" python -m omnitune verify --kernels "$kernel" --json "$OUT/verify_twin_${card}_round30_$kernel.json"
+  step "$budget" python -m omnitune verify --kernels "$kernel" "${fix[@]}" \
+    --json "$OUT/verify${suffix}_twin_${card}_round30_$kernel.json"
 done
+rm -f "$OUT"/tc/*/.*.lock 2>/dev/null
+true

@@ -13,10 +13,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from omnitune import export
+from omnitune import export, runtime
 from omnitune.cli import app
 from omnitune.kernels.attention import SPEC, AttentionProblem
-from omnitune.profile.device import INTERPRETER_DEVICE, DeviceFacts, current_device_facts
+from omnitune.profile.device import INTERPRETER_DEVICE, DeviceFacts, current_device_facts, device_key
 from omnitune.spec import Config
 from omnitune.verify import compat, memory, traffic
 from omnitune.verify.pipeline import VerifyOptions, run_verify
@@ -228,7 +228,7 @@ def test_a_table_from_another_gpu_fails_and_its_entries_are_not_run(tmp_path, mo
 
 
 @cpu_only
-def test_the_twin_s_table_the_runtime_serves_here_is_checked_and_timed_here_but_never_rewritten(tmp_path):
+def test_the_twin_s_table_the_runtime_serves_here_is_checked_and_timed_here_but_never_rewritten(tmp_path, tables_dir):
     # an H200's table on an H100 with none of its own: what the runtime here serves
     h200 = interpreter_facts(**H200_FACTS)
     tables = exported(tmp_path, [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device="NVIDIA H200"),
@@ -244,10 +244,38 @@ def test_the_twin_s_table_the_runtime_serves_here_is_checked_and_timed_here_but_
     assert table_check["status"] == "warn" and "a GPU of the same chip: served here" in table_check["summary"]
     assert table_check["details"]["hard"] == [] and [d["field"] for d in table_check["details"]["soft"]] == ["device"]
     assert [c.status for c in report.checks if c.part == "numerics"] == [Status.PASS]
+    # the H200's table is not rewritten; its slower entry goes, replaced, into the H100's own table
     (speed_check,) = [c for c in report.checks if c.part == "speed"]
-    assert speed_check.status is Status.FAIL and "fixed" not in speed_check.details
+    own_path = path.with_name(f"{device_key(H100)}.json")
+    assert speed_check.status is Status.WARN and speed_check.details["fixed_in"] == str(own_path)
     assert path.read_text() == before
-    assert any("served here: not rewritten" in line for line in said), said
+    assert any("served here: not rewritten; 1 entry slower here written" in line for line in said), said
+    own = json.loads(own_path.read_text())
+    assert own["device"]["name"] == H100 and own["kernel"] == "attention" and "predictor" not in own
+    (key,) = own["entries"]
+    assert Config(own["entries"][key]["config"]) == DEFAULT
+    assert Config(own["entries"][key]["verify_fix"]["replaced_config"]) == FAST
+    assert own["entries"][key]["verify_fix"]["replaced_in"] == path.name
+    # the runtime here now runs the fallback for that shape, from this GPU's own table
+    assert tables == tables_dir  # the folder the runtime reads
+    runtime.clear_cache()
+    answer = runtime.lookup("attention", PROBLEM, torch.float32, H100)
+    assert (answer.config, answer.source) == (DEFAULT, own_path)
+    # a second --fix leaves the own entry as it is (it is this GPU's now), and the twin's file too
+    own_before = own_path.read_text()
+    run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=here,
+               timer=fake_timer({"entry": 2.0, "fallback": 1.0, "default": 1.0}))
+    assert own_path.read_text() == own_before and path.read_text() == before
+    # an own table that cannot be merged into safely is left as it is, and said so
+    own_path.write_text("{")
+    said.clear()
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), machine=here,
+                        timer=fake_timer({"entry": 2.0, "fallback": 1.0, "default": 1.0}), progress=said.append)
+    assert own_path.read_text() == "{" and path.read_text() == before
+    assert [c.status for c in report.checks if c.part == "speed"] == [Status.FAIL]
+    assert any("1 entry slower here not written into this GPU's own table: cannot merge into" in line
+               for line in said), said
+    own_path.unlink()
 
     # with a table of its own for the kernel, the runtime serves the twin's below it: both are run
     own = exported(tmp_path / "own", [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device=H100)],

@@ -40,7 +40,8 @@ def verify(
     fix: bool = typer.Option(False, "--fix", help="Replace every entry slower than its fallback by the fallback, "
                              "and revalidate a table tuned on older kernel source (on its own GPU, entries right and "
                              "not slower than their fallback are re-stamped for today's source), rewriting the table "
-                             "as omnitune export does."),
+                             "as omnitune export does. A same-chip GPU's table served here is never rewritten: its "
+                             "entries slower here go, replaced, into this GPU's own table beside it."),
     interpret: bool = interpret_option(" Compatibility and numerics only (small problems derived from the "
                                        "entries, fp32/fp16); the GPU parts are skipped."),
 ) -> None:

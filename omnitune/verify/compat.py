@@ -14,7 +14,8 @@ key), so that it fails for its source while the table and its other entries pass
 A table of a GPU made of the same chip as this one (omnitune.trial.same_chip_keys: an H200's on an
 H100 SXM) is what the runtime here serves below this GPU's own tables (served_twins):
 its other name is a soft difference, its entries are checked and timed here, and --fix never
-writes into it — configs timed here say nothing of the GPU it is for.
+writes into it — configs timed here say nothing of the GPU it is for; its entries slower here go
+into this GPU's own table instead (omnitune.verify.fix.apply_to_own_table).
 
 Without a GPU (--interpret) a GPU's table cannot be compared with this machine's GPU: the device
 fields are skipped, the source hash and the versions still checked — which is what CI can check.

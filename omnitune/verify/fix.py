@@ -7,13 +7,20 @@ The new entry holds the fallback config with the times verify measured for it, a
 replaced under `verify_fix` (the old config, both re-timed medians, when), so that a review of
 the diff sees why the table changed. The file is read again just before writing, so entries
 changed on disk since verify read it are kept.
+
+A same-chip GPU's table served here (omnitune.trial.same_chip_keys: the H200's on an H100 SXM)
+is never rewritten — its times are that GPU's. Its entries slower here than their fallback go,
+replaced, into this GPU's own table beside it (apply_to_own_table): created holding them alone,
+or merged into without touching an entry of its own. The runtime reads a GPU's own entries before
+its twin's, so those shapes then run their fallback here and the twin's entries everywhere else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from omnitune.provenance import ENTRY_SOURCE_HASH
@@ -55,6 +62,43 @@ def apply_fixes(table: TableFile, replacements: Sequence[Replacement], *, revali
         document["exported_at"] = now
         write_json_atomic(table.path, document)
     return outcome
+
+
+def apply_to_own_table(table: TableFile, replacements: Sequence[Replacement], machine: Mapping[str, Any], *,
+                       now: str | None = None) -> tuple[Path, list[str]]:
+    """Write the `replacements` of a same-chip GPU's table (`table`, left as it is) into this
+    machine's GPU's own table in the same folder; returns that file's path and the keys written
+    (an entry the own table already holds is its own, and stays). A file there that cannot be
+    merged into safely raises StoreError; one that cannot be written, OSError."""
+    from omnitune.export import SCHEMA_VERSION, read_table_file, write_json_atomic
+
+    path = table.path.with_name(f"{machine['key']}.json")
+    written: list[str] = []
+    twin = read_table_file(table.path, table.kernel) if replacements else None
+    if twin is None:
+        return path, written
+    now = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    own = read_table_file(path, table.kernel) or {
+        "schema_version": SCHEMA_VERSION, "kernel": table.kernel,
+        "device": {field: machine.get(field) for field in ("key", "name", "compute_capability", "driver")},
+        "software": {field: machine.get(field) for field in ("torch", "triton", "omnitune")},
+        # The entries written are measured here, now, on today's source.
+        "kernel_source_hash": table.spec.source_hash() if table.spec is not None else None,
+        "representative": bool(twin.get("representative", True)),
+        "entries": {},
+    }
+    for fix in replacements:
+        old = twin["entries"].get(fix.key)
+        if not isinstance(old, dict) or fix.key in own["entries"]:
+            continue
+        entry = replaced_entry(old, fix, now, has_fallback_fields="fallback_config" in old)
+        entry["verify_fix"]["replaced_in"] = table.path.name
+        own["entries"][fix.key] = entry
+        written.append(fix.key)
+    if written:
+        own["exported_at"] = now
+        write_json_atomic(path, own)
+    return path, written
 
 
 def replaced_entry(old: dict[str, Any], fix: Replacement, now: str, *, has_fallback_fields: bool) -> dict[str, Any]:

@@ -151,8 +151,7 @@ def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: 
             if workers is not None:
                 state.progress(f"{table.label}: {workers.close().summary()}")
         if options.fix and twin:
-            state.progress(f"--fix: {table.label} is a same-chip GPU's table, served here: not rewritten (a search "
-                           "and export on this GPU make its own)")
+            speed_checks = _fix_into_own_table(table, replacements, speed_checks, state, machine)
         elif options.fix:
             speed_checks = _apply_fixes(table, replacements, results, speed_checks, state, timed=timer is not None)
         state.report.add(speed_checks)
@@ -235,6 +234,37 @@ def _apply_fixes(table: TableFile, replacements, results: list[EntryResult], che
         if c.subject in fixed else revalidate.speed_after(c, records[c.subject]) if c.subject in records else c
         for c in checks
     ]
+
+
+def _fix_into_own_table(table: TableFile, replacements, checks: list[Check], state: _State, machine) -> list[Check]:
+    """--fix on a same-chip GPU's table served here: that table is not rewritten; its entries slower
+    here go, replaced by their fallback, into this GPU's own table beside it (omnitune.verify.fix)."""
+    from omnitune.verify.fix import apply_to_own_table
+
+    kept = f"--fix: {table.label} is a same-chip GPU's table, served here: not rewritten"
+    try:
+        path, written = apply_to_own_table(table, replacements, machine)
+    except (OmnituneError, OSError) as exc:
+        why = str(exc) if isinstance(exc, OmnituneError) else one_line(exc)
+        state.progress(f"{kept}; {_entries_said(len(replacements))} slower here not written into this GPU's own "
+                       f"table: {why}")
+        return checks
+    if not written:
+        state.progress(f"{kept}; nothing to write into this GPU's own table")
+        return checks
+    state.fixed[str(path)] = sorted(written)
+    state.progress(f"{kept}; {_entries_said(len(written))} slower here written, replaced by their fallback, into "
+                   f"this GPU's own table {path}, which the runtime reads first")
+    return [
+        Check(c.part, c.subject, Status.WARN, f"replaced in this GPU's own table {path} (--fix; {table.path.name} "
+              f"is not rewritten); was {c.summary}", c.kernel, {**c.details, "fixed": True, "fixed_in": str(path)})
+        if c.subject in written else c
+        for c in checks
+    ]
+
+
+def _entries_said(count: int) -> str:
+    return f"{count} {'entry' if count == 1 else 'entries'}"
 
 
 def _preset_kernels(options: VerifyOptions) -> list[str]:
