@@ -93,6 +93,7 @@ def apply_to_own_table(table: TableFile, replacements: Sequence[Replacement], ma
             continue
         entry = replaced_entry(old, fix, now, has_fallback_fields="fallback_config" in old)
         entry["verify_fix"]["replaced_in"] = table.path.name
+        entry.pop("trials", None)  # the twin's search's count: nothing was searched on this GPU
         own["entries"][fix.key] = entry
         written.append(fix.key)
     if written:

@@ -253,7 +253,7 @@ def _fix_into_own_table(table: TableFile, replacements, checks: list[Check], sta
         state.progress(f"{kept}; nothing to write into this GPU's own table")
         return checks
     state.fixed[str(path)] = sorted(written)
-    state.progress(f"{kept}; {_entries_said(len(written))} slower here written, replaced by their fallback, into "
+    state.progress(f"{kept}; {_entries_said(len(written))} slower here written, each replaced by its fallback, into "
                    f"this GPU's own table {path}, which the runtime reads first")
     return [
         Check(c.part, c.subject, Status.WARN, f"replaced in this GPU's own table {path} (--fix; {table.path.name} "
