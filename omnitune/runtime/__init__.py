@@ -205,7 +205,7 @@ def nearest_configs(
     distinct configs, each valid for `problem`; a same-chip GPU's after this one's own. What a search
     warm-starts from."""
     chosen: list[Config] = []
-    tables, _ = _own_or_twin_tables(spec, problem, dtype, device_key, config_dirs())
+    tables = _own_or_twin_tables(spec, problem, dtype, device_key, config_dirs())
     for source in dtypes_to_borrow(dtype):
         for _, _, entry in ranked_entries(spec, problem, source, tables):
             if len(chosen) >= most:
@@ -284,17 +284,16 @@ def _tables_for(spec: KernelSpec, problem: Any, dtype: torch.dtype | None, devic
         return []
     from omnitune.profile.device import device_key
 
-    tables, _ = _own_or_twin_tables(spec, problem, dtype, device_key(device_name), _snapshot_dirs(), device_name)
-    return tables
+    return _own_or_twin_tables(spec, problem, dtype, device_key(device_name), _snapshot_dirs(), device_name)
 
 
 def _own_or_twin_tables(
     spec: KernelSpec, problem: Any, dtype: torch.dtype, key: str, dirs: list[Path], device_name: str | None = None,
-) -> tuple[list, str | None]:
+) -> list:
     """The readable tables for device `key` under `dirs`, in precedence order, followed by those of
-    the first same-chip GPU that has some (and that GPU's key; None when no twin's table is read).
-    The device's own entries come first at every rung; the twin's answer the shapes they lack (a
-    GPU tuned for one shape keeps the twin's entries for every other, rather than the default).
+    the first same-chip GPU that has some. The device's own entries come first at every rung; the
+    twin's answer the shapes they lack (a GPU tuned for one shape keeps the twin's entries for every
+    other, rather than the default).
     With device_name (a lookup, not a search's warm start), reading a twin's is said once, and so
     is finding no file of this device's and no twin's table."""
     from omnitune.profile.device import same_chip_keys
@@ -306,10 +305,10 @@ def _own_or_twin_tables(
         if tables:
             if device_name is not None:
                 _tables.note_twin(spec, device_name, tables[0].path, gap, below_own=bool(own))
-            return own + tables, twin
+            return own + tables
     if not found_any and device_name is not None:
         _tables.warn_missing(spec, device_name, [table_path(d, spec.name, key) for d in dirs], gap)
-    return own, None
+    return own
 
 
 def _tables_at(spec: KernelSpec, key: str, dirs: list[Path], gap: str) -> tuple[list, bool]:

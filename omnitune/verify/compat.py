@@ -227,7 +227,7 @@ def _compare_device(device: Mapping[str, Any], machine: Mapping[str, Any], hard:
                     twin: bool = False) -> None:
     name, here = device.get("name"), machine.get("name")
     if name != here and twin:
-        soft.append(Difference("device", name, here, "a GPU of the same chip: served here, this GPU having no table"))
+        soft.append(Difference("device", name, here, "a GPU of the same chip: served here, below this GPU's own tables"))
     elif name != here:
         hard.append(Difference("device", name, here, "another GPU"))
     cc, here_cc = device.get("compute_capability"), machine.get("compute_capability")

@@ -57,7 +57,6 @@ class _State:
     progress: Callable[[str], None]
     lost: str | None = None
     """Why the CUDA context is gone, once it is."""
-    fixed: dict[str, list[str]] = field(default_factory=dict)
     compat_at: dict[str, int] = field(default_factory=dict)
     """Table path → where its compat check lies in the report (--fix rewrites it)."""
     twins: set[str] = field(default_factory=set)
@@ -215,7 +214,6 @@ def _apply_fixes(table: TableFile, replacements, results: list[EntryResult], che
                                {key: state.report.checks[i].details["revalidation"] for key, i in entry_at.items()})
     outcome = apply_fixes(table, replacements, revalidation=plan)
     fixed = set(outcome.replaced)
-    state.fixed[str(table.path)] = sorted(fixed)
     if fixed:
         state.progress(f"--fix: {len(fixed)} entries of {table.label} replaced by their fallback")
     records = outcome.restamp.records if outcome.restamp is not None else {}
@@ -252,7 +250,6 @@ def _fix_into_own_table(table: TableFile, replacements, checks: list[Check], sta
     if not written:
         state.progress(f"{kept}; nothing to write into this GPU's own table")
         return checks
-    state.fixed[str(path)] = sorted(written)
     state.progress(f"{kept}; {_entries_said(len(written))} slower here written, each replaced by its fallback, into "
                    f"this GPU's own table {path}, which the runtime reads first")
     return [
