@@ -738,6 +738,37 @@ def test_a_table_of_another_gpu_or_architecture_is_never_revalidated(tmp_path):
 
 
 @cpu_only
+def test_an_entry_slower_in_one_timing_but_not_its_confirmation_is_kept(tmp_path):
+    """A slower verdict is timed twice before --fix acts on it: slower in the first timing only,
+    the entry stays (a warning); slower in both, it is replaced."""
+    tables = attention_table(tmp_path)
+    path = next(tables.glob("attention/*.json"))
+    before = path.read_text()
+    slow = fake_timer({"entry": 2.0, "fallback": 1.0, "default": 1.0})
+    fast = fake_timer({"entry": 1.0, "fallback": 1.5, "default": 1.5})
+    calls = []
+
+    def once_slow(candidates, rounds):
+        calls.append(rounds)
+        return (slow if len(calls) == 1 else fast)(candidates, rounds)
+
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), timer=once_slow)
+    (speed_check,) = [c for c in report.checks if c.part == "speed"]
+    assert len(calls) == 2 and speed_check.status is Status.WARN, speed_check.summary
+    assert speed_check.summary.startswith("slower in the first of two interleaved timings only (kept)")
+    assert speed_check.details["first_timing"]["summary"].startswith("slower than its fallback")
+    assert speed_check.details["speedup_vs_fallback"] == pytest.approx(1.5, rel=0.01)
+    assert report.exit_code == 0 and path.read_text() == before
+
+    calls.clear()
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True, fix=True), timer=slow)
+    (speed_check,) = [c for c in report.checks if c.part == "speed"]
+    assert speed_check.details["fixed"] and "was slower than its fallback" in speed_check.summary
+    assert speed_check.details["first_timing"]["summary"].startswith("slower than its fallback")
+    assert path.read_text() != before
+
+
+@cpu_only
 def test_a_faster_entry_passes_and_a_faster_baseline_only_warns(tmp_path):
     tables = attention_table(tmp_path)
     faster = run_verify(VerifyOptions(tables=(tables,), interpret=True),

@@ -147,14 +147,40 @@ def check_speed(table: TableFile, entry: Entry, runner: Runner, timer: Timer, *,
         candidates += usable
         details["baselines_not_used"] = refused
 
-    samples = timer(candidates, rounds)
+    judged = _judge(spec, entry, candidates, timer(candidates, rounds), fallback, default, checked)
+    if judged.replacement is not None:
+        # A verdict --fix acts on is timed a second time, and a replacement written only when the
+        # entry is slower in both interleaved timings: on a shared GPU one noisy timing must not
+        # cost a table its tuned config (one kv_compress entry read 0.61x and 0.76x of its
+        # fallback and then a pass, in three verify runs on an H100).
+        first = {"summary": judged.text, "candidates": judged.details["candidates"]}
+        judged = _judge(spec, entry, candidates, timer(candidates, rounds), fallback, default, checked)
+        if judged.replacement is None:
+            judged.status = Status.WARN
+            judged.text = f"slower in the first of two interleaved timings only (kept): {judged.text}"
+        judged.details["first_timing"] = first
+    details.update(judged.details)
+    return SpeedOutcome(Check(PART, entry.key, judged.status, judged.text, table.kernel, details), judged.replacement)
+
+
+@dataclass
+class _Judgement:
+    status: Status
+    text: str
+    replacement: Replacement | None
+    details: dict[str, Any]
+
+
+def _judge(spec: KernelSpec, entry: Entry, candidates: Sequence[Candidate], samples: list[list[float]],
+           fallback: Config, default: Config, checked: dict[Config, float]) -> _Judgement:
+    """The verdict of one interleaved timing of `candidates`."""
     timings = [FinalistTiming.from_samples(c.config or Config(), s) for c, s in zip(candidates, samples)]
-    details["candidates"] = [
+    details: dict[str, Any] = {"candidates": [
         {"label": c.label, "kind": c.kind, "config": c.config.as_dict() if c.config else None,
          "median_ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "cv": t.cv, "noisy": t.noisy,
          "rounds": t.rounds}
         for c, t in zip(candidates, timings)
-    ]
+    ]}
     by_kind = {c.kind: t for c, t in zip(candidates, timings) if c.kind != "baseline"}
     by_config = {c.config: t for c, t in zip(candidates, timings) if c.config is not None}
     entry_ms = by_kind["entry"].median_ms
@@ -194,15 +220,16 @@ def check_speed(table: TableFile, entry: Entry, runner: Runner, timer: Timer, *,
     elif slower:
         status = Status.FAIL
         text = f"slower than its fallback: {text}"
-        replacement = Replacement(entry.key, fallback_config(spec, entry.problem, entry.dtype), fallback_ms,
-                                  entry_ms, fallback_timing, checked.get(fallback, math.nan), by_config[default].median_ms)
+        # The runner's problem may be one derived from the entry's: the fix is the entry's own fallback.
+        replacement = Replacement(entry.key, fallback_config(spec, entry.problem, entry.dtype), fallback_ms, entry_ms,
+                                  fallback_timing, checked.get(fallback, math.nan), by_config[default].median_ms)
     elif best_base is not None and entry_ms > best_base[1] * (1 + SLOWER_MARGIN) and not (
             spec.rollback_config and entry.config == fallback):
         status = Status.WARN
         text = f"slower than {best_base[0]}: {text}"
     else:
         status = Status.PASS
-    return SpeedOutcome(Check(PART, entry.key, status, text, table.kernel, details), replacement)
+    return _Judgement(status, text, replacement, details)
 
 
 def _config_candidate(runner: Runner, label: str, kind: str, config: Config) -> Candidate:
