@@ -140,6 +140,31 @@ def test_entries_kept_from_older_source_in_a_current_table_are_served_with_one_i
     assert len(infos) == 1 and infos[0].startswith("1 of the 2 entries of") and "older attention source" in infos[0]
 
 
+def test_an_entry_verify_replaced_by_its_fallback_is_served_and_explained_as_such(config_dir, warnings_seen):
+    # omnitune verify --fix leaves `verify_fix` where the tuned config was slower than its fallback:
+    # the lookup serves the entry's (fallback) config, the explanation says it is not the tuned one.
+    key, fixed = _entry(PREFILL, OTHER)
+    fixed["verify_fix"] = {"replaced_config": dict(TUNED), "replaced_time_ms": 0.61, "fallback_time_ms": 0.5,
+                           "at": "2026-12-01T00:00:00+00:00", "reason": "slower than its fallback"}
+    larger = dataclasses.replace(PREFILL, lq=2048, lk=2048)
+    odd_key, odd = _entry(larger, TUNED)
+    odd["verify_fix"] = "not an object"  # ignored: provenance never costs an entry
+    _write(config_dir, _document({key: fixed, odd_key: odd}))
+
+    answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
+    assert answer.rung is Rung.EXACT and answer.config == OTHER
+    why = runtime.explain("attention", PREFILL, torch.float16, GPU).why
+    assert why.startswith("this shape was tuned in this dtype on this GPU; that entry holds its fallback config")
+    assert "BLOCK_M=128" in why and "(0.61 against 0.5 ms)" in why
+
+    near = dataclasses.replace(PREFILL, lq=640, lk=640)
+    assert runtime.lookup("attention", near, torch.float16, GPU).matched_key == key
+    assert "that entry holds its fallback config" in runtime.explain("attention", near, torch.float16, GPU).why
+    assert runtime.lookup("attention", larger, torch.float16, GPU).config == TUNED
+    assert "fallback" not in runtime.explain("attention", larger, torch.float16, GPU).why
+    assert warnings_seen() == []
+
+
 def test_nearest_hit_picks_the_closest_problem_within_the_ratio(config_dir):
     small = dataclasses.replace(PREFILL, lq=512, lk=512)
     large = dataclasses.replace(PREFILL, lq=2048, lk=2048)

@@ -21,7 +21,6 @@ from omnitune.registry import get_spec
 from omnitune.runtime import Rung, explain
 from omnitune.runtime._format import search_command
 from omnitune.spec import dtype_name
-from omnitune.trial import device_key
 
 _GAP_ORDER = {Rung.DEFAULT: 3, Rung.PREDICTOR: 2, Rung.NEAREST: 1, Rung.EXACT: 0}
 
@@ -68,12 +67,11 @@ def coverage(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dtype, 
         for problem in preset_problems(preset, kernel):
             found = explain(kernel, problem.problem, dtype, device_name)
             answer = found.lookup
-            source = answer.source.stem if answer.source is not None else None
             rows.append(CoverageRow(
                 kernel=kernel, problem_key=spec.problem_key(problem.problem), role=problem.role,
                 dtype=dtype_name(dtype), rung=answer.rung, why=found.why,
                 matched_key=answer.matched_key or found.closest, distance=answer.distance,
                 expected_ratio=found.expected_ratio, order=len(rows),
-                tuned_on=source if source not in (None, device_key(device_name)) else None,
+                tuned_on=found.tuned_on,
             ))
     return sorted(rows, key=lambda r: r.gap_key)

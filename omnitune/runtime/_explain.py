@@ -34,6 +34,9 @@ class Explanation:
     """For a lookup that found no tuned problem within the MatchPolicy: the entry key of the
     closest one (by summed |log2 ratio| of the dimensions, another flag or name counting 8);
     None otherwise."""
+    tuned_on: str | None = None
+    """The device key of the same-chip GPU whose table answered (omnitune.trial.same_chip_keys);
+    None when this GPU's own table answered, or nothing tuned did."""
 
 
 def explain(
@@ -48,11 +51,15 @@ def explain(
         if twin:
             lacking = "this GPU's own tables lack it" if own else "none tuned on this one"
             where = f"on {twin}, a GPU of the same chip ({lacking})"
-        return Explanation(answer, f"this shape was tuned in this dtype {where}", 1.0 if dtype else None)
+        return Explanation(answer, f"this shape was tuned in this dtype {where}{_verify_fixed(tables, answer)}",
+                           1.0 if dtype else None, tuned_on=twin)
     found = _rungs(spec, problem, dtype, device_name, tables, answer, limits)
+    if answer.rung is Rung.NEAREST:
+        found = replace(found, why=found.why + _verify_fixed(tables, answer))
     if twin:  # every other rung: the same reasons, read from tables the twin's answered from
         lacking = "this GPU's own tables have nothing nearer" if own else "none for this one"
-        return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; {lacking})")
+        return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; {lacking})",
+                       tuned_on=twin if answer.source is not None else None)
     return found
 
 
@@ -114,8 +121,10 @@ def _twin(tables: Sequence[Table], answer: Lookup, device_name: str | None) -> s
 
     here = device_key(device_name)
     if answer.source is not None:
-        return answer.source.stem if answer.source.stem != here else None
-    return None if _has_own(tables, device_name) else tables[0].path.stem
+        source = next((t for t in tables if t.path == answer.source), None)
+        key = source.device_key if source is not None else answer.source.stem
+        return key if key != here else None
+    return None if _has_own(tables, device_name) else tables[0].device_key
 
 
 def _has_own(tables: Sequence[Table], device_name: str | None) -> bool:
@@ -124,7 +133,23 @@ def _has_own(tables: Sequence[Table], device_name: str | None) -> bool:
         return False
     from omnitune.trial import device_key
 
-    return tables[0].path.stem == device_key(device_name)
+    return tables[0].device_key == device_key(device_name)
+
+
+def _verify_fixed(tables: Sequence[Table], answer: Lookup) -> str:
+    """For an answer from an entry that omnitune verify --fix replaced by its fallback: a clause
+    saying so (the config it had, both re-timed medians); "" otherwise."""
+    table = next((t for t in tables if t.path == answer.source), None)
+    entry = table.entries.get(answer.matched_key) if table is not None and answer.matched_key else None
+    fixed = entry.verify_fix if entry is not None else None
+    if not fixed:
+        return ""
+    was, ms, kept = fixed.get("replaced_config"), fixed.get("replaced_time_ms"), fixed.get("fallback_time_ms")
+    label = " ".join(f"{k}={v}" for k, v in was.items()) if isinstance(was, dict) else "?"
+    times = (f" ({ms:.4g} against {kept:.4g} ms)" if isinstance(ms, (int, float)) and isinstance(kept, (int, float))
+             else "")
+    return (f"; that entry holds its fallback config: omnitune verify --fix re-timed its tuned config ({label}) "
+            f"slower{times}")
 
 
 def _untuned_rule(rule) -> str:

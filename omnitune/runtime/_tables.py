@@ -52,6 +52,10 @@ class TableEntry:
     dtype: torch.dtype
     problem: Any
     config: Config
+    verify_fix: Mapping[str, Any] | None = None
+    """The record omnitune verify --fix left where it replaced the tuned config by its fallback
+    (the config replaced, both re-timed medians); None for a config as tuned. Read for the
+    explanations alone: the lookup serves the entry's config either way."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,12 @@ class Table:
     predictor_block: Any = None
     """The file's "predictor" value as parsed JSON (None without one): validated on first use
     by predictor_of, so that a lookup answered by an entry never pays for it."""
+
+    @property
+    def device_key(self) -> str:
+        """The GPU the table was tuned on (omnitune.trial.device_key): the file's name, which a
+        table is read only if its document's device key matches."""
+        return self.path.stem
 
 
 _parsed: dict[str, tuple[FileStamp, Table | None]] = {}
@@ -249,12 +259,15 @@ def schema_problem(doc: Any, kernel: str, path: Path) -> str | None:
 def parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
     """One entry of a table, validated against the spec (export re-validates the entries it keeps
     with it too); raises KeyError, TypeError, ValueError or an OmnituneError naming what is wrong."""
-    # Only the fields that make the lookup are read; every other one (times, `verify_fix`, the
-    # `revalidated` record of omnitune verify --fix, an entry's own `kernel_source_hash`, fields a
-    # later omnitune adds) is ignored, so that provenance can never make the runtime skip an entry.
+    # Only the fields that make the lookup are read, and `verify_fix` (where it is an object) for
+    # the explanations; every other one (times, the `revalidated` record of omnitune verify --fix,
+    # an entry's own `kernel_source_hash`, fields a later omnitune adds) is ignored, so that
+    # provenance can never make the runtime skip an entry.
     dtype, problem = keyed_problem(key, raw, spec)
     config = spec.coerce_config(raw["config"], strict=True)  # true/false for a flag, not 1 or 1.0
-    return TableEntry(key=key, dtype=dtype, problem=problem, config=config)
+    fixed = raw.get("verify_fix")
+    return TableEntry(key=key, dtype=dtype, problem=problem, config=config,
+                      verify_fix=fixed if isinstance(fixed, dict) else None)
 
 
 def _note_source_hash(doc: dict, spec: KernelSpec, path: Path) -> None:
