@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Thirty-first round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round31.sh
+# Thirty-first round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round31.sh [N]
 # The lender has given H100s (NVIDIA H100 80GB HBM3) for the kind that names the H200 in every call
 # of rounds 28-30. On an H200 this call is round 29's S (issue 16: the fp8 transposed dots of
 # benchmarks/variants/decode_fp8_swap_ab.patch, applied here, on the device, with the paged-decode
-# table revalidated for them); on any other card it is N.
+# table revalidated for them); on any other card it is N when asked for (else it stops: exit 3).
 # N: `omnitune verify --fix` now times a failing speed verdict twice and replaces an entry only
 #    when it is slower in both timings. Round 30's one kv_compress replacement on the H100 came from
 #    runs in which the same entries read slower, then passed: kv_compress is verified again here over
@@ -16,6 +16,7 @@ if [ "$card" = h200 ]; then
   variant_apply benchmarks/variants/decode_fp8_swap_ab.patch || exit 2
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
+[ "${1:-}" = N ] || { echo "not an H200 and N not asked for: nothing run"; exit 3; }
 mkdir -p "$OUT/tc" && cp -r tuned_configs/. "$OUT/tc/"
 rm -f "$OUT/tc/kv_compress/NVIDIA_H100_80GB_HBM3.json"
 step 330 python -m omnitune verify --kernels kv_compress --tables "$OUT/tc" --fix \
