@@ -769,6 +769,47 @@ def test_an_entry_slower_in_one_timing_but_not_its_confirmation_is_kept(tmp_path
 
 
 @cpu_only
+def test_speed_is_timed_once_the_compile_workers_are_done_with_every_entry(tmp_path, monkeypatch):
+    """The workers compile every entry's configs ahead; the first timing waits until they are done
+    with all of them (none withdrawn), so that no entry is timed on a busy host."""
+    from omnitune.measure import ahead as measure_ahead
+    from omnitune.verify import ahead
+
+    made = []
+
+    class Recorded(ahead.EntriesAhead):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(ahead, "EntriesAhead", Recorded)
+    states = []  # at each timing: (pending, cancelled) compile futures over every entry's configs
+
+    def timer(candidates, rounds):
+        futures = [f for w in made for pool, _ in w._pools.values() for f in pool.futures.values()]
+        states.append((sum(not f.done() for f in futures), sum(f.cancelled() for f in futures), len(futures)))
+        return fake_timer({"entry": 1.0, "fallback": 1.5, "default": 1.5})(candidates, rounds)
+
+    # Three entries of the shipped KV-write table, small enough for the interpreter as they are.
+    doc = json.loads((ROOT / "tuned_configs" / "kv_cache_write" / "NVIDIA_H200.json").read_text())
+    keys = ["fp16|t=4,hkv=2,d=128,block_size=16", "fp16|t=64,hkv=2,d=128,block_size=16",
+            "fp16|t=4,hkv=4,d=128,block_size=16"]
+    doc["entries"] = {key: doc["entries"][key] for key in keys}
+    (tmp_path / "kv_cache_write").mkdir()
+    (tmp_path / "kv_cache_write" / "NVIDIA_H200.json").write_text(json.dumps(doc))
+    lines = []
+    try:
+        report = run_verify(VerifyOptions(tables=(tmp_path,), interpret=True), timer=timer, progress=lines.append,
+                            compile_ahead=True)
+    finally:
+        measure_ahead.close_shared_workers()
+    assert len(made) == 1 and len(states) == len([c for c in report.checks if c.part == "speed"]) == 3
+    assert states[0][2] >= 3  # every entry's configs were handed to the workers
+    assert all(pending == 0 and cancelled == 0 for pending, cancelled, _ in states), states
+    assert sum("timing waits for the compile workers to finish" in line for line in lines) == 1
+
+
+@cpu_only
 def test_a_faster_entry_passes_and_a_faster_baseline_only_warns(tmp_path):
     tables = attention_table(tmp_path)
     faster = run_verify(VerifyOptions(tables=(tables,), interpret=True),

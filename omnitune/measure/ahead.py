@@ -136,6 +136,19 @@ class PrecompilePool:
             pass
         self.waited_s += time.perf_counter() - waiting
 
+    def finish(self) -> None:
+        """Return once the workers are done with every config submitted (compiled, failed, or
+        given up on after wait_s each), none withdrawn: for a timing that wants a quiet host."""
+        for future in self.futures.values():
+            if future.done():
+                continue
+            waiting = time.perf_counter()
+            try:
+                future.result(timeout=self.wait_s)
+            except Exception:  # noqa: BLE001 — a hung or lost worker: whoever launches it fails there
+                pass
+            self.waited_s += time.perf_counter() - waiting
+
     def report(self) -> PrecompileReport:
         done = {c: launched(f) for c, f in self.futures.items() if f.done() and not f.cancelled()}
         failed = {c: outcome.error for c, outcome in done.items() if outcome.error}

@@ -61,6 +61,11 @@ class EntriesAhead:
         for config in configs:
             pool.ready(config)
 
+    def finish(self) -> None:
+        """Return once the workers are done with every entry's configs, none withdrawn."""
+        for pool, _ in self._pools.values():
+            pool.finish()
+
     def close(self) -> PrecompileReport:
         """Withdraw what no worker has started and say what the workers did, all entries together."""
         reports, failed = [], {}
