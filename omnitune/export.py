@@ -152,6 +152,7 @@ def build_documents(
     best = best[best["status"] == "ok"]
     documents = []
     for (kernel, device_key), rows in best.groupby(["kernel", "device_key"], sort=True):
+        _refuse_unsafe_names(kernel, device_key)
         newest = rows.sort_values("measured_at", kind="stable").iloc[-1]
         rollback = _rollback_config(kernel)
         fallbacks = _fallback_trials(trials[trials["kernel"] == kernel], rollback) if rollback else None
@@ -185,6 +186,20 @@ def build_documents(
             content["predictor"] = block
         documents.append(TableDocument(kernel, device_key, content))
     return documents
+
+
+def _refuse_unsafe_names(kernel: Any, device_key: Any) -> None:
+    """The kernel and device key name the table's folder and file: a database that holds one no
+    search writes (a path, an empty name: a tampered or corrupt file) exports nothing, rather than
+    a file outside --out."""
+    from omnitune.trial import device_key as key_of
+
+    if not isinstance(device_key, str) or key_of(device_key) != device_key:
+        raise StoreError(f"the database holds trials under device key {describe(device_key)}, which is not a "
+                         "device key (letters, digits and '_'): a tampered or corrupt database; nothing exported")
+    if not isinstance(kernel, str) or not kernel or kernel.startswith(".") or any(c in kernel for c in "/\\\0"):
+        raise StoreError(f"the database holds trials of kernel {describe(kernel)}, which cannot name a table's "
+                         "folder: a tampered or corrupt database; nothing exported")
 
 
 def _provenance_hashes(kernel: str, recorded: pd.Series) -> dict[Any, Any]:

@@ -545,3 +545,21 @@ def test_a_lock_held_too_long_is_a_clear_error(populated, tmp_path, monkeypatch)
     with table_files.locked(_h200_file(tmp_path)):
         with pytest.raises(StoreError, match="another export has been writing"):
             export.export_tables(populated, tmp_path)
+
+
+@pytest.mark.parametrize("column, value", [("device_key", "../../escaped"), ("device_key", ""),
+                                           ("kernel", "../escaped")])
+def test_a_database_whose_names_cannot_name_a_table_file_exports_nothing(tmp_path, populated, column, value):
+    """The kernel and device key make the table's path: a tampered database that holds a path
+    there is refused in one line, and nothing is written, inside --out or outside it."""
+    import sqlite3
+
+    db = populated
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE trials SET {column} = ?", (value,))
+    out = tmp_path / "deep" / "er" / "out"
+    before = sorted(p for p in tmp_path.rglob("*") if p.suffix == ".json")
+    result = CliRunner().invoke(app, ["export", "--db", str(db), "--out", str(out)])
+    assert result.exit_code != 0 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert "nothing exported" in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert sorted(p for p in tmp_path.rglob("*") if p.suffix == ".json") == before

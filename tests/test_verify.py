@@ -855,6 +855,43 @@ def test_the_shipped_tables_configs_are_right_on_derived_problems(tmp_path):
     assert any(c["details"]["derived"] for c in numerics)
 
 
+def _one_entry_kv_write_doc() -> dict:
+    doc = json.loads((ROOT / "tuned_configs" / "kv_cache_write" / "NVIDIA_H200.json").read_text())
+    key = "fp16|t=4,hkv=2,d=128,block_size=16"
+    doc["entries"] = {key: doc["entries"][key]}
+    return doc
+
+
+_HOSTILE = [None, "s", [], 5, True, {"x": {"y": []}}]
+
+
+@cpu_only
+@pytest.mark.parametrize("field", ["software", "device", "kernel_source_hash", "exported_at", "representative",
+                                   "entries", "schema_version", "kernel", "predictor"])
+def test_a_hostile_field_fails_or_warns_in_one_line_never_a_traceback(tmp_path, field):
+    """Whatever a table's field holds, verify reports on it (the runtime ignores such a table or
+    field: verify says why), never raises."""
+    for i, value in enumerate(_HOSTILE + ["[" * 100_000 + "]" * 100_000]):
+        tables = tmp_path / str(i)
+        (tables / "kv_cache_write").mkdir(parents=True)
+        doc = _one_entry_kv_write_doc()
+        path = tables / "kv_cache_write" / "NVIDIA_H200.json"
+        if isinstance(value, str) and value.startswith("["):  # nesting past the JSON parser's recursion
+            text = json.dumps(doc).replace(f'"{field}": ', f'"{field}": {value}, "_was": ', 1) if field in doc \
+                else json.dumps({**doc, "_deep": 0}).replace('"_deep": 0', f'"_deep": {value}')
+            path.write_text(text)
+        else:
+            path.write_text(json.dumps({**doc, field: value}))
+        out = tmp_path / f"r{i}.json"
+        result = invoke("verify", "--interpret", "--tables", str(tables), "--json", str(out))
+        assert result.exit_code in (0, 1) and result.exception is None or isinstance(result.exception, SystemExit), \
+            (field, value if not isinstance(value, str) else value[:10], result.output[-2000:])
+        assert "Traceback" not in result.output
+        report = json.loads(out.read_text())
+        assert_schema(report)
+        assert all("\n" not in c["summary"] for c in report["checks"])
+
+
 @cpu_only
 def test_the_gpu_parts_say_why_they_were_skipped(tmp_path):
     tables = attention_table(tmp_path)

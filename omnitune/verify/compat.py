@@ -75,7 +75,9 @@ def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = Fa
         skipped += ["device", "compute_capability", "driver"]
     else:
         _compare_device(device, machine, hard, soft, twin)
-    software = doc.get("software") or {}
+    software = doc.get("software")
+    if not isinstance(software, dict):  # the runtime ignores the record: so does this check, saying so
+        software = {}
     for name in ("torch", "triton", "omnitune"):
         recorded, here = software.get(name), machine.get(name)
         if recorded is None:

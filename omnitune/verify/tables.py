@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from omnitune.errors import OmnituneError
+from omnitune.errors import OmnituneError, one_line
 from omnitune.runtime._tables import schema_problem
 from omnitune.runtime._keyed import keyed_problem
 from omnitune.spec import Config, KernelSpec
@@ -81,8 +81,8 @@ def read_table(path: Path, kernel: str, specs: dict[str, KernelSpec]) -> TableFi
     table = TableFile(path=path, kernel=kernel, device_key=path.stem)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        table.problem = f"cannot be read as JSON ({exc})"
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # absurd nesting too
+        table.problem = f"cannot be read as JSON ({one_line(exc, 200)})"
         return table
     table.document = document if isinstance(document, dict) else None
     table.problem = schema_problem(document, kernel, path)
