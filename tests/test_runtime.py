@@ -545,3 +545,12 @@ def test_the_untuned_rule_is_quoted_from_its_docstring_keeping_names_as_written(
     assert _untuned_rule(unnamed) == "unnamed"
     quoted = _untuned_rule(untuned_config)
     assert quoted.startswith("PyTorch's SDPA for span-free long prefill") and "non-causal" in quoted
+
+
+@pytest.mark.parametrize("content, said", [("null", "holds null"), ("[]", "holds an array"), ('"x"', "holds a string"),
+                                           ("5", "holds a number"), ("true", "holds JSON true")])
+def test_a_table_that_is_not_an_object_is_named_in_json_s_words(config_dir, warnings_seen, content, said):
+    _write(config_dir, content)
+    assert runtime.lookup("attention", PREFILL, torch.float16, GPU).rung is Rung.DEFAULT
+    (warning,) = warnings_seen()
+    assert f"{said}, not an object" in warning

@@ -241,7 +241,7 @@ def schema_problem(doc: Any, kernel: str, path: Path) -> str | None:
     """Why a parsed document is not a table this runtime can read for this kernel and device
     (omnitune verify reports it with the same words)."""
     if not isinstance(doc, dict):
-        return f"holds a JSON {type(doc).__name__}, not an object"
+        return f"holds {_json_kind(doc)}, not an object"
     version = doc.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
         return f"has schema_version {describe(version)}; this omnitune reads schema_version {SCHEMA_VERSION}"
@@ -254,6 +254,16 @@ def schema_problem(doc: Any, kernel: str, path: Path) -> str | None:
     if not isinstance(doc.get("entries"), dict):
         return "has no 'entries' object"
     return None
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words ("an array", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"JSON {str(value).lower()}"
+    kinds = ((list, "an array"), (str, "a string"), ((int, float), "a number"))
+    return next((kind for types, kind in kinds if isinstance(value, types)), f"a {type(value).__name__}")
 
 
 def parse_entry(key: str, raw: Any, spec: KernelSpec) -> TableEntry:
