@@ -51,7 +51,7 @@ from omnitune.provenance import ENTRY_SOURCE_HASH, entry_source_hash, provenance
 from omnitune.report import KEY_COLUMNS, best_per_key, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
 from omnitune.runtime._reading import HugeNumber, UnreadableTable, parse_table_json, read_table_text
-from omnitune.runtime._tables import name_few, parse_entry
+from omnitune.runtime._tables import json_kind, name_few, parse_entry
 from omnitune.spec import KernelSpec
 
 logger = logging.getLogger("omnitune.export")
@@ -259,11 +259,11 @@ def read_table_file(path: Path, kernel: str) -> dict[str, Any] | None:
         return None
     except UnreadableTable as exc:
         raise StoreError(f"cannot merge into {path}: it {exc}; {advice}") from None
-    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
-        found = document.get("schema_version") if isinstance(document, dict) else None
-        raise StoreError(
-            f"cannot merge into {path}: schema_version {found!r}, expected {SCHEMA_VERSION}; {advice}"
-        )
+    if not isinstance(document, dict):
+        raise StoreError(f"cannot merge into {path}: it holds {json_kind(document)}, not a table object; {advice}")
+    if document.get("schema_version") != SCHEMA_VERSION:
+        raise StoreError(f"cannot merge into {path}: schema_version {describe(document.get('schema_version'))}, "
+                         f"expected {SCHEMA_VERSION}; {advice}")
     if document.get("kernel") != kernel or not isinstance(document.get("entries"), dict):
         raise StoreError(f"cannot merge into {path}: it is not a {kernel} table with entries; {advice}")
     return document

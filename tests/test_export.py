@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -263,6 +264,18 @@ def test_a_corrupt_existing_file_is_not_overwritten(populated, tmp_path):
     with pytest.raises(StoreError, match="cannot merge into .*move it aside"):
         export.export_tables(populated, tmp_path)
     assert path.read_text() == '{"schema_version": 1, "entries": {'
+
+
+@pytest.mark.parametrize("content, said", [("[]", "it holds an array, not a table object"),
+                                           ("null", "it holds null, not a table object"),
+                                           ('{"schema_version": "1", "entries": {}}', "schema_version '1', expected 1")])
+def test_an_existing_file_that_is_not_a_table_is_named_and_left_alone(populated, tmp_path, content, said):
+    path = _h200_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.raises(StoreError, match=f"cannot merge into .*: {re.escape(said)}; move it aside"):
+        export.export_tables(populated, tmp_path)
+    assert path.read_text() == content
 
 
 # --- atomic writes -------------------------------------------------------------------------------

@@ -241,7 +241,7 @@ def schema_problem(doc: Any, kernel: str, path: Path) -> str | None:
     """Why a parsed document is not a table this runtime can read for this kernel and device
     (omnitune verify reports it with the same words)."""
     if not isinstance(doc, dict):
-        return f"holds {_json_kind(doc)}, not an object"
+        return f"holds {json_kind(doc)}, not an object"
     version = doc.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
         return f"has schema_version {describe(version)}; this omnitune reads schema_version {SCHEMA_VERSION}"
@@ -256,7 +256,7 @@ def schema_problem(doc: Any, kernel: str, path: Path) -> str | None:
     return None
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """What a parsed JSON value is, in JSON's words ("an array", "null")."""
     if value is None:
         return "null"
