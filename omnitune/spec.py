@@ -430,6 +430,7 @@ class KernelSpec:
         """Build a problem from field values (strings allowed), expanding aliases."""
         fields = {f.name: f for f in self.problem_fields()}
         kwargs: dict[str, Any] = {}
+        given_by: dict[str, str] = {}  # field -> the key that set it
         for key, raw in values.items():
             targets = self.aliases.get(key, (key,))
             for name in targets:
@@ -438,6 +439,11 @@ class KernelSpec:
                     raise ShapeError(
                         f"{self.name} problems have no dimension {describe(key)}; use {', '.join(valid)}"
                     )
+                # An alias and its field (heads=4,h=8; l=33,lq=20) would otherwise let the
+                # later one win silently: which one the user meant is theirs to say.
+                if name in given_by:
+                    raise ShapeError(f"{given_by[name]} and {key} both give {name}")
+                given_by[name] = key
                 kwargs[name] = _coerce_field(fields[name], raw, key)
         missing = [
             n for n, f in fields.items()
@@ -463,10 +469,19 @@ class KernelSpec:
             if "=" not in part:
                 raise ShapeError(f"bad shape {describe(text)}: expected name=value pairs separated by commas")
             k, v = (s.strip() for s in part.split("=", 1))
+            # A dict would keep the last of t=1024,...,t=4 silently and answer for a problem
+            # the user did not mean. (A repeated unknown name is left to problem_from_mapping,
+            # whose message lists the valid ones.)
+            if k in values and self._is_dimension_name(k):
+                raise ShapeError(f"{k} given twice in the shape")
             values[k] = v
         if not values:
             raise ShapeError("empty shape; give name=value pairs, e.g. " + self.problem_key(self.example_problem))
         return self.problem_from_mapping(values)
+
+    def _is_dimension_name(self, key: str) -> bool:
+        """Whether `key` names a field of the problem or an alias of some."""
+        return key in self.aliases or any(f.name == key for f in self.problem_fields())
 
     def problem_key(self, problem: Any) -> str:
         """The canonical key of a problem; also a valid --shape spec. A field declared with

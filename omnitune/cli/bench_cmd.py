@@ -19,8 +19,9 @@ from omnitune.cli.common import (
     parse_config_option,
     parse_dtype_option,
     parse_problems,
+    write_output_file,
 )
-from omnitune.errors import DeviceError, OmnituneError
+from omnitune.errors import DeviceError
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -81,11 +82,8 @@ def bench(
         })
     if json_out is not None:
         payload = {"device": facts.as_dict() if facts else None, "source_hash": spec.source_hash(), "results": records}
-        try:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-        except OSError as exc:  # checked before the bench; this is what changed while it ran
-            raise OmnituneError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
+        # Checked before the bench (preflight); a failure here is what changed while it ran.
+        write_output_file(json_out, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n", "--json")
         console.print(f"wrote {json_out}")
 
 

@@ -35,6 +35,20 @@ def db_path(db: str | None) -> Path:
     return Path(db or os.environ.get("OMNITUNE_DB") or DEFAULT_DB)
 
 
+def write_output_file(path: Path, text: str, option: str) -> None:
+    """Write a file the user named (bench's and verify's --json, search's --lane-stats) whole or
+    not at all: through a temporary file beside it, os.replace'd over it
+    (omnitune.table_files.write_atomic), so that a failed write (a full disk, a killed process)
+    leaves the previous file as it was rather than truncated. A symlink is written through, to the
+    file it names, as a plain write would. OSError becomes a one-line OmnituneError."""
+    from omnitune.table_files import write_atomic
+
+    try:
+        write_atomic(path.resolve(), text)
+    except OSError as exc:
+        raise OmnituneError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+
+
 def load_spec(kernel: str, interpret: bool = False) -> KernelSpec:
     if interpret:
         from omnitune.cli._app import enable_interpreter

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from omnitune.cli.common import console
+from omnitune.cli.common import console, write_output_file
 from omnitune.errors import OmnituneError
 from omnitune.search.lanes import LaneProcesses, LanesResult, LaneSession, lane_command
 
@@ -185,7 +185,8 @@ def search_in_lanes(started: LaneProcesses, lanes: int, settings: dict, *, db: s
         shutil.rmtree(started.folder, ignore_errors=True)
     console.print(lanes_summary(result, lanes), soft_wrap=True)
     if lane_stats is not None:
-        Path(lane_stats).write_text(json.dumps({"lanes": lanes, "wall_s": result.wall_s, "stats": result.stats}))
+        stats = json.dumps({"lanes": lanes, "wall_s": result.wall_s, "stats": result.stats})
+        write_output_file(Path(lane_stats), stats, "--lane-stats")
     return result.returncode
 
 

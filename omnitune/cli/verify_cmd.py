@@ -97,11 +97,9 @@ def verify(
     wide = console.is_terminal or os.environ.get("COLUMNS")
     (console if wide else Console(highlight=False, width=LOG_WIDTH)).print(render_table(report))
     if json_out is not None:
-        try:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(report.to_json(), encoding="utf-8")
-        except OSError as exc:
-            raise OmnituneError(f"cannot write {json_out}: {exc.strerror or exc}") from None
+        from omnitune.cli.common import write_output_file  # whole or not at all: the old report survives
+
+        write_output_file(json_out, report.to_json(), "--json")
         console.print(f"wrote {json_out}")
     raise typer.Exit(report.exit_code)
 

@@ -34,8 +34,10 @@ def worker(
         "trials of the study reach it. Give every worker the same number.",
     ),
     sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid or cmaes, as for omnitune search."),
+    # max: numpy's RandomState, which Optuna's samplers seed, takes only 0..2**32-1.
     seed: int = typer.Option(
-        None, "--seed", help="Seed of the sampler. \\[default: a different one per worker, so that workers propose "
+        None, "--seed", min=0, max=2**32 - 1,
+        help="Seed of the sampler. \\[default: a different one per worker, so that workers propose "
         "different configs]", show_default=False,
     ),
     gpu: int = typer.Option(None, "--gpu", min=0, help="Measure on this GPU of the host. \\[default: GPU 0]",

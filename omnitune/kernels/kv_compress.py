@@ -639,8 +639,11 @@ class KVCompressProblem:
             raise ValueError(f"merge={self.merge!r} is not one of {', '.join(MERGE_MODES)}")
         if not math.isfinite(self.merge_threshold):
             raise ValueError(f"merge_threshold={self.merge_threshold} must be a finite cosine similarity")
-        if self.recent < 0 or self.keep_pct > 100:
-            raise ValueError("recent must be ≥ 0 and keep_pct ≤ 100")
+        # One check each, so that the message names only the value that is wrong.
+        if self.recent < 0:
+            raise ValueError(f"recent must be ≥ 0, got {self.recent}")
+        if self.keep_pct > 100:
+            raise ValueError(f"keep_pct must be ≤ 100, got {self.keep_pct}")
         if self.h % self.hkv:
             raise ValueError(f"h={self.h} is not a multiple of hkv={self.hkv}")
         if not MIN_HEAD_DIM <= self.d <= MAX_HEAD_DIM:
