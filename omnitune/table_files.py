@@ -79,11 +79,16 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` whole: through a temporary file in the same folder, fsync'ed, then
     os.replace'd over `path`."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """write_atomic for bytes (a figure)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temporary(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)

@@ -192,3 +192,30 @@ def test_roofline_of_memory_only_kernels_is_a_bandwidth_chart(tmp_path):
     points = [point_on_device(cal, "bf16", 0, 4.7e8, 0.12, label="t=65536 hkv=8"),
               point_on_device(cal, "bf16", 0, 2.3e5, 0.0044, label="t=64 hkv=4")]
     _assert_png(plots.roofline(points, cal, tmp_path / "bandwidth.png", title="kv_cache_write"))
+
+
+def test_a_figure_that_cannot_be_written_leaves_the_earlier_one(tmp_path, monkeypatch):
+    """A figure is written whole or not at all: a failed write keeps the previous file."""
+    import os
+
+    from omnitune.profile import plots
+
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    path = tmp_path / "convergence.png"
+    plots._save(Figure(), path)
+    before = path.read_bytes()
+    assert before.startswith(b"\x89PNG")
+
+    def full_disk(fd):  # the data written, the flush to disk fails
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        fig = Figure()
+        fig.add_subplot().plot([1, 2, 3])
+        plots._save(fig, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["convergence.png"]

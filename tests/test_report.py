@@ -525,5 +525,6 @@ def test_plot_into_a_folder_that_cannot_be_made_is_one_line(populated, tmp_path)
     result = CliRunner().invoke(app, ["report", "--db", str(populated), "--format", "csv",
                                       "--plot", str(blocker / "figures")])
     assert result.exit_code == 2
-    lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: cannot write the figures to") and len(lines) == 2  # the note, the error
+    # Refused before anything is printed: not a report and then an error.
+    assert result.stdout == "" and result.stderr.strip().splitlines() == [
+        f"error: cannot write --plot {blocker / 'figures'}: {blocker} is a file, not a folder"]

@@ -86,6 +86,10 @@ def report(
     from omnitune import report as rpt
 
     path = db_path(db)
+    if plot is not None:  # before the report is printed: a bad folder is one line, not a report and then one
+        if importlib.util.find_spec("matplotlib") is None:
+            raise OmnituneError("--plot needs matplotlib: pip install 'omnitune[plot]' (or matplotlib)")
+        preflight.require_writable_folder(plot, "--plot")
     _import_storage(path, storage)
     trials = rpt.load_trials(path, kernel)
     # Piped formats keep stdout to the data: notes and the figures' paths go to stderr.
@@ -114,8 +118,6 @@ def report(
         for line in notes:
             typer.echo(line, err=True)
     if plot is not None:
-        if importlib.util.find_spec("matplotlib") is None:
-            raise OmnituneError("--plot needs matplotlib: pip install 'omnitune[plot]' (or matplotlib)")
         try:
             figures = rpt.write_figures(trials, summary, calibrations, plot, problem_defaults=_problem_defaults)
         except OSError as exc:

@@ -37,9 +37,16 @@ def _figure(width_in: float = 8.0, height_in: float = 5.0) -> Figure:
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
+    """Write the figure whole or not at all: into a temporary file beside `path`, then renamed
+    over it, so that a failed write (a full disk) leaves an earlier figure as it was."""
+    import io
+
+    from omnitune.table_files import write_bytes_atomic
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=_DPI, format="png")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=_DPI, format="png")
+    write_bytes_atomic(path, buffer.getvalue())
     return path
 
 
