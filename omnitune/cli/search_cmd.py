@@ -87,7 +87,9 @@ def search(
         help="tpe (Bayesian, learns which regions are fast), random, grid (valid configs in order), "
         "or cmaes (needs the cmaes package). The default config is always measured first.",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sampler, for a reproducible search."),
+    # max: numpy's RandomState, which Optuna's samplers seed, takes only 0..2**32-1.
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1,
+                             help="Seed of the sampler, for a reproducible search."),
     db: str = typer.Option(
         None, "--db", help="Results database. \\[default: $OMNITUNE_DB, else ./omnitune.db]", show_default=False,
     ),
@@ -402,13 +404,15 @@ def search_problems(
     from omnitune.profile.device import current_device_facts
     from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
     from omnitune.spec import DeviceLimits, dtype_name
-    from omnitune.store import (SearchRunRecord, default_storage_url, open_db, record_device, record_search_run,
-                                utc_now)
+    from omnitune.store import (SearchRunRecord, check_storage_url, default_storage_url, open_db, record_device,
+                                record_search_run, utc_now)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
     path = db_path(db)
     # Before the database is opened: a search that cannot run must leave no empty one behind.
     preflight.require_storage_apart(storage, path)
+    if storage is not None:  # a file Optuna must not open (no file, another results database) is refused now
+        check_storage_url(storage)
     for problem in problems:
         preflight.require_fits_in_memory(spec, problem, dtype, interpret)
     database = open_db(path)

@@ -66,6 +66,9 @@ from omnitune.store import (
     catalogue_record,
     catalogue_sink,
     finished_trial_attrs,
+    open_optuna_storage,
+    require_catalogue_held,
+    storage_description,
     study_records,
     utc_now,
 )
@@ -129,7 +132,10 @@ def run_search(
     ended; the finalists are re-timed after it. Not after a lost GPU context or an interrupt.
     `omnitune search` prepares the next problem then (omnitune.search.prepare_next).
 
-    Raises SearchInterrupted on Ctrl-C, after storing everything finished.
+    With `db`, a storage that lacks trials the database has rows of (a journal lost, emptied or
+    swapped) is a StoreError before anything is written: the storage would number new trials
+    from 0 again, over those rows. Raises SearchInterrupted on Ctrl-C, after storing everything
+    finished.
     """
     if options is None:
         options = SearchOptions(**option_fields)
@@ -149,7 +155,7 @@ def run_search(
         raise SearchError("run_search needs a storage_url or a storage")
     search = _Search(spec, problem, dtype, options, runner_factories=list(runner_factories), sink=sink,
                      storage=storage, progress=progress, precompile=precompile, stop_when=stop_when,
-                     compile_ahead=compile_ahead, on_trials_claimed=on_trials_claimed)
+                     compile_ahead=compile_ahead, on_trials_claimed=on_trials_claimed, catalogue=db)
     return search.run()
 
 
@@ -160,9 +166,10 @@ class _Search:
         storage: optuna.storages.BaseStorage | None, progress: Callable[[SearchProgress], None] | None,
         precompile: Callable[[Sequence[Config]], None] | None, stop_when: Callable[[SearchProgress], bool] | None,
         compile_ahead: CompilesAhead | None = None, on_trials_claimed: Callable[[], None] | None = None,
+        catalogue: sqlite_utils.Database | None = None,
     ):
         self.spec, self.problem, self.dtype, self.options = spec, problem, dtype, options
-        self.runner_factories, self.storage = runner_factories, storage
+        self.runner_factories, self.storage, self.catalogue = runner_factories, storage, catalogue
         self.progress, self.precompile, self.stop_when = progress, precompile, stop_when
         self.on_trials_claimed = on_trials_claimed
         self.trials_claimed_told = False  # on_trials_claimed is called once
@@ -215,7 +222,7 @@ class _Search:
         if valid_only:
             # Proposals made valid and new before they become trials, not pruned after (valid_only).
             sampler = ValidOnly(sampler, self.space, self.valid, o.seed, taken=lambda: self.ledger.busy)
-        study = open_study(self.storage or o.storage_url, self.facts, sampler, o.heartbeat_interval_s)
+        study = open_study(self._storage_holding_the_catalogue(), self.facts, sampler)
         self.shared = SharedStudy(study, heartbeats=o.heartbeat_interval_s is not None,
                                   slots=len(self.runner_factories))
         self.ledger.refresh(study)
@@ -250,6 +257,17 @@ class _Search:
         finally:
             self._flush_pending_records()
         return self._outcome(reason, retiming)
+
+    def _storage_holding_the_catalogue(self) -> optuna.storages.BaseStorage:
+        """The Optuna storage, once it is known to hold every trial of this study that the results
+        database has a row of: its rows are keyed by trial number, which a storage that lost them
+        would hand out again (require_catalogue_held)."""
+        o = self.options
+        storage = self.storage or open_optuna_storage(o.storage_url, heartbeat_interval_s=o.heartbeat_interval_s)
+        if self.catalogue is not None:
+            described = storage_description(o.storage_url) if self.storage is None else "the Optuna storage given"
+            require_catalogue_held(self.catalogue, self.facts.name, storage, described)
+        return storage
 
     def upcoming(self) -> list[Config]:
         """The configs the strategies will certainly propose next (the planned ones; with an

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import math
+import sqlite3
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -26,6 +27,7 @@ import sqlite_utils
 from omnitune.errors import StoreError, first_line_or_type
 from omnitune.trial import TrialResult, TrialStatus
 from omnitune.spec import Config
+from omnitune.store._journal import drop_interrupted_record, is_sqlite_file, unreadable_line
 from omnitune.store._migrations import transaction
 from omnitune.store._records import TrialRecord, config_json, record_trials
 
@@ -131,6 +133,7 @@ def open_optuna_storage(url: str, *, heartbeat_interval_s: int | None = None) ->
     import optuna
 
     url = storage_url_for_driver(url)
+    check_storage_url(url)
     if (journal := journal_path(url)) is not None:
         return _open_journal(journal, heartbeats=heartbeat_interval_s is not None)
     if url.startswith("sqlite:///"):
@@ -170,12 +173,53 @@ def open_optuna_storage(url: str, *, heartbeat_interval_s: int | None = None) ->
     return storage
 
 
+def check_storage_url(url: str) -> None:
+    """A StoreError, before Optuna touches anything, for a storage URL naming a file Optuna must
+    not open: an SQLite URL naming no file (SQLAlchemy would make a database in memory, and each
+    connection a new one) or an omnitune results database (Optuna would add its tables beside the
+    catalogue's, whose `trials` table clashes with its own); a journal URL naming an SQLite file
+    (Optuna would append its records to the database)."""
+    url = storage_url_for_driver(url)
+    if (journal := journal_path(url)) is not None:
+        if is_sqlite_file(journal):  # a results database, or an Optuna SQLite storage: no journal
+            own = journal.with_name(journal.stem + ".optuna.log")
+            raise StoreError(f"the journal storage {url} names an SQLite database, not an Optuna journal; give the "
+                             f"journal a file of its own, e.g. {JOURNAL_SCHEME}{own}")
+        return
+    if not url.startswith("sqlite:///"):
+        return
+    name = url.removeprefix("sqlite:///").split("?", 1)[0]
+    if not name.strip():
+        raise StoreError(f"the Optuna storage {url} names no file; give one, e.g. sqlite:///studies.optuna.db")
+    path = Path(name)
+    if _holds_results_schema(path):
+        raise StoreError(f"the Optuna storage {url} is an omnitune results database (it holds the catalogue of "
+                         f"trials); give the storage a file of its own, e.g. "
+                         f"sqlite:///{path.with_name(path.stem + '.optuna.db')}")
+
+
+def _holds_results_schema(path: Path) -> bool:
+    """Whether `path` is an SQLite file with the tables of an omnitune results database (its
+    `migrations`, or a `trials` table keyed by study, as the catalogue's is)."""
+    if not path.is_file() or not is_sqlite_file(path):
+        return False
+    try:
+        conn = sqlite3.connect(path)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(trials)")} if "trials" in tables else set()
+        finally:
+            conn.close()
+    except sqlite3.Error:  # not a database after all, or locked: Optuna says so when it opens it
+        return False
+    return "migrations" in tables or "study" in columns
+
+
 def _open_journal(path: Path, *, heartbeats: bool) -> optuna.storages.BaseStorage:
     """Optuna's JournalStorage on the file `path` (made if missing; its folder too). Processes on
-    one host share it through a lock file beside it; hosts share a PostgreSQL storage instead."""
-    import optuna
-    from optuna.storages.journal import JournalFileBackend
-
+    one host share it through a lock file beside it; hosts share a PostgreSQL storage instead.
+    An incomplete last record (a process killed while appending it) is dropped, with a copy of
+    the file kept beside it; a journal unreadable elsewhere is a StoreError, and is never written."""
     if heartbeats:
         # Optuna's journal keeps no heartbeats: a dead worker's trial could not be found and retried.
         raise StoreError(f"workers with heartbeats need an RDB storage (postgresql://... or sqlite:///...), "
@@ -184,16 +228,61 @@ def _open_journal(path: Path, *, heartbeats: bool) -> optuna.storages.BaseStorag
         raise StoreError(f"the journal storage {JOURNAL_SCHEME}{path} must name a file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=_journal_lock(path)))
+        lock = _journal_lock(path)
+        storage = _journal_storage(path, lock)
+    except StoreError:
+        raise
     except Exception as exc:  # noqa: BLE001 — a corrupt line, a file that cannot be read or made
-        raise StoreError(f"cannot open the Optuna journal {path}: {first_line_or_type(exc)}") from None
+        raise StoreError(_unreadable_journal(path, exc)) from None
+    if lock is not None:  # (without flock, on Windows, Optuna skips a last line it cannot parse)
+        lock.acquire()  # its end looked at now: a journal left cut is mended before the search starts
+        lock.release()
+    return storage
+
+
+def _journal_storage(path: Path, lock) -> optuna.storages.JournalStorage:
+    """JournalStorage on `path`. Optuna reads the whole file first, skipping a last line that is
+    not JSON and raising on any other, so a journal unreadable before its end is refused as it is,
+    uncut. A last line whose bytes are not even text (the zeros of a crash) makes it raise too:
+    then, if every line before it is whole, that line is dropped (as the lock does) and it reads
+    the file again."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    try:
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+    except ValueError:
+        if lock is None or unreadable_line(path) is not None:
+            raise
+    lock.acquire()
+    lock.release()
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+
+
+# What Optuna raises for a journal line it cannot use: not JSON, not text, or a record missing a field.
+_CONTENT_ERRORS = (ValueError, KeyError, TypeError)
+
+
+def _unreadable_journal(path: Path, exc: Exception) -> str:
+    """Why the journal at `path` could not be opened, and what to do about it: one line."""
+    if not isinstance(exc, _CONTENT_ERRORS):  # the file cannot be read or made: nothing to restore
+        return f"cannot open the Optuna journal {path}: {first_line_or_type(exc)}"
+    try:
+        where = unreadable_line(path)
+    except OSError:
+        where = None
+    why = first_line_or_type(exc) if where is None else f"line {where[0]} is not a journal record ({where[1]})"
+    return (f"cannot open the Optuna journal {path}: {why}; restore the journal from a copy, or move it aside "
+            f"and search into a new --db")
 
 
 def _journal_lock(path: Path):
     """The lock that writers of the journal take: an flock on `<journal>.lock`, which the kernel
     releases when its process dies, so that a search killed mid-write leaves nothing locked
-    (Optuna's own file locks are broken only after a 30 s grace period). None (Optuna's) where
-    there is no flock."""
+    (Optuna's own file locks are broken only after a 30 s grace period). Once it is held, an
+    incomplete record that a killed writer left at the journal's end is dropped
+    (drop_interrupted_record), so that nothing is appended to a line that cannot be read. None
+    (Optuna's) where there is no flock."""
     try:
         import fcntl
     except ImportError:
@@ -207,6 +296,11 @@ def _journal_lock(path: Path):
             fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX)
             self.fd = fd
+            try:
+                drop_interrupted_record(path)
+            except BaseException:
+                self.release()
+                raise
             return True
 
         def release(self) -> None:
@@ -383,6 +477,52 @@ def study_records(facts: StudyFacts, trials: Iterable[optuna.trial.FrozenTrial])
         if record is not None:
             records.append(record)
     return records
+
+
+def storage_description(url: str) -> str:
+    """How a message names the storage at `url`: its journal file, or its URL without a password."""
+    journal = journal_path(url)
+    return f"the Optuna journal {journal}" if journal is not None else f"the Optuna storage {_without_password(url)}"
+
+
+def require_catalogue_held(db: sqlite_utils.Database, study: str, storage: optuna.storages.BaseStorage,
+                           described: str = "the Optuna storage") -> None:
+    """A StoreError when the catalogue holds rows of `study` whose trials `storage` lacks (its
+    journal lost, emptied or swapped for another): rows are keyed by study and trial number, and a
+    storage without those trials numbers new ones from 0 again, so a search would overwrite the
+    rows with other configs. Rows that a trial of the same number and config backs are held.
+
+    The rows are read before the trials: a process sharing the storage writes a trial there before
+    its row here, so a row read first always finds its trial."""
+    rows = db.execute("SELECT trial_number, config_json FROM trials WHERE study = ?", [study]).fetchall()
+    if not rows:
+        return
+    try:
+        trials = storage.get_all_trials(storage.get_study_id_from_name(study), deepcopy=False)
+    except KeyError:  # no such study in the storage
+        trials = []
+    configs = {trial.number: trial.user_attrs.get("config_json") for trial in trials}
+    missing = sum(1 for number, text in rows if not _same_config(configs.get(number), text))
+    if missing:
+        raise StoreError(
+            f"{_database_file(db)} holds {missing} trials of {study} that {described} lacks (lost, emptied or "
+            f"swapped for another?), and a search would overwrite them: restore it, or search into a new --db")
+
+
+def _same_config(a: Any, b: Any) -> bool:
+    """Whether two config_json texts name one config (however their JSON is spaced)."""
+    try:
+        return isinstance(a, str) and isinstance(b, str) and json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+def _database_file(db: sqlite_utils.Database) -> str:
+    """The file of the results database `db`, as a message names it."""
+    for _, name, file in db.execute("PRAGMA database_list").fetchall():
+        if name == "main" and file:
+            return file
+    return "the results database"
 
 
 def rebuild_catalogue(db: sqlite_utils.Database, storage_url: str) -> int:
