@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Thirty-first round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round31.sh [N|N2]
+# Thirty-first round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round31.sh [N|N2|G]
 # The lender has given H100s (NVIDIA H100 80GB HBM3) for the kind that names the H200 in every call
 # of rounds 28-30. On an H200 this call is round 29's S (issue 16: the fp8 transposed dots of
 # benchmarks/variants/decode_fp8_swap_ab.patch, applied here, on the device, with the paged-decode
-# table revalidated for them); on any other card it is N or N2 when asked for (else it stops: exit 3).
+# table revalidated for them); on any other card it is N, N2 or G when asked for (else it stops: exit 3).
 # N: `omnitune verify --fix` now times a failing speed verdict twice and replaces an entry only
 #    when it is slower in both timings. Round 30's one kv_compress replacement on the H100 came from
 #    runs in which the same entries read slower, then passed: kv_compress is verified again here over
@@ -14,6 +14,8 @@
 #    as in round 30, kv_compress's first five entries timed at a CV of 0.24-0.64 beside the compiles
 #    and the rest at 0.02-0.09): kv_compress verified over the shipped tables, no --fix, twice in
 #    one call: as shipped (quiet), then with the wait switched off (busy: EntriesAhead.finish a no-op).
+# G: the gpu-marked tests of what this round changed on the host side (search and worker over the
+#    storage checks and the journal's lock, lanes, finalists, the compile workers, verify).
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 if [ "$card" = h200 ]; then
@@ -32,6 +34,11 @@ from omnitune.cli import main
 sys.argv = ['omnitune', 'verify', '--kernels', 'kv_compress', '--json', sys.argv[2]]
 main()" $host "$OUT/verify_twin_${card}_round31_N2_${host}_kv_compress.json"
     done
+    exit 0
+    ;;
+  G)
+    step 400 python -m pytest -q -p no:cacheprovider -m gpu tests/test_lanes.py tests/test_worker.py \
+      tests/test_finalists.py tests/test_precompile.py tests/test_verify.py
     exit 0
     ;;
   *) echo "not an H200 and neither N nor N2 asked for: nothing run"; exit 3 ;;
