@@ -45,7 +45,7 @@ import pandas as pd
 
 from omnitune import store, table_files
 from omnitune.coerce import describe
-from omnitune.errors import OmnituneError, StoreError
+from omnitune.errors import OmnituneError, StoreError, one_line
 from omnitune.predict import fit_block, merge_blocks
 from omnitune.provenance import ENTRY_SOURCE_HASH, entry_source_hash, provenance_hash, with_entry_source
 from omnitune.report import KEY_COLUMNS, best_per_key, with_retiming
@@ -158,13 +158,28 @@ def build_documents(
         fallbacks = _fallback_trials(trials[trials["kernel"] == kernel], rollback) if rollback else None
         source_hash = provenance_hash(kernel, _plain(newest["source_hash"]))
         measured_on = _provenance_hashes(kernel, rows["source_hash"])
-        entries = {}
+        spec = _spec_or_none(kernel)
+        entries, unusable = {}, []
         for _, r in rows.iterrows():
-            entry = with_entry_source(_entry(r), measured_on[_plain(r["source_hash"])], source_hash)
+            key = entry_key(r["dtype"], r["problem_key"])
+            try:
+                entry = with_entry_source(_entry(r), measured_on[_plain(r["source_hash"])], source_hash)
+            except (TypeError, ValueError) as exc:  # a cell that is not the JSON the search wrote
+                unusable.append((key, f"trial {_plain(r['trial_number'])}: {one_line(exc, 120)}"))
+                continue
             if fallbacks is not None:
                 entry.update(_fallback_fields(r, fallbacks))
-            entries[entry_key(r["dtype"], r["problem_key"])] = entry
-        spec = _spec_or_none(kernel)
+            # What the runtime would skip is not written: a row changed by hand, or corrupt.
+            reason = _entry_problem(key, entry, spec)
+            if reason is not None:
+                unusable.append((key, f"trial {_plain(r['trial_number'])}: {reason}"))
+                continue
+            entries[key] = entry
+        if unusable:
+            logger.warning("leaving out %d %s rows of the database that cannot make a table entry (changed by hand, "
+                           "or corrupt): %s", len(unusable), kernel, name_few(unusable))
+        if not entries:
+            continue
         fit = spec is not None and predictor
         block = fit_block(spec, trials[(trials["kernel"] == kernel) & (trials["device_key"] == device_key)]) if fit else None
         content = {

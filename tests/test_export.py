@@ -576,3 +576,31 @@ def test_a_database_whose_names_cannot_name_a_table_file_exports_nothing(tmp_pat
     assert result.exit_code != 0 and result.exception is None or isinstance(result.exception, SystemExit)
     assert "nothing exported" in result.output and len(result.output.strip().splitlines()) == 1, result.output
     assert sorted(p for p in tmp_path.rglob("*") if p.suffix == ".json") == before
+
+
+@pytest.mark.parametrize("column, value", [("time_ms", "fast"), ("tflops", "x"), ("p20_ms", "x"),
+                                           ("config_json", "{not json"), ("problem_json", "{bad"),
+                                           ("config_json", "null"), ("config_json", '{"ZZ": 1}'),
+                                           ("dtype", "int8")])
+def test_a_cell_changed_by_hand_costs_its_row_not_the_report_or_the_export(tmp_path, populated, column, value):
+    """SQLite keeps whatever a cell is given: report and export read a non-number as missing and
+    leave out a row that cannot make a table entry (saying so), never a traceback, and never
+    write an entry the runtime would skip."""
+    import sqlite3
+
+    db = populated
+    with sqlite3.connect(db) as conn:  # the fast row of PREFILL: what export would pick
+        conn.execute(f"UPDATE trials SET {column} = ? WHERE trial_number = 1 AND problem_key = ?",
+                     (value, SPEC.problem_key(PREFILL)))
+    for fmt in ("table", "csv", "json"):
+        result = CliRunner().invoke(app, ["report", "--db", str(db), "--format", fmt])
+        assert result.exit_code == 0 and result.exception is None, (fmt, result.output[-1500:])
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", "--db", str(db), "--out", str(out)])
+    assert result.exit_code == 0 and result.exception is None, result.output[-1500:]
+    assert "Traceback" not in result.output
+    for path in out.rglob("*.json"):
+        doc = json.loads(path.read_text())
+        for key, raw in doc["entries"].items():
+            runtime_entry = export.parse_entry(key, raw, SPEC)  # what the runtime reads, or raises
+            assert runtime_entry.config is not None

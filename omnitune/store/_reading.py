@@ -7,6 +7,7 @@ imported inside the functions: `import omnitune.store` stays cheap for the searc
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,8 @@ from omnitune.store._records import TRIAL_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
+
+log = logging.getLogger(__name__)
 
 DEVICE_COLUMNS = ("key", "name", "compute_capability", "driver")
 
@@ -49,11 +52,31 @@ def read_table(db_path: str | Path, table: str, columns: Sequence[str], *, where
         if where is not None and value is not None:
             query += f' WHERE "{where}" = ?'
             params = (value,)
-        return pd.read_sql_query(query, con, params=params)
+        return _numbers_as_numbers(pd.read_sql_query(query, con, params=params), con, db_path, table)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
     finally:
         con.close()
+
+
+def _numbers_as_numbers(frame: pd.DataFrame, con: sqlite3.Connection, db_path: Path, table: str) -> pd.DataFrame:
+    """`frame` with each cell of a column the schema declares numeric (INTEGER, REAL) that is not
+    a number read as missing (NaN), and one warning per such column. SQLite keeps whatever a cell
+    is given, so a file changed by hand can hold text there, on which report's and export's
+    arithmetic would fail."""
+    import pandas as pd
+
+    declared = {row[1]: str(row[2]).upper() for row in con.execute(f'PRAGMA table_info("{table}")')}
+    for column in frame.columns:
+        if declared.get(column) not in ("INTEGER", "REAL") or pd.api.types.is_numeric_dtype(frame[column]):
+            continue  # not numeric, or all numbers (or NULL) already
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        bad = int((numbers.isna() & frame[column].notna()).sum())
+        if bad:
+            log.warning("%s: %d cells of %s.%s are not numbers (changed by hand, or corrupt): read as missing",
+                        db_path, bad, table, column)
+        frame[column] = numbers
+    return frame
 
 
 def read_trials(db_path: str | Path, kernel: str | None = None) -> pd.DataFrame:
