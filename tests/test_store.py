@@ -100,6 +100,24 @@ def test_a_file_that_is_not_sqlite_is_a_store_error(tmp_path):
         open_db(path)
 
 
+def test_a_database_that_cannot_be_read_now_is_not_called_foreign(db, monkeypatch):
+    """An I/O error or a lock while reading is said as such, not as 'not an omnitune results
+    database' (which sends a user after a file that is fine); a foreign file still is."""
+    import pandas as pd
+
+    from omnitune.store import read_trials
+
+    record_trial(db, trial(0))
+    path = db.conn.execute("PRAGMA database_list").fetchone()[2]
+
+    def io_error(*args, **kwargs):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(pd, "read_sql_query", io_error)
+    with pytest.raises(StoreError, match=r"^cannot read .*results\.db: disk I/O error$"):
+        read_trials(path)
+
+
 def test_another_applications_sqlite_file_is_a_store_error(tmp_path):
     path = tmp_path / "other.db"
     conn = sqlite3.connect(path)

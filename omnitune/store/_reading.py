@@ -53,6 +53,8 @@ def read_table(db_path: str | Path, table: str, columns: Sequence[str], *, where
             query += f' WHERE "{where}" = ?'
             params = (value,)
         return _numbers_as_numbers(pd.read_sql_query(query, con, params=params), con, db_path, table)
+    except sqlite3.OperationalError as exc:  # a database that cannot be read now (I/O, a lock): not a foreign file
+        raise StoreError(f"cannot read {db_path}: {exc}") from None
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
     finally:
@@ -100,6 +102,8 @@ def read_study_configs(db_path: str | Path, study: str) -> dict[str, str]:
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trials'").fetchone():
             return {}
         return dict(con.execute("SELECT config_json, status FROM trials WHERE study = ?", (study,)).fetchall())
+    except sqlite3.OperationalError as exc:  # a database that cannot be read now (I/O, a lock): not a foreign file
+        raise StoreError(f"cannot read {db_path}: {exc}") from None
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
     finally:
