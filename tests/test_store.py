@@ -4,6 +4,7 @@ Optuna's studies."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import signal
 import sqlite3
@@ -314,7 +315,7 @@ def test_trial_attrs_round_trip_to_the_same_result():
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_rebuild_catalogue_rederives_every_row_from_the_studies(db, tmp_path, kind):
+def test_rebuild_catalogue_rederives_every_row_from_the_studies(db, tmp_path, kind, caplog):
     storage_url = {"sqlite": f"sqlite:///{tmp_path / 'studies.optuna.db'}",
                    "journal": f"journal:///{tmp_path / 'studies.optuna.log'}"}[kind]
     study = make_study(storage_url)
@@ -333,7 +334,12 @@ def test_rebuild_catalogue_rederives_every_row_from_the_studies(db, tmp_path, ki
     record_trial(db, trial(7, study=FACTS.name))
     record_trial(db, trial(0, study="elsewhere|x|fp16|GPU"))
 
+    caplog.set_level(logging.WARNING, logger="omnitune.store")
     assert rebuild_catalogue(db, storage_url) == 3
+    # The stale row is dropped, and said: a storage that lost trials loses their rows here too.
+    assert [r.getMessage().split(" of ")[0] for r in caplog.records] == ["1 row"]
+    assert "was dropped with the rebuild" in caplog.records[0].getMessage()
+    caplog.clear()
     rows = list(db.query("SELECT * FROM trials WHERE study = ? ORDER BY trial_number", [FACTS.name]))
     assert [r["trial_number"] for r in rows] == [0, 1, 2]
     assert [r["status"] for r in rows] == ["ok", "ok", "pruned"]
@@ -349,6 +355,7 @@ def test_rebuild_catalogue_rederives_every_row_from_the_studies(db, tmp_path, ki
     before = list(db.query("SELECT * FROM trials ORDER BY study, trial_number"))
     rebuild_catalogue(db, storage_url)
     assert list(db.query("SELECT * FROM trials ORDER BY study, trial_number")) == before
+    assert not caplog.records
 
 
 def test_catalogue_record_is_none_for_a_trial_that_measured_nothing():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import math
 import sqlite3
@@ -539,8 +540,17 @@ def rebuild_catalogue(db: sqlite_utils.Database, storage_url: str) -> int:
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         studies.append((facts, study_records(facts, study.get_trials(deepcopy=False))))
+    dropped = 0
     with transaction(db):
         for facts, records in studies:
+            kept = {record.trial_number for record in records}
+            dropped += sum(1 for (number,) in db.execute("SELECT trial_number FROM trials WHERE study = ?",
+                                                         (facts.name,)).fetchall() if number not in kept)
             db.execute("DELETE FROM trials WHERE study = ?", (facts.name,))
             record_trials(db, records)
+    if dropped:  # the storage is the truth, but a storage that lost trials should not go unsaid
+        logging.getLogger(__name__).warning(
+            "%s of %s had no finished trial in %s and %s dropped with the rebuild (stale; or the storage lost "
+            "trials, whose rows are then gone from this database too)", f"{dropped} row{'s' * (dropped != 1)}",
+            _database_file(db), storage_url, "were" if dropped != 1 else "was")
     return sum(len(records) for _, records in studies)
