@@ -56,14 +56,12 @@ def _storage_file(url: str) -> Path | None:
     """The file a storage URL names: an SQLAlchemy SQLite URL's (sqlite:///relative,
     sqlite:////absolute) or a journal's (journal:///path); None for another database or an
     in-memory one."""
-    from omnitune.store import journal_path
+    from omnitune.store import journal_path, sqlite_file_name
 
     if (journal := journal_path(url)) is not None:
         return journal
-    if not url.startswith("sqlite:///"):
-        return None
-    name = url.removeprefix("sqlite:///").split("?", 1)[0]
-    return None if name in ("", ":memory:") else Path(name)
+    name = sqlite_file_name(url)
+    return None if name in (None, "", ":memory:") else Path(name)
 
 
 def _same_file(a: Path, b: Path) -> bool:

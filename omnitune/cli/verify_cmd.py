@@ -10,7 +10,7 @@ from rich.console import Console
 
 from omnitune.cli import preflight
 from omnitune.cli._app import app
-from omnitune.cli.common import console, err_console, interpret_option, load_spec
+from omnitune.cli.common import console, err_console, interpret_option, load_spec, write_output_file
 from omnitune.errors import DeviceError, OmnituneError
 
 LOG_WIDTH = 160
@@ -97,9 +97,7 @@ def verify(
     wide = console.is_terminal or os.environ.get("COLUMNS")
     (console if wide else Console(highlight=False, width=LOG_WIDTH)).print(render_table(report))
     if json_out is not None:
-        from omnitune.cli.common import write_output_file  # whole or not at all: the old report survives
-
-        write_output_file(json_out, report.to_json(), "--json")
+        write_output_file(json_out, report.to_json(), "--json")  # whole or not at all: the old report survives
         console.print(f"wrote {json_out}")
     raise typer.Exit(report.exit_code)
 

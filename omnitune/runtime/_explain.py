@@ -120,10 +120,8 @@ def _twin(tables: Sequence[Table], answer: Lookup, device_name: str | None) -> s
     from omnitune.trial import device_key
 
     here = device_key(device_name)
-    if answer.source is not None:
-        source = next((t for t in tables if t.path == answer.source), None)
-        key = source.device_key if source is not None else answer.source.stem
-        return key if key != here else None
+    if answer.source is not None:  # a table's file is named by its device key (Table.device_key)
+        return answer.source.stem if answer.source.stem != here else None
     return None if _has_own(tables, device_name) else tables[0].device_key
 
 

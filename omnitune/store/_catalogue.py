@@ -137,8 +137,8 @@ def open_optuna_storage(url: str, *, heartbeat_interval_s: int | None = None) ->
     check_storage_url(url)
     if (journal := journal_path(url)) is not None:
         return _open_journal(journal, heartbeats=heartbeat_interval_s is not None)
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if name := sqlite_file_name(url):
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
     sqlite = url.startswith("sqlite")
     heartbeat = {}
     if heartbeat_interval_s is not None:
@@ -174,6 +174,14 @@ def open_optuna_storage(url: str, *, heartbeat_interval_s: int | None = None) ->
     return storage
 
 
+def sqlite_file_name(url: str) -> str | None:
+    """The file an SQLAlchemy SQLite URL names (sqlite:///relative, sqlite:////absolute), without
+    its ?query: "" where it names none; None for a URL of another kind."""
+    if not url.startswith("sqlite:///"):
+        return None
+    return url.removeprefix("sqlite:///").split("?", 1)[0]
+
+
 def check_storage_url(url: str) -> None:
     """A StoreError, before Optuna touches anything, for a storage URL naming a file Optuna must
     not open: an SQLite URL naming no file (SQLAlchemy would make a database in memory, and each
@@ -187,9 +195,9 @@ def check_storage_url(url: str) -> None:
             raise StoreError(f"the journal storage {url} names an SQLite database, not an Optuna journal; give the "
                              f"journal a file of its own, e.g. {JOURNAL_SCHEME}{own}")
         return
-    if not url.startswith("sqlite:///"):
+    name = sqlite_file_name(url)
+    if name is None:
         return
-    name = url.removeprefix("sqlite:///").split("?", 1)[0]
     if not name.strip():
         raise StoreError(f"the Optuna storage {url} names no file; give one, e.g. sqlite:///studies.optuna.db")
     path = Path(name)

@@ -74,8 +74,8 @@ def apply_to_own_table(table: TableFile, replacements: Sequence[Replacement], ma
 
     path = table.path.with_name(f"{machine['key']}.json")
     written: list[str] = []
-    twin = table.document if replacements else None  # not written: verify's reading of it serves
-    if twin is None:
+    twin = table.document  # not written: verify's reading of it serves
+    if not replacements or twin is None:
         return path, written
     now = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
     own = read_table_file(path, table.kernel) or {
