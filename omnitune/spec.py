@@ -309,6 +309,11 @@ class KernelSpec:
     long span-free prefill to SDPA). None: the default config. The search still starts from
     default_config and reports speedups over it: this is the runtime's answer, not the kernel's
     baseline."""
+    syncs_host: bool = False
+    """The op reads a value back to the host inside its launched, timed call (kv_compress reads its
+    kept lengths to size its output), so its timings include host work, and a host busy compiling
+    stretches them. The search re-times such an op's finalists on a quiet host: its own compile
+    workers finished, the next problem's compiles not begun (omnitune.search.driver)."""
     module: str = ""
 
     # --- config space -----------------------------------------------------------------------

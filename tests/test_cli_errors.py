@@ -217,6 +217,16 @@ def test_export_into_a_file_is_one_line(tmp_path):
     assert target.read_text() == "{}"
 
 
+def test_export_to_an_empty_out_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    """--out '' (an unset shell variable) would be the current folder: refused, nothing written there."""
+    db = searched_db(tmp_path)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert_one_line_error(invoke("export", "--db", db, "--out", ""), "--out is empty")
+    assert list(here.iterdir()) == []
+
+
 @pytest.mark.parametrize("below", [False, True], ids=["the-folder", "a-folder-inside"])
 def test_export_into_a_read_only_folder_is_one_line(below, tmp_path, read_only):
     db = searched_db(tmp_path)

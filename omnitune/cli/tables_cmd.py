@@ -146,8 +146,8 @@ def _problem_defaults(kernel: str) -> dict[str, str]:
 def export(
     db: str = typer.Option(None, "--db", help=_DB_HELP),
     storage: str = typer.Option(None, "--storage", metavar="URL", help=_STORAGE_HELP, show_default=False),
-    out: Path = typer.Option(
-        Path("tuned_configs"), "--out", help="Folder of the tables: <out>/<kernel>/<device_key>.json."
+    out_text: str = typer.Option(
+        "tuned_configs", "--out", metavar="FOLDER", help="Folder of the tables: <out>/<kernel>/<device_key>.json."
     ),
     kernel: str = typer.Option(None, "--kernel", help="Only this kernel."),
     predictor: bool = typer.Option(
@@ -168,6 +168,10 @@ def export(
     from omnitune.report import load_trials
 
     path = db_path(db)
+    if not out_text.strip():
+        # Path("") is the current folder: an unset shell variable would spill tables into it.
+        raise OmnituneError("--out is empty; name the folder of the tables (e.g. --out tuned_configs)")
+    out = Path(out_text)
     preflight.require_writable_folder(out, "--out")
     _import_storage(path, storage)
     if not _has_results(load_trials(path, kernel), path, kernel):

@@ -46,6 +46,9 @@ class CompilesAhead(Protocol):
 
     # Optional: compiled(config) -> bool, whether a worker has finished compiling `config`
     # (the queue then measures compiled configs first).
+    # Optional: settle() -> None, once nothing more will be submitted: withdraw the configs no
+    # worker has started and wait for those being compiled (the driver calls it before re-timing
+    # the finalists of an op whose timings include host work: KernelSpec.syncs_host).
 
 
 class _SharedWorkers:
@@ -139,6 +142,21 @@ class PrecompilePool:
     def finish(self) -> None:
         """Return once the workers are done with every config submitted (compiled, failed, or
         given up on after wait_s each), none withdrawn: for a timing that wants a quiet host."""
+        self.waited_s += self._wait_for_workers()
+
+    def settle(self) -> None:
+        """Return once no worker is compiling for this pool, when nothing more will be submitted
+        (the search's loop has ended): the configs no worker has started are withdrawn, no
+        longer wanted, and those a worker is compiling are waited for (wait_s each), for a timing
+        that wants a quiet host. Not counted in waited_s, which is measuring's wait."""
+        for future in self.futures.values():
+            future.cancel()  # refused for a config a worker has: waited for below
+        self._wait_for_workers()
+
+    def _wait_for_workers(self) -> float:
+        """Wait for every config submitted that is neither done nor withdrawn, wait_s at most
+        each; the seconds waited."""
+        waited = 0.0
         for future in self.futures.values():
             if future.done():
                 continue
@@ -147,7 +165,8 @@ class PrecompilePool:
                 future.result(timeout=self.wait_s)
             except Exception:  # noqa: BLE001 — a hung or lost worker: whoever launches it fails there
                 pass
-            self.waited_s += time.perf_counter() - waiting
+            waited += time.perf_counter() - waiting
+        return waited
 
     def report(self) -> PrecompileReport:
         done = {c: launched(f) for c, f in self.futures.items() if f.done() and not f.cancelled()}

@@ -130,7 +130,12 @@ def run_search(
     a measuring thread between two measurements, when this search will claim no more trials: the
     budget's last place is claimed (its last trials still to measure), or else the trial loop has
     ended; the finalists are re-timed after it. Not after a lost GPU context or an interrupt.
-    `omnitune search` prepares the next problem then (omnitune.search.prepare_next).
+    `omnitune search` prepares the next problem then (omnitune.search.prepare_next). For a spec
+    whose timed call syncs the host (KernelSpec.syncs_host) the finalists are re-timed on a quiet
+    host instead: `on_trials_claimed` is called after the re-timing (once, and not after a lost
+    GPU context or an interrupt, as before), and right before the re-timing `compile_ahead`'s
+    optional settle() drops the configs no worker has started and waits for those being
+    compiled (the wait is SearchOutcome.phase_s["settling"], within retime_s).
 
     With `db`, a storage that lacks trials the database has rows of (a journal lost, emptied or
     swapped) is a StoreError before anything is written: the storage would number new trials
@@ -173,6 +178,10 @@ class _Search:
         self.progress, self.precompile, self.stop_when = progress, precompile, stop_when
         self.on_trials_claimed = on_trials_claimed
         self.trials_claimed_told = False  # on_trials_claimed is called once
+        # An op whose timed call syncs the host is re-timed on a quiet host: the next problem is
+        # prepared (on_trials_claimed) after its finalists' re-timing, not while the loop ends.
+        self.quiet_retime = spec.syncs_host
+        self.compile_ahead = compile_ahead
         # The sink belongs to the thread that called run_search (omnitune.search.slots).
         self.sink = HomeSink(sink) if sink is not None else None
         self.setup_s = 0.0  # building runners (inputs, reference): the fixed cost `omnitune plan` reads
@@ -248,10 +257,13 @@ class _Search:
                 if self.queue is not None:
                     with self.lock:
                         self.queue.drop(self.shared.tell_failed)
-            if reason not in (StopReason.CONTEXT_LOST, StopReason.INTERRUPTED):
+            stopped_cleanly = reason not in (StopReason.CONTEXT_LOST, StopReason.INTERRUPTED)
+            if stopped_cleanly and not self.quiet_retime:
                 self._tell_trials_claimed()
             self.loop_s = time.monotonic() - self.started
             retiming = self._retime(reason)
+            if stopped_cleanly and self.quiet_retime:
+                self._tell_trials_claimed()
         except KeyboardInterrupt:
             raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
         finally:
@@ -342,7 +354,7 @@ class _Search:
             if step is None:
                 time.sleep(WAIT_FOR_CLAIMS_S)
                 continue
-            if budget_claimed:
+            if budget_claimed and not self.quiet_retime:
                 self._tell_trials_claimed()
             result = self._measure_and_store(trial, config, chosen_by, slot) if claimed else None
             with self.lock:
@@ -528,9 +540,24 @@ class _Search:
         if reason is StopReason.CONTEXT_LOST:
             return Retiming(RetimeStatus.CONTEXT_LOST)
         finalists = StudyFinalists(self.shared.study, self.space, lambda r: self._attrs(r, "finalist"), self._record)
-        return finalists.retime(self._runner_of(0), self.ledger.ranked_ok(), self.default_config,
+        runner = self._runner_of(0)
+        if self.quiet_retime:
+            self._settle_compiles()
+        return finalists.retime(runner, self.ledger.ranked_ok(), self.default_config,
                                 count=self.options.finalists, rounds=self.options.finalist_rounds,
                                 always=self._backend_configs())
+
+    def _settle_compiles(self) -> None:
+        """Quiet this search's compile-ahead pool before the finalists of an op whose timing
+        includes host work are re-timed: what no worker has started is dropped (the loop has
+        ended), what a worker is compiling is waited for. Compiles of other processes (other
+        lanes) are not this search's to wait for."""
+        settle = getattr(self.compile_ahead, "settle", None)
+        if settle is None:
+            return
+        began = time.perf_counter()
+        settle()
+        self.phase_s["settling"] += time.perf_counter() - began
 
     def _backend_configs(self) -> list[Config]:
         """The spec's other backends (SDPA for attention) completed for this problem: re-timed
