@@ -3,12 +3,16 @@
 # On an H200 this call is round 29's S (issue 16), as round 31's was: the fp8 transposed dots of
 # benchmarks/variants/decode_fp8_swap_ab.patch applied on the device, the paged-decode table
 # revalidated for them. On any other card it is Q when asked for (else it stops at once: exit 3).
-# Q: a search now re-times the finalists of an op whose timed call syncs the host (kv_compress:
+# Q (round 32's first call): a search now re-times the finalists of an op whose timed call syncs the host (kv_compress:
 #    KernelSpec.syncs_host) on a quiet host: its own compile workers settled, the next problem's
 #    compiles not begun until after the re-timing. The same three-problem kv_compress search (16 trials each), run
 #    twice in one call into two databases: as shipped (quiet), then with both switched off (busy:
 #    syncs_host False, as before this round). Each database's finalist rows, with their p20-p80
 #    spreads, are written to $OUT/search_retime_${card}_round32_Q_{quiet,busy}.json.
+# Q1: Q ran its searches in three lanes (one problem each), where the change had nothing to defer;
+#    Q1 runs the same comparison in one lane (--lanes 1) over two of those problems, so that the
+#    first problem's re-timing meets its own pool's last compiles and the second problem's first
+#    ones: $OUT/search_retime_${card}_round32_Q1_{quiet,busy}.json.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 if [ "$card" = h200 ]; then
@@ -16,10 +20,11 @@ if [ "$card" = h200 ]; then
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
 case ${1:-} in
-  Q) ;;
-  *) echo "not an H200 and Q not asked for: nothing run"; exit 3 ;;
+  Q) name=Q lanes=3 lines='8p;10p;12p' ;;
+  Q1) name=Q1 lanes=1 lines='8p;12p' ;;
+  *) echo "not an H200 and neither Q nor Q1 asked for: nothing run"; exit 3 ;;
 esac
-shapes=$(python benchmarks/training_set.py kv_compress bf16 | tr ' ' '\n' | grep -v -- --shape | sed -n '8p;10p;12p' \
+shapes=$(python benchmarks/training_set.py kv_compress bf16 | tr ' ' '\n' | grep -v -- --shape | sed -n "$lines" \
   | sed 's/^/--shape /' | tr '\n' ' ')
 for host in quiet busy; do
   rm -rf "/tmp/r32q_$host" && mkdir -p "/tmp/r32q_$host"
@@ -30,10 +35,10 @@ if sys.argv[1] == 'busy':
     object.__setattr__(kv_compress.SPEC, 'syncs_host', False)
 from omnitune.cli import main
 sys.argv = ['omnitune', 'search', 'kv_compress', *sys.argv[3].split(), '-n', '16', '--dtype', 'bf16',
-            '--db', sys.argv[2]]
-main()" $host "/tmp/r32q_$host/omnitune.db" "$shapes"
+            '--db', sys.argv[2], '--lanes', sys.argv[4]]
+main()" $host "/tmp/r32q_$host/omnitune.db" "$shapes" $lanes
   python benchmarks/finalist_spreads.py "/tmp/r32q_$host/omnitune.db" \
-    > "$OUT/search_retime_${card}_round32_Q_${host}.json"
+    > "$OUT/search_retime_${card}_round32_${name}_${host}.json"
   python -c "import json,sys; [print(r['problem_key'][:60], r['config'][:50], r['time_ms'], r['spread']) for r in json.load(open(sys.argv[1]))['finalists']]" \
-    "$OUT/search_retime_${card}_round32_Q_${host}.json"
+    "$OUT/search_retime_${card}_round32_${name}_${host}.json"
 done
