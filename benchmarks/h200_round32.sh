@@ -13,6 +13,12 @@
 #    Q1 runs the same comparison in one lane (--lanes 1) over two of those problems, so that the
 #    first problem's re-timing meets its own pool's last compiles and the second problem's first
 #    ones: $OUT/search_retime_${card}_round32_Q1_{quiet,busy}.json.
+# Q2: Q1 showed a search alone letting its compile workers run kernels beside its timings (a
+#    kv_compress launch cannot be captured, so a worker runs it for real, under the lanes' GPU lock,
+#    which a search alone did not have): 14 workers spent 1,815-1,821 s of CPU on 16 configs. Now a
+#    search alone shares a GPU lock with its workers (gpu_lock.shared_with_compile_workers). Q1's
+#    one-lane search again, as shipped (locked) and with that lock off (unlocked, as in Q1):
+#    $OUT/search_retime_${card}_round32_Q2_{locked,unlocked}.json.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 if [ "$card" = h200 ]; then
@@ -20,19 +26,23 @@ if [ "$card" = h200 ]; then
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
 case ${1:-} in
-  Q) name=Q lanes=3 lines='8p;10p;12p' ;;
-  Q1) name=Q1 lanes=1 lines='8p;12p' ;;
-  *) echo "not an H200 and neither Q nor Q1 asked for: nothing run"; exit 3 ;;
+  Q) name=Q lanes=3 lines='8p;10p;12p' runs='quiet busy' ;;
+  Q1) name=Q1 lanes=1 lines='8p;12p' runs='quiet busy' ;;
+  Q2) name=Q2 lanes=1 lines='8p;12p' runs='locked unlocked' ;;
+  *) echo "not an H200 and none of Q, Q1, Q2 asked for: nothing run"; exit 3 ;;
 esac
 shapes=$(python benchmarks/training_set.py kv_compress bf16 | tr ' ' '\n' | grep -v -- --shape | sed -n "$lines" \
   | sed 's/^/--shape /' | tr '\n' ' ')
-for host in quiet busy; do
+for host in $runs; do
   rm -rf "/tmp/r32q_$host" && mkdir -p "/tmp/r32q_$host"
   TRITON_CACHE_DIR=/tmp/r32q_$host/triton step 250 python -c "
 import sys
 if sys.argv[1] == 'busy':
     from omnitune.kernels import kv_compress
     object.__setattr__(kv_compress.SPEC, 'syncs_host', False)
+if sys.argv[1] == 'unlocked':
+    from omnitune.cli import search_cmd
+    search_cmd.workers_share_the_gpu_lock = lambda *a, **k: False
 from omnitune.cli import main
 sys.argv = ['omnitune', 'search', 'kv_compress', *sys.argv[3].split(), '-n', '16', '--dtype', 'bf16',
             '--db', sys.argv[2], '--lanes', sys.argv[4]]

@@ -249,6 +249,30 @@ def search(
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         targets = [problems_in_lane_order(target, lane.index) for target in in_lane_order(targets, lane.index)]
+    from omnitune.measure.gpu_lock import shared_with_compile_workers
+
+    sharing = workers_share_the_gpu_lock(precompile_workers, interpret=interpret, gpus=gpu_list)
+    with shared_with_compile_workers() if sharing else nullcontext():
+        _search_targets(targets, trials=trials, deadline=deadline, sampler_name=sampler_name, seed=seed, db=db,
+                        storage=storage, interpret=interpret, finalists=finalists, profile_top=profile_top,
+                        isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpu_list=gpu_list,
+                        precompile_workers=precompile_workers, lane=lane, try_values=try_values,
+                        cuda_start=cuda_start)
+
+
+def workers_share_the_gpu_lock(precompile_workers: int, *, interpret: bool, gpus: list[int] | None) -> bool:
+    """Whether this search's compile workers take a GPU lock with it, as lanes' do, so that a
+    launch they cannot capture never runs beside a timing (gpu_lock.shared_with_compile_workers):
+    with workers, on a GPU. Not with --gpus: one lock would hold every GPU's measurements to one
+    at a time."""
+    return precompile_workers > 0 and not interpret and gpus is None
+
+
+def _search_targets(targets: list, *, trials: int, deadline: float | None, sampler_name, seed: int, db: str | None,
+                    storage: str | None, interpret: bool, finalists: int, profile_top: int,
+                    isolate_timeout_s: float | None, gpu_list: list[int] | None, precompile_workers: int,
+                    lane: LaneSession | None, try_values: tuple[dict, ...], cuda_start) -> None:
+    """Search every target's problems in this process, one after another."""
     # With --precompile, each problem's first configs compile while the one before it is measured,
     # across kernels too: the session knows every problem in the order they are searched.
     ahead = None
@@ -265,12 +289,12 @@ def search(
             search_problems(target.spec, target.problems, target.dtype, trials=trials, timeout_s=remaining_s,
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
-                        isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpus=gpu_list,
+                        isolate_timeout_s=isolate_timeout_s, gpus=gpu_list,
                         precompile_workers=precompile_workers, ahead=ahead, lane=lane, tries=try_values)
     except KeyboardInterrupt:
         err_console.print(_interrupted_line(lane))
         raise typer.Exit(130) from None
-    finally:
+    finally:  # inside the lock's lifetime: the workers end before its file goes
         if ahead is not None:
             ahead.close()
         if precompile_workers:  # every problem's pool shared these processes (omnitune.measure.ahead)
@@ -503,10 +527,13 @@ def search_problems(
             compile_report = pool.report() if ahead is not None else None
             in_process = isolate_timeout_s is None
             lock_wait_s = gpu_lock.waited_s - waited_before if in_process else None
+            # search_runs.lock_wait_s is the wait behind other lanes (omnitune plan takes it off the
+            # wall); alone, the wait behind its own compile workers is part of the search's time.
+            lanes_wait_s = lock_wait_s if lane is not None or lock_wait_s is None else 0.0
             record_search_run(database, SearchRunRecord(
                 outcome.study_name, device.key, device.name, utc_now(), outcome.stop_reason.value, outcome.measured_now,
                 outcome.wall_s, outcome.setup_s, outcome.retime_s,
-                gpu_s=gpu_lock.held_s - held_before if in_process else None, lock_wait_s=lock_wait_s,
+                gpu_s=gpu_lock.held_s - held_before if in_process else None, lock_wait_s=lanes_wait_s,
                 cpu_s=time.process_time() - cpu_before if in_process else None,
                 compile_cpu_s=compile_report.cpu_s if compile_report is not None else None))
             if compile_report is not None:
@@ -516,8 +543,10 @@ def search_problems(
             for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
                 console.print(line, soft_wrap=True)
             if phases := outcome.phase_line():
-                if lane is not None and lock_wait_s and lock_wait_s >= 0.05:
-                    phases += f"; the lane waited {lock_wait_s:.1f} s of that for the GPU, behind other lanes"
+                if lock_wait_s and lock_wait_s >= 0.05:
+                    behind = "other lanes" if lane is not None else "its compile workers' launches"
+                    phases += f"; the {'lane' if lane is not None else 'search'} waited {lock_wait_s:.1f} s of that " \
+                              f"for the GPU, behind {behind}"
                 console.print(f"  {phases}", soft_wrap=True)
             if outcome.stop_reason is StopReason.CONTEXT_LOST:
                 err_console.print(

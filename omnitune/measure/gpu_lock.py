@@ -19,8 +19,11 @@ from __future__ import annotations
 import collections
 import fcntl
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # The variable that hands a lane process the lock's path (set by the process that starts lanes).
@@ -170,3 +173,29 @@ def gpu_lock_from_env() -> GpuLock | _NoGpuLock:
     if path not in _process_locks:
         _process_locks[path] = GpuLock(path)
     return _process_locks[path]
+
+
+@contextmanager
+def shared_with_compile_workers() -> Iterator[None]:
+    """A lock for a search alone on its GPU that starts compile workers (omnitune.measure.precompile),
+    shared with them through GPU_LOCK_ENV as lanes share theirs, for as long as it lasts.
+
+    A worker launches a config for real where its launch cannot be captured (kv_compress reads
+    lengths back to the host) and draws each problem's inputs on the GPU, under this lock. Without
+    one, a search alone had workers running kernels beside its own timings: in round 32 (H100,
+    kv_compress, one lane) its 14 workers spent 1,815–1,821 s of CPU on 16 configs in 127–137 s,
+    and the search waited 58–71 s of it for them. Nothing changes where a lock is set already (a
+    lane's)."""
+    if os.environ.get(GPU_LOCK_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="omnitune-gpu-") as folder:
+        path = os.path.join(folder, "gpu.lock")
+        os.environ[GPU_LOCK_ENV] = path
+        try:
+            yield
+        finally:
+            del os.environ[GPU_LOCK_ENV]
+            lock = _process_locks.pop(path, None)
+            if lock is not None:
+                lock.close()
