@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Thirty-second round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round32.sh [Q]
-# On an H200 this call is round 29's S (issue 16), as round 31's was: the fp8 transposed dots of
-# benchmarks/variants/decode_fp8_swap_ab.patch applied on the device, the paged-decode table
-# revalidated for them. On any other card it is Q when asked for (else it stops at once: exit 3).
+# On an H200 without G this call is round 29's S (issue 16), as round 31's was: the fp8 transposed
+# dots of benchmarks/variants/decode_fp8_swap_ab.patch applied on the device, the paged-decode table
+# revalidated for them. On any other card it is the part asked for (else it stops at once: exit 3).
+# G: the gpu-marked tests of this round's host-side changes (search and its compile workers under
+#    the shared GPU lock, lanes, finalists, the worker). On an H200, first S's measurement in short
+#    (~300 s, the time S needs not being left): the variant applied, its decode GPU tests, the fp8
+#    few-warps sweep beside bf16 at batch 64, 4k and 16k; then the variant taken off again.
 # Q (round 32's first call): a search now re-times the finalists of an op whose timed call syncs the host (kv_compress:
 #    KernelSpec.syncs_host) on a quiet host: its own compile workers settled, the next problem's
 #    compiles not begun until after the re-timing. The same three-problem kv_compress search (16 trials each), run
@@ -21,15 +25,26 @@
 #    $OUT/search_retime_${card}_round32_Q2_{locked,unlocked}.json.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
-if [ "$card" = h200 ]; then
-  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch || exit 2
+variant=benchmarks/variants/decode_fp8_swap_ab.patch
+if [ "$card" = h200 ] && [ "${1:-}" = G ]; then
+  variant_apply $variant || exit 2
+  step 110 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py tests/test_fp8_kv_cache.py
+  SWEEP_CTXS="4096 16384" few_warps_sweeps round32_S 100
+  variant_restore $variant
+elif [ "$card" = h200 ]; then
+  variant_apply $variant || exit 2
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
 case ${1:-} in
   Q) name=Q lanes=3 lines='8p;10p;12p' runs='quiet busy' ;;
   Q1) name=Q1 lanes=1 lines='8p;12p' runs='quiet busy' ;;
   Q2) name=Q2 lanes=1 lines='8p;12p' runs='locked unlocked' ;;
-  *) echo "not an H200 and none of Q, Q1, Q2 asked for: nothing run"; exit 3 ;;
+  G)
+    step $(left 560) python -m pytest -q -p no:cacheprovider -m gpu tests/test_lanes.py tests/test_precompile.py \
+      tests/test_finalists.py tests/test_worker.py tests/test_gpu_lock_shared.py tests/test_search_quiet_retime.py
+    exit 0
+    ;;
+  *) echo "not an H200 and none of Q, Q1, Q2, G asked for: nothing run"; exit 3 ;;
 esac
 shapes=$(python benchmarks/training_set.py kv_compress bf16 | tr ' ' '\n' | grep -v -- --shape | sed -n "$lines" \
   | sed 's/^/--shape /' | tr '\n' ' ')

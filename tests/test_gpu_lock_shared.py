@@ -67,3 +67,38 @@ def test_the_lock_is_undone_when_the_search_fails(monkeypatch):
 ])
 def test_which_searches_share_it(workers, interpret, gpus, shared):
     assert workers_share_the_gpu_lock(workers, interpret=interpret, gpus=gpus) is shared
+
+
+@pytest.mark.gpu
+def test_a_search_alone_on_the_gpu_shares_its_lock_with_its_workers_and_finishes(tmp_path, monkeypatch):
+    """kv_compress's launch cannot be captured (it reads lengths back to the host), so its compile
+    workers launch it for real, under the lock the search shares with them: the search must still
+    measure every trial, and leave no lock behind."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app
+
+    monkeypatch.delenv(gpu_lock.GPU_LOCK_ENV, raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # the workers compile, not load
+    entered = []
+    real = gpu_lock.shared_with_compile_workers
+
+    def recording():
+        entered.append(True)
+        return real()
+
+    monkeypatch.setattr(gpu_lock, "shared_with_compile_workers", recording)
+    db = tmp_path / "omnitune.db"
+    shapes = ["--shape", "b=1,h=4,hkv=2,n=256,d=64,window=8,recent=4,keep_pct=25",
+              "--shape", "b=2,h=4,hkv=2,n=320,d=64,window=8,recent=4,keep_pct=25"]
+    result = CliRunner().invoke(app, ["search", "kv_compress", *shapes, "--dtype", "bf16", "-n", "6",
+                                      "--lanes", "1", "--precompile", "4", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert entered == [True]
+    assert gpu_lock.GPU_LOCK_ENV not in os.environ
+    with sqlite3.connect(db) as rows:
+        counted = rows.execute("select problem_key, count(*), sum(status = 'ok') from trials "
+                               "where extra_json not like '%\"finalist\"%' group by problem_key").fetchall()
+    assert len(counted) == 2 and all(trials == 6 and ok >= 1 for _, trials, ok in counted), counted
