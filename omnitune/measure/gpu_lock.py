@@ -177,8 +177,9 @@ def gpu_lock_from_env() -> GpuLock | _NoGpuLock:
 
 @contextmanager
 def shared_with_compile_workers() -> Iterator[None]:
-    """A lock for a search alone on its GPU that starts compile workers (omnitune.measure.precompile),
-    shared with them through GPU_LOCK_ENV as lanes share theirs, for as long as it lasts.
+    """A lock for a process alone on its GPU that starts compile workers (omnitune.measure.precompile):
+    a search, `omnitune verify`. Shared with them through GPU_LOCK_ENV as lanes share theirs, for as
+    long as it lasts; its runners (omnitune.measure.runner) take it for their GPU work.
 
     A worker launches a config for real where its launch cannot be captured (kv_compress reads
     lengths back to the host) and draws each problem's inputs on the GPU, under this lock. Without

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +24,7 @@ import torch
 
 from omnitune.errors import OmnituneError, one_line
 from omnitune.measure.ahead import close_shared_workers
+from omnitune.measure.gpu_lock import shared_with_compile_workers
 from omnitune.spec import DeviceLimits, KernelSpec
 from omnitune.verify import ahead, compat, memory, numerics, revalidate, speed
 from omnitune.verify.revalidate import EntryResult
@@ -103,11 +104,14 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
         state.entry_compat_at[str(table.path)] = {c.subject: start + i for i, c in enumerate(table_checks)
                                                   if i > 0 and "revalidation" in c.details}
         state.report.add(table_checks)
-    try:
-        _entries(tables, options, timer, state, machine, compile_ahead)
-    finally:
-        if compile_ahead:
-            close_shared_workers()  # the workers every table's EntriesAhead shared
+    # The compile workers launch for real what they cannot capture (kv_compress) and draw inputs on
+    # the GPU: under a lock shared with the checks' runners, as a search's workers do.
+    with shared_with_compile_workers() if compile_ahead and not options.interpret else nullcontext():
+        try:
+            _entries(tables, options, timer, state, machine, compile_ahead)
+        finally:
+            if compile_ahead:
+                close_shared_workers()  # the workers every table's EntriesAhead shared; before the lock goes
     for part in (compat.PART, numerics.PART, speed.PART):
         if not any(c.part == part for c in state.report.checks):
             state.report.add(skipped(part, "no table entries to check"))
