@@ -154,16 +154,22 @@ def run(args: argparse.Namespace, command: str) -> int:
     todo = [i for i in window if (i.kernel, i.key) not in done][:args.limit]
     skipped = sum(1 for i in window if (i.kernel, i.key) in done)
     print(f"{len(items)} problems selected; {skipped} already in {args.out}; judging {len(todo)}", flush=True)
-    try:
-        judged = judge_all(todo, doc, setup, args, command)
-    except KeyboardInterrupt:  # the search's own interrupt included: every finished problem is stored
-        print(f"interrupted; the problems judged so far are in {args.out}: rerun with --resume", flush=True)
-        return 130
-    finally:
-        if setup.precompile_workers:  # every problem's compile pool shared these processes
-            from omnitune.measure.ahead import close_shared_workers
+    from omnitune.measure.gpu_lock import shared_with_compile_workers
 
-            close_shared_workers()
+    # As `omnitune search` alone: the compile workers' real launches (what they cannot capture) and
+    # input draws wait for this process's timings, under a lock its runners take too.
+    sharing = setup.precompile_workers and not args.interpret
+    with shared_with_compile_workers() if sharing else contextlib.nullcontext():
+        try:
+            judged = judge_all(todo, doc, setup, args, command)
+        except KeyboardInterrupt:  # the search's own interrupt included: every finished problem is stored
+            print(f"interrupted; the problems judged so far are in {args.out}: rerun with --resume", flush=True)
+            return 130
+        finally:
+            if setup.precompile_workers:  # every problem's compile pool shared these processes
+                from omnitune.measure.ahead import close_shared_workers
+
+                close_shared_workers()
     if judged is not None:
         return judged
     print(coverage_report.summary_sentence(doc["summary"]["all"]) if doc["rows"] else "no rows", flush=True)
