@@ -7,6 +7,7 @@
 #    the shared GPU lock, lanes, finalists, the worker). On an H200, first S's measurement in short
 #    (~300 s, the time S needs not being left): the variant applied, its decode GPU tests, the fp8
 #    few-warps sweep beside bf16 at batch 64, 4k and 16k; then the variant taken off again.
+# V: verify's gpu-marked test, verify's compile workers now sharing a GPU lock with its checks.
 # Q (round 32's first call): a search now re-times the finalists of an op whose timed call syncs the host (kv_compress:
 #    KernelSpec.syncs_host) on a quiet host: its own compile workers settled, the next problem's
 #    compiles not begun until after the re-timing. The same three-problem kv_compress search (16 trials each), run
@@ -44,7 +45,11 @@ case ${1:-} in
       tests/test_finalists.py tests/test_worker.py tests/test_gpu_lock_shared.py tests/test_search_quiet_retime.py
     exit 0
     ;;
-  *) echo "not an H200 and none of Q, Q1, Q2, G asked for: nothing run"; exit 3 ;;
+  V)  # verify's compile workers now share a GPU lock with its checks: its gpu-marked test
+    step 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py
+    exit 0
+    ;;
+  *) echo "not an H200 and none of Q, Q1, Q2, G, V asked for: nothing run"; exit 3 ;;
 esac
 shapes=$(python benchmarks/training_set.py kv_compress bf16 | tr ' ' '\n' | grep -v -- --shape | sed -n "$lines" \
   | sed 's/^/--shape /' | tr '\n' ' ')
