@@ -4,7 +4,7 @@
 # dots of benchmarks/variants/decode_fp8_swap_ab.patch applied on the device, the paged-decode table
 # revalidated for them. On any other card it is the part asked for (else it stops at once: exit 3).
 # G: the gpu-marked tests of this round's host-side changes (search and its compile workers under
-#    the shared GPU lock, lanes, finalists, the worker). On an H200, first S's measurement in short
+#    the shared GPU lock, lanes, finalists, the worker). On an H200 (G or V), first S's measurement in short
 #    (~300 s, the time S needs not being left): the variant applied, its decode GPU tests, the fp8
 #    few-warps sweep beside bf16 at batch 64, 4k and 16k; then the variant taken off again.
 # V: verify's gpu-marked test, verify's compile workers now sharing a GPU lock with its checks.
@@ -27,12 +27,12 @@
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 variant=benchmarks/variants/decode_fp8_swap_ab.patch
-if [ "$card" = h200 ] && [ "${1:-}" = G ]; then
+if [ "$card" = h200 ] && { [ "${1:-}" = G ] || [ "${1:-}" = V ]; }; then
   variant_apply $variant || exit 2
   step 110 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py tests/test_fp8_kv_cache.py
   SWEEP_CTXS="4096 16384" few_warps_sweeps round32_S 100
   variant_restore $variant
-elif [ "$card" = h200 ]; then
+elif [ "$card" = h200 ] && [ -z "${1:-}" ]; then
   variant_apply $variant || exit 2
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
