@@ -544,9 +544,9 @@ def search_problems(
                 console.print(line, soft_wrap=True)
             if phases := outcome.phase_line():
                 if lock_wait_s and lock_wait_s >= 0.05:
-                    behind = "other lanes" if lane is not None else "its compile workers' launches"
-                    phases += f"; the {'lane' if lane is not None else 'search'} waited {lock_wait_s:.1f} s of that " \
-                              f"for the GPU, behind {behind}"
+                    who, behind = (("lane", "other lanes") if lane is not None
+                                   else ("search", "its compile workers' launches"))
+                    phases += f"; the {who} waited {lock_wait_s:.1f} s of that for the GPU, behind {behind}"
                 console.print(f"  {phases}", soft_wrap=True)
             if outcome.stop_reason is StopReason.CONTEXT_LOST:
                 err_console.print(

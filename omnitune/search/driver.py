@@ -178,10 +178,6 @@ class _Search:
         self.progress, self.precompile, self.stop_when = progress, precompile, stop_when
         self.on_trials_claimed = on_trials_claimed
         self.trials_claimed_told = False  # on_trials_claimed is called once
-        # An op whose timed call syncs the host is re-timed on a quiet host: the next problem is
-        # prepared (on_trials_claimed) after its finalists' re-timing, not while the loop ends.
-        self.quiet_retime = spec.syncs_host
-        self.compile_ahead = compile_ahead
         # The sink belongs to the thread that called run_search (omnitune.search.slots).
         self.sink = HomeSink(sink) if sink is not None else None
         self.setup_s = 0.0  # building runners (inputs, reference): the fixed cost `omnitune plan` reads
@@ -258,11 +254,13 @@ class _Search:
                     with self.lock:
                         self.queue.drop(self.shared.tell_failed)
             stopped_cleanly = reason not in (StopReason.CONTEXT_LOST, StopReason.INTERRUPTED)
-            if stopped_cleanly and not self.quiet_retime:
+            # An op whose timed call syncs the host is re-timed on a quiet host: the next problem is
+            # prepared (on_trials_claimed) after its finalists' re-timing, not while the loop ends.
+            if stopped_cleanly and not self.spec.syncs_host:
                 self._tell_trials_claimed()
             self.loop_s = time.monotonic() - self.started
             retiming = self._retime(reason)
-            if stopped_cleanly and self.quiet_retime:
+            if stopped_cleanly and self.spec.syncs_host:
                 self._tell_trials_claimed()
         except KeyboardInterrupt:
             raise SearchInterrupted(self._outcome(StopReason.INTERRUPTED)) from None
@@ -354,7 +352,7 @@ class _Search:
             if step is None:
                 time.sleep(WAIT_FOR_CLAIMS_S)
                 continue
-            if budget_claimed and not self.quiet_retime:
+            if budget_claimed and not self.spec.syncs_host:
                 self._tell_trials_claimed()
             result = self._measure_and_store(trial, config, chosen_by, slot) if claimed else None
             with self.lock:
@@ -541,7 +539,7 @@ class _Search:
             return Retiming(RetimeStatus.CONTEXT_LOST)
         finalists = StudyFinalists(self.shared.study, self.space, lambda r: self._attrs(r, "finalist"), self._record)
         runner = self._runner_of(0)
-        if self.quiet_retime:
+        if self.spec.syncs_host:
             self._settle_compiles()
         return finalists.retime(runner, self.ledger.ranked_ok(), self.default_config,
                                 count=self.options.finalists, rounds=self.options.finalist_rounds,
@@ -552,7 +550,7 @@ class _Search:
         includes host work are re-timed: what no worker has started is dropped (the loop has
         ended), what a worker is compiling is waited for. Compiles of other processes (other
         lanes) are not this search's to wait for."""
-        settle = getattr(self.compile_ahead, "settle", None)
+        settle = getattr(self.queue.pool, "settle", None) if self.queue is not None else None
         if settle is None:
             return
         began = time.perf_counter()
