@@ -1,8 +1,9 @@
 """An op whose timed call syncs the host (KernelSpec.syncs_host: kv_compress) has its finalists
 re-timed on a quiet host: the search's compile-ahead pool settles first (configs no worker has
 started withdrawn, those a worker holds waited for) and the next problem is prepared
-(on_trials_claimed) only after the re-timing. Other ops keep the overlap. The fake runner and
-toy spec of test_search_driver; real futures for the pool; no processes, no GPU."""
+(on_trials_claimed) only after the re-timing. Other ops keep the overlap. In lanes, the session
+re-times such an op's finalists itself once every lane has ended. The fake runner and toy spec of
+test_search_driver; real futures for the pool; processes and a GPU only in the gpu-marked test."""
 
 from __future__ import annotations
 
@@ -167,3 +168,64 @@ def test_only_kv_compress_reads_back_to_the_host_in_its_timed_call():
     for name in ("attention", "paged_decode_attention", "kv_cache_write", "cross_attention_layer"):
         assert not get_spec(name).syncs_host, name
     assert [spec.name for spec in all_specs() if spec.syncs_host] == ["kv_compress"]
+
+
+# --- lanes: the session re-times a host-syncing op's finalists after every lane has ended -------------
+
+
+def test_a_lane_leaves_a_host_syncing_ops_finalists_to_its_session():
+    from omnitune.cli.search_cmd import deferred_retime_targets, finalists_in_lane
+
+    lane = object()  # any LaneSession: only whether there is one matters
+    assert finalists_in_lane(SYNCING_SPEC, 3, lane) == 0
+    assert finalists_in_lane(SYNCING_SPEC, 3, None) == 3  # alone, it settles its own pool instead
+    assert finalists_in_lane(TOY_SPEC, 3, lane) == 3
+
+    @dataclasses.dataclass
+    class Target:
+        spec: KernelSpec
+
+    syncing, other = Target(SYNCING_SPEC), Target(TOY_SPEC)
+    assert deferred_retime_targets([other, syncing, other], 3) == [syncing]
+    assert deferred_retime_targets([other, syncing], 0) == []  # --finalists 0: nothing to re-time
+
+
+def test_a_finished_search_without_finalists_is_re_timed_by_the_next_run_that_asks_for_them(storage_url):
+    events: list[str] = []
+    lane = _search(SYNCING_SPEC, storage_url, events, finalists=0)
+    assert lane.stop_reason is StopReason.BUDGET and lane.retime_status is RetimeStatus.DISABLED
+    assert "retime began" not in events
+    events.clear()
+    runner = RetimingRunner(events)
+    session = _search(SYNCING_SPEC, storage_url, events, runner=runner, compile_ahead=None)
+    assert session.measured_now == 0 and session.retime_status is RetimeStatus.RETIMED
+    assert events == ["retime began", "retime ended", "told"]
+    assert len(session.finalists) == 4  # the three fastest and the default beside them
+    assert session.best.config == session.finalists[0].config
+
+
+@pytest.mark.gpu
+def test_a_session_in_lanes_re_times_kv_compress_finalists_after_the_lanes(tmp_path):
+    import re
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app
+
+    db = tmp_path / "omnitune.db"
+    shapes = ["--shape", "b=1,h=4,hkv=2,n=256,d=64,window=8,recent=4,keep_pct=25",
+              "--shape", "b=2,h=4,hkv=2,n=320,d=64,window=8,recent=4,keep_pct=25"]
+    result = CliRunner().invoke(app, ["search", "kv_compress", *shapes, "--dtype", "bf16", "-n", "4",
+                                      "--finalists", "2", "--lanes", "2", "--precompile", "2", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.count("finalists re-timed by the session once every lane has ended") == 2
+    lanes_part, session_part = out.split("re-timing the finalists of 2 problem(s) here")
+    assert re.search(r"^2 lanes: ", lanes_part, re.MULTILINE)  # the session's re-timing follows the lanes'
+    assert "re-timed against each other" not in lanes_part
+    assert session_part.count("re-timed against each other, interleaved") == 2
+    with sqlite3.connect(db) as rows:
+        retimed = dict(rows.execute("select problem_key, count(*) from trials where extra_json like "
+                                    "'%\"finalist\"%' group by problem_key").fetchall())
+    assert len(retimed) == 2 and all(count >= 2 for count in retimed.values()), retimed

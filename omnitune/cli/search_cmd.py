@@ -227,6 +227,17 @@ def search(
             err_console.print(_interrupted_line(None))
         if returncode:
             raise typer.Exit(returncode)
+        if retimed_after_lanes := deferred_retime_targets(targets, finalists):
+            # The lanes left these finalists to this process (finalists_in_lane): the lanes have
+            # ended, their compile workers with them, so the host is quiet now.
+            problems = sum(len(t.problems) for t in retimed_after_lanes)
+            console.print(f"re-timing the finalists of {problems} problem(s) here, now that the lanes have ended: "
+                          f"{', '.join(sorted({t.spec.name for t in retimed_after_lanes}))} times host work with "
+                          "its kernels, which the other lanes' compiles would stretch", soft_wrap=True)
+            _search_targets(retimed_after_lanes, trials=trials, deadline=deadline, sampler_name=sampler_name,
+                            seed=seed, db=db, storage=storage, interpret=interpret, finalists=finalists,
+                            profile_top=0, isolate_timeout_s=trial_timeout if isolate else None, gpu_list=None,
+                            precompile_workers=0, lane=None, try_values=try_values, cuda_start=None)
         return
     if started is not None:  # one problem after all: searched here
         call_off(started)
@@ -258,6 +269,20 @@ def search(
                         isolate_timeout_s=trial_timeout if isolate or gpu_list else None, gpu_list=gpu_list,
                         precompile_workers=precompile_workers, lane=lane, try_values=try_values,
                         cuda_start=cuda_start)
+
+
+def deferred_retime_targets(targets: list, finalists: int) -> list:
+    """The targets whose finalists a session in lanes re-times itself once every lane has ended:
+    those of an op whose timed call syncs the host (KernelSpec.syncs_host), when there are
+    finalists to re-time. In a lane they would be re-timed while the other lanes compile and
+    launch, on a busy host whose work their times include (finalists_in_lane)."""
+    return [t for t in targets if t.spec.syncs_host] if finalists else []
+
+
+def finalists_in_lane(spec: KernelSpec, finalists: int, lane: LaneSession | None) -> int:
+    """How many finalists this process re-times for `spec`: none in a lane when the spec's timed
+    call syncs the host, its session re-timing them after the lanes (deferred_retime_targets)."""
+    return 0 if lane is not None and spec.syncs_host else finalists
 
 
 def workers_share_the_gpu_lock(precompile_workers: int, *, interpret: bool, gpus: list[int] | None) -> bool:
@@ -446,8 +471,10 @@ def search_problems(
     limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     # The same search for every problem: only the time left changes.
+    retimed_by_session = finalists > 0 and finalists_in_lane(spec, finalists, lane) == 0
     options = SearchOptions(device=device, trials=trials, storage_url=storage_url, sampler=sampler, seed=seed,
-                            limits=limits, finalists=finalists, heartbeat_interval_s=heartbeat_interval_s,
+                            limits=limits, finalists=finalists_in_lane(spec, finalists, lane),
+                            heartbeat_interval_s=heartbeat_interval_s,
                             tries=tries)
     if interpret or observers is not None:  # no GPU to watch under the interpreter
         options = dataclasses.replace(options, observers=() if interpret else tuple(observers))
@@ -542,6 +569,9 @@ def search_problems(
             console.print(summary_line(spec, problem, dtype, outcome, interpret), soft_wrap=True)
             for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
                 console.print(line, soft_wrap=True)
+            if retimed_by_session:
+                console.print("  finalists re-timed by the session once every lane has ended (this op's timed call "
+                              "syncs the host, which the other lanes keep busy)", soft_wrap=True)
             if phases := outcome.phase_line():
                 if lock_wait_s and lock_wait_s >= 0.05:
                     who, behind = (("lane", "other lanes") if lane is not None
