@@ -155,7 +155,12 @@ def test_an_entry_verify_replaced_by_its_fallback_is_served_and_explained_as_suc
     assert answer.rung is Rung.EXACT and answer.config == OTHER
     why = runtime.explain("attention", PREFILL, torch.float16, GPU).why
     assert why.startswith("this shape was tuned in this dtype on this GPU; that entry holds its fallback config")
-    assert "BLOCK_M=128" in why and "(0.61 against 0.5 ms)" in why
+    assert f"({TUNED.label()})" in why and "(0.61 against 0.5 ms)" in why
+    fixed["verify_fix"]["replaced_config"] = [1, 2]  # no config: said as "?", never a failure
+    _write(config_dir, _document({key: fixed, odd_key: odd}))
+    runtime.clear_cache()
+    assert "verify --fix re-timed its tuned config (?) slower" in runtime.explain("attention", PREFILL, torch.float16,
+                                                                                  GPU).why
 
     near = dataclasses.replace(PREFILL, lq=640, lk=640)
     assert runtime.lookup("attention", near, torch.float16, GPU).matched_key == key

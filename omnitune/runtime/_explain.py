@@ -14,7 +14,7 @@ import torch
 from omnitune.runtime._buckets import Bucketing
 from omnitune.runtime._chain import Lookup, Rung, dtypes_to_borrow, predict, ranked_entries
 from omnitune.runtime._tables import Table
-from omnitune.spec import DeviceLimits, KernelSpec, MatchPolicy, dtype_name, field_kind
+from omnitune.spec import Config, DeviceLimits, KernelSpec, MatchPolicy, dtype_name, field_kind
 
 
 @dataclass(frozen=True)
@@ -143,11 +143,19 @@ def _verify_fixed(tables: Sequence[Table], answer: Lookup) -> str:
     if not fixed:
         return ""
     was, ms, kept = fixed.get("replaced_config"), fixed.get("replaced_time_ms"), fixed.get("fallback_time_ms")
-    label = " ".join(f"{k}={v}" for k, v in was.items()) if isinstance(was, dict) else "?"
+    label = _config_label(was)
     times = (f" ({ms:.4g} against {kept:.4g} ms)" if isinstance(ms, (int, float)) and isinstance(kept, (int, float))
              else "")
     return (f"; that entry holds its fallback config: omnitune verify --fix re-timed its tuned config ({label}) "
             f"slower{times}")
+
+
+def _config_label(values: Any) -> str:
+    """A stored config as Config.label() writes it; "?" for one that is no config (a table's
+    provenance never breaks an explanation)."""
+    if not isinstance(values, dict) or not all(isinstance(v, (bool, int, float, str)) for v in values.values()):
+        return "?"
+    return Config(values).label()
 
 
 def _untuned_rule(rule) -> str:
