@@ -221,7 +221,7 @@ def test_a_session_in_lanes_re_times_kv_compress_finalists_after_the_lanes(tmp_p
     assert result.exit_code == 0, result.output
     out = result.output
     assert out.count("finalists re-timed by the session once every lane has ended") == 2
-    lanes_part, session_part = out.split("re-timing the finalists of 2 problem(s) here")
+    lanes_part, session_part = out.split("re-timing the finalists of 2 kv_compress problem(s) here")
     assert re.search(r"^2 lanes: ", lanes_part, re.MULTILINE)  # the session's re-timing follows the lanes'
     assert "re-timed against each other" not in lanes_part
     assert session_part.count("re-timed against each other, interleaved") == 2

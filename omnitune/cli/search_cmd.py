@@ -231,9 +231,10 @@ def search(
             # The lanes left these finalists to this process (finalists_in_lane): the lanes have
             # ended, their compile workers with them, so the host is quiet now.
             problems = sum(len(t.problems) for t in retimed_after_lanes)
-            console.print(f"re-timing the finalists of {problems} problem(s) here, now that the lanes have ended: "
-                          f"{', '.join(sorted({t.spec.name for t in retimed_after_lanes}))} times host work with "
-                          "its kernels, which the other lanes' compiles would stretch", soft_wrap=True)
+            names = ", ".join(sorted({t.spec.name for t in retimed_after_lanes}))
+            console.print(f"re-timing the finalists of {problems} {names} problem(s) here, now that the lanes have "
+                          "ended: the timed call includes host work, which the other lanes' compiles and launches "
+                          "would have stretched", soft_wrap=True)
             _search_targets(retimed_after_lanes, trials=trials, deadline=deadline, sampler_name=sampler_name,
                             seed=seed, db=db, storage=storage, interpret=interpret, finalists=finalists,
                             profile_top=0, isolate_timeout_s=trial_timeout if isolate else None, gpu_list=None,
