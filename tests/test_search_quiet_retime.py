@@ -220,7 +220,7 @@ def test_a_session_in_lanes_re_times_kv_compress_finalists_after_the_lanes(tmp_p
                                       "--finalists", "2", "--lanes", "2", "--precompile", "2", "--db", str(db)])
     assert result.exit_code == 0, result.output
     out = result.output
-    assert out.count("finalists re-timed by the session once every lane has ended") == 2
+    assert out.count("finalists left to the session, to re-time once every lane has ended") == 2
     lanes_part, session_part = out.split("re-timing the finalists of 2 kv_compress problem(s) here")
     assert re.search(r"^2 lanes: ", lanes_part, re.MULTILINE)  # the session's re-timing follows the lanes'
     assert "re-timed against each other" not in lanes_part

@@ -571,8 +571,8 @@ def search_problems(
             for line in finalist_lines(outcome, spec.default_config(problem, dtype)):
                 console.print(line, soft_wrap=True)
             if retimed_by_session:
-                console.print("  finalists re-timed by the session once every lane has ended (this op's timed call "
-                              "syncs the host, which the other lanes keep busy)", soft_wrap=True)
+                console.print("  finalists left to the session, to re-time once every lane has ended (this op's timed "
+                              "call syncs the host, which the other lanes keep busy)", soft_wrap=True)
             if phases := outcome.phase_line():
                 if lock_wait_s and lock_wait_s >= 0.05:
                     who, behind = (("lane", "other lanes") if lane is not None
