@@ -10,8 +10,8 @@
 #    trials each) twice, into two databases: as shipped (session) and with the re-timing back in the
 #    lanes (in_lane: finalists_in_lane patched to keep them), each database's finalists with their
 #    spreads into $OUT/search_retime_${card}_round33_L_{session,in_lane}.json.
-# G: the gpu-marked tests of this round's change (the session's re-timing after the lanes, the
-#    lanes, the shared GPU lock).
+# G: the gpu-marked tests of this round's change (the session's re-timing after the lanes) and of
+#    the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
@@ -22,8 +22,7 @@ case ${1:-} in
   *) echo "not an H200 and none of L, G, GL asked for: nothing run"; exit 3 ;;
 esac
 if [ "${1}" != L ]; then
-  step 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_search_quiet_retime.py tests/test_lanes.py \
-    tests/test_gpu_lock_shared.py
+  step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_search_quiet_retime.py tests/test_lanes.py
 fi
 [ "${1}" = G ] && exit 0
 shapes=$(python benchmarks/training_set.py kv_compress bf16 | tr ' ' '\n' | grep -v -- --shape | sed -n '8p;10p;12p' \
