@@ -246,6 +246,26 @@ def test_plan_says_how_long_the_lanes_take_from_the_gpu_time_the_searches_held(t
     assert older.per_trial_s == pytest.approx((40.0 - 3.0) / 50) and older.gpu_share is None
 
 
+def test_plan_counts_a_re_timing_run_after_the_lanes_in_its_problems_cost(tmp_path):
+    from omnitune.cli.plan_rates import measured_rates
+    from omnitune.store import SearchRunRecord, open_db, record_search_run
+
+    path = tmp_path / "results.db"
+    _two_searches_recorded(path, wall_s=40.0)
+    before = measured_rates(path, "NVIDIA_H200")
+    assert before.per_problem_s == pytest.approx(3.0)
+    db = open_db(path)
+    # The session re-times one problem's finalists after its lanes (4 s: inputs, then the re-timing);
+    # a finished study rerun that re-timed nothing adds no cost.
+    for wall_s, retime_s in ((4.0, 2.5), (1.0, 0.0)):
+        record_search_run(db, SearchRunRecord("k|p|bf16|NVIDIA_H200", "NVIDIA_H200", "NVIDIA H200", "2026-12-06",
+                                              "budget", 0, wall_s=wall_s, setup_s=1.5, retime_s=retime_s))
+    db.conn.close()
+    after = measured_rates(path, "NVIDIA_H200")
+    assert after.per_problem_s == pytest.approx((3.0 + 3.0 + 4.0) / 2)
+    assert after.per_trial_s == before.per_trial_s
+
+
 def test_the_lanes_estimate_is_bounded_by_the_cpu_the_searches_took(tmp_path):
     import re
 

@@ -69,18 +69,23 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     else:
         return _assumed(str(first_error).split(";")[0])
     runs = runs.assign(**{c: None for c in later if c not in runs.columns})
-    # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost.
-    runs = runs[(runs.measured > 0) & (runs.device_name != INTERPRETER_DEVICE)]
+    runs = runs[runs.device_name != INTERPRETER_DEVICE]
+    # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost; one
+    # that re-timed finalists (a session in lanes re-times a host-syncing op's after its lanes,
+    # omnitune.cli.search_cmd.deferred_retime_targets) is part of its problem's cost.
+    retimed_later = runs[(runs.measured == 0) & (runs.retime_s > 0)]
+    runs = runs[runs.measured > 0]
     if device_key is None and len(runs):
         device_key = runs.groupby("device_key").measured.sum().idxmax()
     runs = runs[runs.device_key == device_key]
+    retimed_later = retimed_later[retimed_later.device_key == device_key]
     if not len(runs):
         return _assumed(f"no searches on {device_key or 'a GPU'} in {db_path}")
     trials = int(runs.measured.sum())
     # A lane's wait for the GPU behind the others is not the problem's own cost.
     own_s = runs.wall_s - runs.lock_wait_s.astype(float).fillna(0.0)
     trial_s = float((own_s - runs.setup_s - runs.retime_s).sum()) / trials
-    problem_s = float((runs.setup_s + runs.retime_s).mean())
+    problem_s = float((runs.setup_s + runs.retime_s).sum() + retimed_later.wall_s.sum()) / len(runs)
     timed = runs.gpu_s.notna()
     gpu_share = float(runs.gpu_s[timed].astype(float).sum() / own_s[timed].sum()) if timed.any() else None
     counted = runs.cpu_s.notna() & runs.compile_cpu_s.notna()
