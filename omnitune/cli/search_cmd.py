@@ -105,7 +105,8 @@ def search(
         DEFAULT_FINALISTS, "--finalists", min=0,
         help=f"Before declaring a winner, re-time the K fastest configs (and the default) against each other, "
         f"interleaved over {DEFAULT_ROUNDS} rounds; the best re-timed median wins, and a CV over "
-        f"{NOISY_CV:.0%} is flagged noisy. 0: no re-timing. Skipped under --interpret.",
+        f"{NOISY_CV:.0%} is flagged noisy. 0: no re-timing. Skipped under --interpret. In lanes, an op whose "
+        "timed call syncs the host (kv_compress) is re-timed by the session once every lane has ended.",
     ),
     profile_top: int = typer.Option(
         0, "--profile-top", min=0,
