@@ -21,10 +21,8 @@ case ${1:-} in
   L|G|GL) ;;
   *) echo "not an H200 and none of L, G, GL asked for: nothing run"; exit 3 ;;
 esac
-if [ "${1}" != L ]; then
-  step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_search_quiet_retime.py tests/test_lanes.py
-fi
-[ "${1}" = G ] && exit 0
+gpu_tests() { step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_search_quiet_retime.py tests/test_lanes.py; }
+[ "${1}" = G ] && { gpu_tests; exit 0; }
 shapes=$(python benchmarks/training_set.py kv_compress bf16 | tr ' ' '\n' | grep -v -- --shape | sed -n '8p;10p;12p' \
   | sed 's/^/--shape /' | tr '\n' ' ')
 for where in session in_lane; do
@@ -47,3 +45,4 @@ PY
   python -c "import json,sys; [print(r['problem_key'][:60], r['config'][:50], r['time_ms'], r['spread']) for r in json.load(open(sys.argv[1]))['finalists']]" \
     "$OUT/search_retime_${card}_round33_L_${where}.json"
 done
+[ "${1}" = GL ] && gpu_tests  # GL: L first, which needs both of its runs, then the tests
