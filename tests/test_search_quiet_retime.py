@@ -190,6 +190,16 @@ def test_a_lane_leaves_a_host_syncing_ops_finalists_to_its_session():
     assert deferred_retime_targets([other, syncing], 0) == []  # --finalists 0: nothing to re-time
 
 
+def test_the_sessions_re_timing_run_says_it_re_times_rather_than_searches(capsys):
+    from omnitune.cli.live import ProgressLines
+
+    ProgressLines(SYNCING_SPEC, PROBLEM, torch.float32, 16, "tpe", retiming=True)
+    ProgressLines(SYNCING_SPEC, PROBLEM, torch.float32, 16, "tpe")
+    retiming, searching = capsys.readouterr().out.splitlines()
+    assert retiming.startswith("re-timing the finalists of toy ") and "16 trials" not in retiming
+    assert searching.startswith("searching toy ") and searching.endswith("up to 16 trials, tpe")
+
+
 def test_a_finished_search_without_finalists_is_re_timed_by_the_next_run_that_asks_for_them(storage_url):
     events: list[str] = []
     lane = _search(SYNCING_SPEC, storage_url, events, finalists=0)
@@ -225,7 +235,39 @@ def test_a_session_in_lanes_re_times_kv_compress_finalists_after_the_lanes(tmp_p
     assert re.search(r"^2 lanes: ", lanes_part, re.MULTILINE)  # the session's re-timing follows the lanes'
     assert "re-timed against each other" not in lanes_part
     assert session_part.count("re-timed against each other, interleaved") == 2
+    assert session_part.count("\nre-timing the finalists of kv_compress ") == 2 and "searching" not in session_part
     with sqlite3.connect(db) as rows:
         retimed = dict(rows.execute("select problem_key, count(*) from trials where extra_json like "
                                     "'%\"finalist\"%' group by problem_key").fetchall())
     assert len(retimed) == 2 and all(count >= 2 for count in retimed.values()), retimed
+
+
+def test_the_session_re_times_what_its_lanes_left_by_searching_those_problems_again(tmp_path, capsys):
+    # Under the interpreter (where the session itself re-times nothing: its times mean nothing),
+    # the session's run after its lanes: a search of kv_compress, then retime_after_lanes over it
+    # and over an attention target, whose lanes re-time their own finalists.
+    from typer.testing import CliRunner
+
+    from omnitune.cli import app, search_cmd
+    from omnitune.cli.common import load_spec, parse_problems
+    from omnitune.search.driver import SamplerName
+
+    db = tmp_path / "omnitune.db"
+    shape = "b=1,h=2,hkv=1,n=64,d=32,window=8,recent=4,keep_pct=25"
+    searched = CliRunner().invoke(app, ["search", "kv_compress", "--shape", shape, "--dtype", "fp32", "-n", "2",
+                                        "--interpret", "--db", str(db)])
+    assert searched.exit_code == 0, searched.output
+    kv_compress, attention = load_spec("kv_compress", True), load_spec("attention", True)
+    targets = [search_cmd._SearchTarget("attention", attention, torch.float32,
+                                        parse_problems(attention, ["b=1,h=2,hkv=1,lq=9,lk=23,d=64"])),
+               search_cmd._SearchTarget("kv_compress", kv_compress, torch.float32, parse_problems(kv_compress, [shape]))]
+    common = {"trials": 2, "deadline": None, "sampler_name": SamplerName.TPE, "seed": 0, "db": str(db),
+              "storage": None, "interpret": True, "isolate_timeout_s": None, "try_values": ()}
+    capsys.readouterr()
+    search_cmd.retime_after_lanes(targets, finalists=3, **common)
+    search_cmd.retime_after_lanes(targets, finalists=0, **common)  # --finalists 0: nothing to re-time
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("re-timing the finalists of 1 kv_compress problem(s) here, now that the lanes")
+    assert lines[1].startswith("re-timing the finalists of kv_compress b=1,h=2,hkv=1,n=64")
+    assert "2 measured (0 new)" in lines[2] and not any("attention" in line for line in lines)
+    assert not any(line.startswith("re-timing") for line in lines[3:])

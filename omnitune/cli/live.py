@@ -109,12 +109,17 @@ class ProgressLines:
     search starts, then one per measured trial (pruned configs cost no time and get none), each
     saying who chose its config (default, given by --try, known-good, warm-start, the sampler)."""
 
-    def __init__(self, spec: KernelSpec, problem, dtype: torch.dtype, budget: int, sampler: str):
+    def __init__(self, spec: KernelSpec, problem, dtype: torch.dtype, budget: int, sampler: str, *,
+                 retiming: bool = False):
         self.title = search_title(spec, problem, dtype)
         self.budget = budget
         self.shown = -1
         self.lock = threading.Lock()  # with --gpus, every slot's thread reports
-        console.print(f"searching {escape(self.title)}: up to {budget} trials, {sampler}", soft_wrap=True)
+        # retiming: a search whose trials are all measured, run again for its finalists (the
+        # session after its lanes, search_cmd.deferred_retime_targets)
+        first = (f"re-timing the finalists of {escape(self.title)}" if retiming
+                 else f"searching {escape(self.title)}: up to {budget} trials, {sampler}")
+        console.print(first, soft_wrap=True)
 
     def update(self, progress: SearchProgress) -> None:
         from omnitune.trial import TrialStatus

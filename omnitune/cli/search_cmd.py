@@ -228,18 +228,9 @@ def search(
             err_console.print(_interrupted_line(None))
         if returncode:
             raise typer.Exit(returncode)
-        if retimed_after_lanes := deferred_retime_targets(targets, finalists):
-            # The lanes left these finalists to this process (finalists_in_lane): the lanes have
-            # ended, their compile workers with them, so the host is quiet now.
-            problems = sum(len(t.problems) for t in retimed_after_lanes)
-            names = ", ".join(sorted({t.spec.name for t in retimed_after_lanes}))
-            console.print(f"re-timing the finalists of {problems} {names} problem(s) here, now that the lanes have "
-                          "ended: the timed call includes host work, which the other lanes' compiles and launches "
-                          "would have stretched", soft_wrap=True)
-            _search_targets(retimed_after_lanes, trials=trials, deadline=deadline, sampler_name=sampler_name,
-                            seed=seed, db=db, storage=storage, interpret=interpret, finalists=finalists,
-                            profile_top=0, isolate_timeout_s=trial_timeout if isolate else None, gpu_list=None,
-                            precompile_workers=0, lane=None, try_values=try_values, cuda_start=None)
+        retime_after_lanes(targets, finalists=finalists, trials=trials, deadline=deadline, sampler_name=sampler_name,
+                           seed=seed, db=db, storage=storage, interpret=interpret,
+                           isolate_timeout_s=trial_timeout if isolate else None, try_values=try_values)
         return
     if started is not None:  # one problem after all: searched here
         call_off(started)
@@ -281,6 +272,26 @@ def deferred_retime_targets(targets: list, finalists: int) -> list:
     return [t for t in targets if t.spec.syncs_host] if finalists else []
 
 
+def retime_after_lanes(targets: list, *, finalists: int, trials: int, deadline: float | None, sampler_name,
+                       seed: int, db: str | None, storage: str | None, interpret: bool,
+                       isolate_timeout_s: float | None, try_values: tuple[dict, ...]) -> None:
+    """After every lane has ended: re-time here the finalists the lanes left to this session
+    (deferred_retime_targets), by searching those problems again in this process, without compile
+    workers. The lanes have ended, their workers with them: the host is quiet now."""
+    retimed = deferred_retime_targets(targets, finalists)
+    if not retimed:
+        return
+    problems = sum(len(t.problems) for t in retimed)
+    names = ", ".join(sorted({t.spec.name for t in retimed}))
+    console.print(f"re-timing the finalists of {problems} {names} problem(s) here, now that the lanes have ended: "
+                  "the timed call includes host work, which the other lanes' compiles and launches would have "
+                  "stretched", soft_wrap=True)
+    _search_targets(retimed, trials=trials, deadline=deadline, sampler_name=sampler_name, seed=seed, db=db,
+                    storage=storage, interpret=interpret, finalists=finalists, profile_top=0,
+                    isolate_timeout_s=isolate_timeout_s, gpu_list=None, precompile_workers=0, lane=None,
+                    try_values=try_values, cuda_start=None, retiming_only=True)
+
+
 def finalists_in_lane(spec: KernelSpec, finalists: int, lane: LaneSession | None) -> int:
     """How many finalists this process re-times for `spec`: none in a lane when the spec's timed
     call syncs the host, its session re-timing them after the lanes (deferred_retime_targets)."""
@@ -298,8 +309,10 @@ def workers_share_the_gpu_lock(precompile_workers: int, *, interpret: bool, gpus
 def _search_targets(targets: list, *, trials: int, deadline: float | None, sampler_name, seed: int, db: str | None,
                     storage: str | None, interpret: bool, finalists: int, profile_top: int,
                     isolate_timeout_s: float | None, gpu_list: list[int] | None, precompile_workers: int,
-                    lane: LaneSession | None, try_values: tuple[dict, ...], cuda_start) -> None:
-    """Search every target's problems in this process, one after another."""
+                    lane: LaneSession | None, try_values: tuple[dict, ...], cuda_start,
+                    retiming_only: bool = False) -> None:
+    """Search every target's problems in this process, one after another (`retiming_only`: their
+    trials are all measured, and the search is run again for its finalists)."""
     # With --precompile, each problem's first configs compile while the one before it is measured,
     # across kernels too: the session knows every problem in the order they are searched.
     ahead = None
@@ -317,7 +330,8 @@ def _search_targets(targets: list, *, trials: int, deadline: float | None, sampl
                         sampler=sampler_name.value, seed=seed, db=db, storage=storage, interpret=interpret,
                         finalists=finalists, profile_top=profile_top, kernel_arg=target.kernel_arg,
                         isolate_timeout_s=isolate_timeout_s, gpus=gpu_list,
-                        precompile_workers=precompile_workers, ahead=ahead, lane=lane, tries=try_values)
+                        precompile_workers=precompile_workers, ahead=ahead, lane=lane, tries=try_values,
+                        retiming_only=retiming_only)
     except KeyboardInterrupt:
         err_console.print(_interrupted_line(lane))
         raise typer.Exit(130) from None
@@ -437,7 +451,7 @@ def search_problems(
     profile_top: int = 0, kernel_arg: str = "", isolate_timeout_s: float | None = None,
     gpus: list[int] | None = None, heartbeat_interval_s: int | None = None, precompile_workers: int = 0,
     observers: tuple | None = None, ahead: ProblemsAhead | None = None, lane: LaneSession | None = None,
-    tries: tuple[dict, ...] = (),
+    tries: tuple[dict, ...] = (), retiming_only: bool = False,
 ) -> None:
     """Search each of `problems` in turn with a live view, then print its summary: the session that
     `omnitune search` runs per kernel and `omnitune worker` runs on a shared storage. `observers`:
@@ -445,6 +459,8 @@ def search_problems(
     where there is no GPU to watch). `ahead`: the session's look-ahead over its problems, which
     opens each problem's precompile pool (omnitune.search.prepare_next); with precompile_workers
     and none given, one over `problems`. `tries`: configs measured right after the default (--try).
+    `retiming_only`: every problem's trials are measured, and it is searched again for its
+    finalists (the session after its lanes): its progress line says so.
     `lane`: this process is one of the session's lanes (omnitune.search.lanes), and searches only
     the problems it claims first."""
     # Imported here, after load_spec: --interpret must take effect before any kernel is imported.
@@ -534,7 +550,8 @@ def search_problems(
                 view = LiveView(spec, problem, dtype, trials, sampler, interpret)
                 showing, report_progress = Live(view, console=console, transient=True, refresh_per_second=4), view.update
             else:
-                showing, report_progress = nullcontext(), ProgressLines(spec, problem, dtype, trials, sampler).update
+                lines = ProgressLines(spec, problem, dtype, trials, sampler, retiming=retiming_only)
+                showing, report_progress = nullcontext(), lines.update
             # The GPU time of this problem, and its wait behind other lanes: the in-process runner's
             # lock says (an isolated worker's is in its own process: not known here).
             gpu_lock = gpu_lock_from_env()
