@@ -14,7 +14,8 @@ import torch
 from omnitune.runtime._buckets import Bucketing
 from omnitune.runtime._chain import Lookup, Rung, dtypes_to_borrow, predict, ranked_entries
 from omnitune.runtime._tables import Table
-from omnitune.spec import Config, DeviceLimits, KernelSpec, MatchPolicy, dtype_name, field_kind
+from omnitune.errors import OmnituneError
+from omnitune.spec import DeviceLimits, KernelSpec, MatchPolicy, dtype_name, field_kind
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,11 @@ def explain(
         if twin:
             lacking = "this GPU's own tables lack it" if own else "none tuned on this one"
             where = f"on {twin}, a GPU of the same chip ({lacking})"
-        return Explanation(answer, f"this shape was tuned in this dtype {where}{_verify_fixed(tables, answer)}",
+        return Explanation(answer, f"this shape was tuned in this dtype {where}{_verify_fixed(spec, tables, answer)}",
                            1.0 if dtype else None, tuned_on=twin)
     found = _rungs(spec, problem, dtype, device_name, tables, answer, limits)
     if answer.rung is Rung.NEAREST:
-        found = replace(found, why=found.why + _verify_fixed(tables, answer))
+        found = replace(found, why=found.why + _verify_fixed(spec, tables, answer))
     if twin:  # every other rung: the same reasons, read from tables the twin's answered from
         lacking = "this GPU's own tables have nothing nearer" if own else "none for this one"
         return replace(found, why=f"{found.why} (from {twin}'s tables: a GPU of the same chip; {lacking})",
@@ -134,7 +135,7 @@ def _has_own(tables: Sequence[Table], device_name: str | None) -> bool:
     return tables[0].device_key == device_key(device_name)
 
 
-def _verify_fixed(tables: Sequence[Table], answer: Lookup) -> str:
+def _verify_fixed(spec: KernelSpec, tables: Sequence[Table], answer: Lookup) -> str:
     """For an answer from an entry that omnitune verify --fix replaced by its fallback: a clause
     saying so (the config it had, both re-timed medians); "" otherwise."""
     table = next((t for t in tables if t.path == answer.source), None)
@@ -143,19 +144,21 @@ def _verify_fixed(tables: Sequence[Table], answer: Lookup) -> str:
     if not fixed:
         return ""
     was, ms, kept = fixed.get("replaced_config"), fixed.get("replaced_time_ms"), fixed.get("fallback_time_ms")
-    label = _config_label(was)
+    label = _config_label(spec, was)
     times = (f" ({ms:.4g} against {kept:.4g} ms)" if isinstance(ms, (int, float)) and isinstance(kept, (int, float))
              else "")
     return (f"; that entry holds its fallback config: omnitune verify --fix re-timed its tuned config ({label}) "
             f"slower{times}")
 
 
-def _config_label(values: Any) -> str:
-    """A stored config as Config.label() writes it; "?" for one that is no config (a table's
-    provenance never breaks an explanation)."""
-    if not isinstance(values, dict) or not all(isinstance(v, (bool, int, float, str)) for v in values.values()):
+def _config_label(spec: KernelSpec, values: Any) -> str:
+    """A stored config read as a table's entries are (KernelSpec.coerce_config), as Config.label()
+    writes it; "?" for one that is no config of the kernel (a table's provenance never breaks an
+    explanation)."""
+    try:
+        return spec.coerce_config(values, strict=True).label()
+    except (OmnituneError, KeyError, TypeError, ValueError):
         return "?"
-    return Config(values).label()
 
 
 def _untuned_rule(rule) -> str:
