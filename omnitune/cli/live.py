@@ -116,7 +116,7 @@ class ProgressLines:
         self.shown = -1
         self.lock = threading.Lock()  # with --gpus, every slot's thread reports
         # retiming: a search whose trials are all measured, run again for its finalists (the
-        # session after its lanes, search_cmd.deferred_retime_targets)
+        # session after its lanes, search_cmd.retime_after_lanes)
         first = (f"re-timing the finalists of {escape(self.title)}" if retiming
                  else f"searching {escape(self.title)}: up to {budget} trials, {sampler}")
         console.print(first, soft_wrap=True)

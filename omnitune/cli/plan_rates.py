@@ -72,7 +72,7 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     runs = runs[runs.device_name != INTERPRETER_DEVICE]
     # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost; one
     # that re-timed finalists (a session in lanes re-times a host-syncing op's after its lanes,
-    # omnitune.cli.search_cmd.deferred_retime_targets) is part of its problem's cost.
+    # omnitune.cli.search_cmd.retime_after_lanes) is part of its problem's cost.
     retimed_later = runs[(runs.measured == 0) & (runs.retime_s > 0)]
     runs = runs[runs.measured > 0]
     if device_key is None and len(runs):

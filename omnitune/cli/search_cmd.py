@@ -489,9 +489,10 @@ def search_problems(
     limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     # The same search for every problem: only the time left changes.
-    retimed_by_session = finalists > 0 and finalists_in_lane(spec, finalists, lane) == 0
+    own_finalists = finalists_in_lane(spec, finalists, lane)
+    retimed_by_session = own_finalists < finalists
     options = SearchOptions(device=device, trials=trials, storage_url=storage_url, sampler=sampler, seed=seed,
-                            limits=limits, finalists=finalists_in_lane(spec, finalists, lane),
+                            limits=limits, finalists=own_finalists,
                             heartbeat_interval_s=heartbeat_interval_s,
                             tries=tries)
     if interpret or observers is not None:  # no GPU to watch under the interpreter
