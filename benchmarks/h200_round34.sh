@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X]
+# On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
+# part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
+# card it is the part asked for (none asked for: exit 3).
+# W: issue 15. Round 10's warp-specialized attention was wrong at 16k in the library and right in
+#    the probe. benchmarks/ws_attention_check.py takes the differences apart (the kernel as the
+#    library had it, with the probe's store, the probe; JIT or bound C launch; scratch fresh per
+#    launch or kept; fresh inputs each launch) at b1 h24/24 and h32/4, 8k and 16k, causal and not,
+#    64- and 128-key tiles, then times what was right everywhere beside SDPA's cuDNN (CUDA graphs).
+#    Warp specialization is sm_90's pass in Triton, so an H100 answers the correctness question
+#    as well as an H200; its speed against cuDNN is the H100's.
+# X: issue 15, after W found the form right: the warp-specialized form back in the attention kernel
+#    (omnitune/kernels/attention_ws.py, WARP_SPEC configs, 2 stages) — its gpu tests (16k among
+#    them) and the attention kernel's; round 10 part C's search again (issue 15's eight shapes, the
+#    WARP_SPEC known-good configs among the first trials, isolated workers, 12 trials each), every
+#    trial's time into $OUT/prefill_trials_${card}_round34_X.json (the ablation); the search's
+#    winners exported and called through the public op beside SDPA's cuDNN (prefill_bench).
+# G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
+#    since its last refactor, and of the lanes.
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
+nvidia-smi -L
+if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
+  exec bash "$(dirname "$0")/h200_round32.sh"
+fi
+case ${1:-} in
+  W|G|WG|X) ;;
+  *) echo "not an H200 and none of W, G, WG, X asked for: nothing run"; exit 3 ;;
+esac
+if [[ $1 == *W* ]]; then
+  step 330 python benchmarks/ws_attention_check.py --out "$OUT/ws_attention_check_${card}_round34_W.json"
+fi
+if [ "$1" = X ]; then
+  step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_warp_spec.py tests/test_attention.py
+  shapes=""
+  for hh in "h=32,hkv=4" "h=24,hkv=24"; do for l in 8192 16384; do for c in 1 0; do
+    shapes="$shapes --shape b=1,$hh,lq=$l,lk=$l,d=128,causal=$c"; done; done; done
+  step "$(left 420)" python -m omnitune search attention $shapes -n 12 --isolate --trial-timeout 60 \
+    --timeout "$(left 390)" --db /tmp/prefill.db
+  python - /tmp/prefill.db > "$OUT/prefill_trials_${card}_round34_X.json" <<'PY'
+import json, sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+rows = db.execute("select problem_key, config_label, status, time_ms, p20_ms, p80_ms from trials").fetchall()
+print(json.dumps([dict(zip(("problem_key", "config", "status", "time_ms", "p20_ms", "p80_ms"), r)) for r in rows], indent=1))
+PY
+  python -c "import json,sys; [print(r['problem_key'][:48], r['config'][:90], r['status'], r['time_ms']) for r in json.load(open(sys.argv[1])) if 'WARP_SPEC=1' in r['config'] or r['status'] != 'ok']" \
+    "$OUT/prefill_trials_${card}_round34_X.json"
+  step 40 python -m omnitune export --db /tmp/prefill.db --kernel attention --out "$OUT/tc"
+  rm -f "$OUT"/tc/*/.*.lock
+  OMNITUNE_CONFIG_DIR="$OUT/tc" step "$(left 590)" python benchmarks/prefill_bench.py \
+    --out "$OUT/prefill_bench_${card}_round34_X.json"
+fi
+if [[ $1 == *G* ]]; then
+  step "$(left 590)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_search_quiet_retime.py tests/test_lanes.py
+fi
