@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -16,6 +16,10 @@
 #    WARP_SPEC known-good configs among the first trials, isolated workers, 12 trials each), every
 #    trial's time into $OUT/prefill_trials_${card}_round34_X.json (the ablation); the search's
 #    winners exported and called through the public op beside SDPA's cuDNN (prefill_bench).
+# X2: after X, the two warp-specialized known-good configs made valid (they had taken the default's
+#    USE_TMA=True): the form's and the known-good configs' gpu tests, and a search of issue 15's
+#    four h24/24 shapes (8 trials each) whose first trials are those configs, its trials into
+#    $OUT/prefill_trials_${card}_round34_X2.json.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -24,11 +28,26 @@ if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   exec bash "$(dirname "$0")/h200_round32.sh"
 fi
 case ${1:-} in
-  W|G|WG|X) ;;
-  *) echo "not an H200 and none of W, G, WG, X asked for: nothing run"; exit 3 ;;
+  W|G|WG|X|X2) ;;
+  *) echo "not an H200 and none of W, G, WG, X, X2 asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *W* ]]; then
   step 330 python benchmarks/ws_attention_check.py --out "$OUT/ws_attention_check_${card}_round34_W.json"
+fi
+trials_json() {  # trials_json DB: every trial of the database as JSON on stdout
+  python - "$1" <<'PY'
+import json, sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+rows = db.execute("select problem_key, config_label, status, time_ms, p20_ms, p80_ms from trials").fetchall()
+print(json.dumps([dict(zip(("problem_key", "config", "status", "time_ms", "p20_ms", "p80_ms"), r)) for r in rows], indent=1))
+PY
+}
+if [ "$1" = X2 ]; then
+  step 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_warp_spec.py tests/test_known_good.py
+  shapes=""
+  for l in 8192 16384; do for c in 1 0; do shapes="$shapes --shape b=1,h=24,hkv=24,lq=$l,lk=$l,d=128,causal=$c"; done; done
+  step 200 python -m omnitune search attention $shapes -n 8 --db /tmp/x2.db
+  trials_json /tmp/x2.db > "$OUT/prefill_trials_${card}_round34_X2.json"
 fi
 if [ "$1" = X ]; then
   step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_warp_spec.py tests/test_attention.py
@@ -37,12 +56,7 @@ if [ "$1" = X ]; then
     shapes="$shapes --shape b=1,$hh,lq=$l,lk=$l,d=128,causal=$c"; done; done; done
   step "$(left 420)" python -m omnitune search attention $shapes -n 12 --isolate --trial-timeout 60 \
     --timeout "$(left 390)" --db /tmp/prefill.db
-  python - /tmp/prefill.db > "$OUT/prefill_trials_${card}_round34_X.json" <<'PY'
-import json, sqlite3, sys
-db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
-rows = db.execute("select problem_key, config_label, status, time_ms, p20_ms, p80_ms from trials").fetchall()
-print(json.dumps([dict(zip(("problem_key", "config", "status", "time_ms", "p20_ms", "p80_ms"), r)) for r in rows], indent=1))
-PY
+  trials_json /tmp/prefill.db > "$OUT/prefill_trials_${card}_round34_X.json"
   python -c "import json,sys; [print(r['problem_key'][:48], r['config'][:90], r['status'], r['time_ms']) for r in json.load(open(sys.argv[1])) if 'WARP_SPEC=1' in r['config'] or r['status'] != 'ok']" \
     "$OUT/prefill_trials_${card}_round34_X.json"
   step 40 python -m omnitune export --db /tmp/prefill.db --kernel attention --out "$OUT/tc"

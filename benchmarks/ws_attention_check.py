@@ -15,8 +15,10 @@ config), and in the kernel (GQA, a masked output store).
 This script takes those apart, each on its own, on fresh random inputs for every launch (the
 output poisoned with NaN first), against SDPA:
 
-- form: the library's kernel as committed in 93a8251 ("library"), the same with the probe's
-  unmasked output store ("library_unmasked_store"), the probe ("probe", no GQA: h24/24 only);
+- form: the library's kernel ("library": omnitune/kernels/attention_ws.py, round 10's kernel of
+  commit 93a8251) and the probe ("probe", no GQA: h24/24 only). Round 34's run (part W) also ran
+  a copy of the library's kernel with the probe's unmasked output store, right everywhere as the
+  others were; the script as run is in commit 4c6dfe2, which added its results;
 - launch: the JIT (`kernel[grid](...)`) or the library's bound C launcher (`DirectLauncher.bind`);
 - scratch: a fresh `torch.empty` per launch (as the library's allocator did) or one buffer kept
   for every launch;
@@ -42,12 +44,13 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hopper_probe_kernels import HEAD_DIM, _fa_fwd
+from hopper_probe_timing import timed_graph
 
 from omnitune.kernels._launch import DirectLauncher
+from omnitune.kernels.attention_ws import _attention_fwd_ws
 
 LOG2E = 1.4426950408889634
 # Against SDPA's own bf16 output: a right kernel differs by bf16 rounding (relative RMS ~3e-3);
@@ -57,78 +60,7 @@ LAUNCHES = 4
 ROUNDS = 7
 
 
-@triton.jit
-def _library_ws(
-    Q, K, V, Out,
-    stride_ob, stride_oh, stride_om, stride_od,
-    H, HKV, LQ, LK,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    MASKED_STORE: tl.constexpr,
-):
-    """omnitune/kernels/attention.py's _attention_fwd_ws as commit 93a8251 had it (MASKED_STORE
-    True), or with the probe's unmasked output store (every LQ here is a multiple of 128)."""
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    kv_row = (b * HKV + h // GROUP) * LK
-    bh_rows = tl.num_programs(1)
-    q_desc = tl.make_tensor_descriptor(Q, shape=[bh_rows * LQ, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K, shape=[(bh_rows // GROUP) * LK, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V, shape=[(bh_rows // GROUP) * LK, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    qpos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q = q_desc.load([pid_bh * LQ + pid_m * BLOCK_M, 0])
-    if CAUSAL:
-        limit = tl.minimum(tl.maximum(qpos + 1 + LK - LQ, 0), LK)
-        hi = tl.minimum(tl.maximum((pid_m + 1) * BLOCK_M + LK - LQ, 0), LK)
-    else:
-        limit = qpos * 0 + LK
-        hi = LK
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
-        k = k_desc.load([kv_row + start_n, 0])
-        v = v_desc.load([kv_row + start_n, 0])
-        qk = tl.dot(q, tl.trans(k))
-        if CAUSAL or not EVEN_K:
-            qk = tl.where((start_n + offs_n)[None, :] < limit[:, None], qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            qk = qk * qk_scale
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = m_new
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-              + qpos[:, None] * stride_om + offs_d[None, :] * stride_od)
-    if MASKED_STORE:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(qpos < LQ)[:, None])
-    else:
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty))
-
-
-_LIBRARY = DirectLauncher(_library_ws)
+_LIBRARY = DirectLauncher(_attention_fwd_ws)
 _PROBE = DirectLauncher(_fa_fwd)
 
 
@@ -168,13 +100,13 @@ def _form_launch(form: str, path: str, h: int, hkv: int, lq: int, lk: int, causa
         jit = _fa_fwd
     else:
         constexprs = {"HEAD_DIM": HEAD_DIM, "GROUP": h // hkv, "BLOCK_M": 128, "BLOCK_N": block_n, "CAUSAL": causal,
-                      "EVEN_K": lk % block_n == 0, "MASKED_STORE": form == "library", "num_warps": 4, "num_stages": 2}
+                      "EVEN_K": lk % block_n == 0, "num_warps": 4, "num_stages": 2}
         grid = (triton.cdiv(lq, 128), h, 1)  # b = 1
         bound = _LIBRARY.bind(constexprs, 4)
 
         def args(q, k, v, out):
             return (q, k, v, out, *out.stride(), h, hkv, lq, lk, qk_scale)
-        jit = _library_ws
+        jit = _attention_fwd_ws
 
     if path == "jit":
         def run(q, k, v, out):
@@ -234,36 +166,24 @@ def check(form, path, fresh_scratch, h, hkv, l, causal, block_n, seed0: int) -> 
             "ok": all(e["ok"] for e in errors), "launches": errors, "allocator_calls": scratch.calls}
 
 
-def _graph(fn, reps: int) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    return g
-
-
 def timing(cases: list, h, hkv, l, causal) -> list[dict]:
     """Each case (name, run) and cuDNN as CUDA graphs of a few launches, interleaved per round."""
     q, k, v = _inputs(h, hkv, l, 1234)
     flops = 4.0 * h * l * l * HEAD_DIM / (2 if causal else 1)
     reps = max(3, min(10, int(4e12 / flops)))
     out = torch.empty_like(q)
-    graphs = {name: _graph(lambda run=run: run(q, k, v, out), reps) for name, run in cases}
-    graphs["sdpa_cudnn"] = _graph(lambda: _sdpa(q, k, v, causal, cudnn=True), reps)
+    # each a CUDA graph of `reps` launches (its replay), or the eager loop where capture failed
+    graphs = {name: timed_graph(lambda run=run: run(q, k, v, out), reps)[0] for name, run in cases}
+    graphs["sdpa_cudnn"] = timed_graph(lambda: _sdpa(q, k, v, causal, cudnn=True), reps)[0]
     times = {name: [] for name in graphs}
     for r in range(ROUNDS):
         names = list(graphs)
         names = names[r % len(names):] + names[:r % len(names)]
         for name in names:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            graphs[name].replay()  # warm
+            graphs[name]()  # warm
             start.record()
-            graphs[name].replay()
+            graphs[name]()
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) / reps)
@@ -300,7 +220,7 @@ def main(argv=None) -> int:
     right = {}
     for h, hkv, l, causal in shapes:
         for block_n in block_ns:
-            forms = ["library", "library_unmasked_store"] + (["probe"] if h == hkv else [])
+            forms = ["library"] + (["probe"] if h == hkv else [])
             for form in forms:
                 for path, fresh in (("direct", True), ("jit", True), ("direct", False), ("jit", False)):
                     seed += 10
