@@ -148,7 +148,7 @@ def programs(problem: AttentionProblem, config: Config) -> int:
 def tile_config(tile: tuple, pack: bool) -> Config:
     block_m, block_n, warps, stages, tma = tile
     return Config(BACKEND="triton", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
-                  PACK_GQA=pack, USE_TMA=tma, WARP_SPEC=False)
+                  PACK_GQA=pack, USE_TMA=tma)
 
 
 def tile_variants(problem: AttentionProblem, default: Config) -> dict[str, Config]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -10,6 +10,8 @@
 #    64- and 128-key tiles, then times what was right everywhere beside SDPA's cuDNN (CUDA graphs).
 #    Warp specialization is sm_90's pass in Triton, so an H100 answers the correctness question
 #    as well as an H200; its speed against cuDNN is the H100's.
+# X and X2 ran on commit 4c6dfe2 and its successor, where the form was in the attention kernel; it
+# is now benchmarks/variants/attention_warp_spec.patch (git apply it to run them again).
 # X: issue 15, after W found the form right: the warp-specialized form back in the attention kernel
 #    (omnitune/kernels/attention_ws.py, WARP_SPEC configs, 2 stages) — its gpu tests (16k among
 #    them) and the attention kernel's; round 10 part C's search again (issue 15's eight shapes, the
@@ -20,6 +22,10 @@
 #    USE_TMA=True): the form's and the known-good configs' gpu tests, and a search of issue 15's
 #    four h24/24 shapes (8 trials each) whose first trials are those configs, its trials into
 #    $OUT/prefill_trials_${card}_round34_X2.json.
+# Y: X2's search found both warp-specialized configs wrong at h24/24 16k non-causal, in lanes,
+#    where W's checks alone were right. Is it other processes on the GPU? W's quick set (h24/24 8k
+#    and 16k, 128-key tiles; 8 fresh inputs a case) alone and with three processes running matrix
+#    products beside it; X2's search in four lanes again, then its 16k non-causal problem alone.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -28,8 +34,8 @@ if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   exec bash "$(dirname "$0")/h200_round32.sh"
 fi
 case ${1:-} in
-  W|G|WG|X|X2) ;;
-  *) echo "not an H200 and none of W, G, WG, X, X2 asked for: nothing run"; exit 3 ;;
+  W|G|WG|X|X2|Y) ;;
+  *) echo "not an H200 and none of W, G, WG, X, X2, Y asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *W* ]]; then
   step 330 python benchmarks/ws_attention_check.py --out "$OUT/ws_attention_check_${card}_round34_W.json"
@@ -48,6 +54,21 @@ if [ "$1" = X2 ]; then
   for l in 8192 16384; do for c in 1 0; do shapes="$shapes --shape b=1,h=24,hkv=24,lq=$l,lk=$l,d=128,causal=$c"; done; done
   step 200 python -m omnitune search attention $shapes -n 8 --db /tmp/x2.db
   trials_json /tmp/x2.db > "$OUT/prefill_trials_${card}_round34_X2.json"
+fi
+if [ "$1" = Y ]; then
+  step 90 python benchmarks/ws_attention_check.py --quick --launches 8 --out "$OUT/ws_attention_check_${card}_round34_Y_alone.json"
+  step 120 python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 \
+    --out "$OUT/ws_attention_check_${card}_round34_Y_busy.json"
+  # The form is a study's variant since X2: the searches run with it applied.
+  variant_apply benchmarks/variants/attention_warp_spec.patch
+  shapes=""
+  for l in 8192 16384; do for c in 1 0; do shapes="$shapes --shape b=1,h=24,hkv=24,lq=$l,lk=$l,d=128,causal=$c"; done; done
+  step 120 python -m omnitune search attention $shapes -n 8 --db /tmp/y_lanes.db
+  trials_json /tmp/y_lanes.db > "$OUT/prefill_trials_${card}_round34_Y_lanes.json"
+  step 90 python -m omnitune search attention --shape b=1,h=24,hkv=24,lq=16384,lk=16384,d=128,causal=0 -n 8 \
+    --db /tmp/y_alone.db
+  trials_json /tmp/y_alone.db > "$OUT/prefill_trials_${card}_round34_Y_alone.json"
+  variant_restore benchmarks/variants/attention_warp_spec.patch
 fi
 if [ "$1" = X ]; then
   step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_warp_spec.py tests/test_attention.py

@@ -49,7 +49,7 @@ TOLERANCE = 0.02
 DEFAULT_TRIALS_JSON = Path(__file__).parent / "results" / "search_trials_h200.json"
 DECODE_LIKE_PROBLEM = "b=64,h=28,hkv=4,lq=1,lk=4096,d=128,causal=0,spans=0,span_len=0"
 TRITON_TUTORIAL_ATTENTION = tuple(
-    Config(BLOCK_M=bm, BLOCK_N=bn, num_stages=s, num_warps=w, PACK_GQA=False, USE_TMA=False, WARP_SPEC=False)
+    Config(BLOCK_M=bm, BLOCK_N=bn, num_stages=s, num_warps=w, PACK_GQA=False, USE_TMA=False)
     for bm in (64, 128) for bn in (32, 64, 128) for s in (3, 4) for w in (4, 8)
 )
 # The seeded strategies of the study: label, chain (omnitune.search.strategies), Optuna sampler,

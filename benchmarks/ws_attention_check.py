@@ -15,10 +15,10 @@ config), and in the kernel (GQA, a masked output store).
 This script takes those apart, each on its own, on fresh random inputs for every launch (the
 output poisoned with NaN first), against SDPA:
 
-- form: the library's kernel ("library": omnitune/kernels/attention_ws.py, round 10's kernel of
-  commit 93a8251) and the probe ("probe", no GQA: h24/24 only). Round 34's run (part W) also ran
-  a copy of the library's kernel with the probe's unmasked output store, right everywhere as the
-  others were; the script as run is in commit 4c6dfe2, which added its results;
+- form: round 10's library kernel ("library", commit 93a8251's, below; the attention kernel's
+  WARP_SPEC form of benchmarks/variants/attention_warp_spec.patch) and the probe ("probe", no
+  GQA: h24/24 only). Round 34's part W also ran a copy of the library's kernel with the probe's
+  unmasked output store, right everywhere as the others were (the script as run: commit 4c6dfe2);
 - launch: the JIT (`kernel[grid](...)`) or the library's bound C launcher (`DirectLauncher.bind`);
 - scratch: a fresh `torch.empty` per launch (as the library's allocator did) or one buffer kept
   for every launch;
@@ -39,25 +39,107 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hopper_probe_kernels import HEAD_DIM, _fa_fwd
 from hopper_probe_timing import timed_graph
 
 from omnitune.kernels._launch import DirectLauncher
-from omnitune.kernels.attention_ws import _attention_fwd_ws
 
 LOG2E = 1.4426950408889634
 # Against SDPA's own bf16 output: a right kernel differs by bf16 rounding (relative RMS ~3e-3);
 # a wrong one (a stale tile, another head's keys) by O(1).
 REL_RMS_TOL = 2e-2
 LAUNCHES = 4
+# --busy: other processes keep the GPU busy with matrix products while the checks run, as a
+# search's lanes (each a process of its own) or a serving engine beside others do. The GPU then
+# switches between their contexts, and a kernel can be preempted in the middle.
+BUSY_SCRIPT = """
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    for _ in range(8):
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+"""
 ROUNDS = 7
+
+
+@triton.jit
+def _attention_fwd_ws(
+    Q, K, V, Out,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, HKV, LQ, LK,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    # Q, K and V are contiguous [B·H·L, D] (the launcher copies views that are not). Rows past a
+    # head's LQ read the next head's queries (or TMA's zeros past the tensor) and are not stored;
+    # keys past LK (the next kv head's, or zeros) are masked. Causal is bottom-right aligned.
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest blocks first
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    kv_row = (b * HKV + h // GROUP) * LK
+    bh_rows = tl.num_programs(1)
+    q_desc = tl.make_tensor_descriptor(Q, shape=[bh_rows * LQ, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K, shape=[(bh_rows // GROUP) * LK, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V, shape=[(bh_rows // GROUP) * LK, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    qpos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = q_desc.load([pid_bh * LQ + pid_m * BLOCK_M, 0])
+    if CAUSAL:
+        limit = tl.minimum(tl.maximum(qpos + 1 + LK - LQ, 0), LK)
+        hi = tl.minimum(tl.maximum((pid_m + 1) * BLOCK_M + LK - LQ, 0), LK)  # the block's last row's limit
+    else:
+        limit = qpos * 0 + LK
+        hi = LK
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
+        k = k_desc.load([kv_row + start_n, 0])
+        v = v_desc.load([kv_row + start_n, 0])
+        qk = tl.dot(q, tl.trans(k))
+        if CAUSAL or not EVEN_K:
+            qk = tl.where((start_n + offs_n)[None, :] < limit[:, None], qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # A row that has seen no key yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            qk = qk * qk_scale
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = m_new
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # rows that saw no key (LQ > LK, causal) write zeros
+    out = acc / l_safe[:, None]
+    o_ptrs = (Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+              + qpos[:, None] * stride_om + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(qpos < LQ)[:, None])
 
 
 _LIBRARY = DirectLauncher(_attention_fwd_ws)
@@ -200,14 +282,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--quick", action="store_true", help="h24/24 8k and 16k, 128-key tiles, non-causal only")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N other processes run matrix products on the GPU during the checks (no timing then)")
+    ap.add_argument("--launches", type=int, default=LAUNCHES, help="checked launches on fresh inputs per case")
     args = ap.parse_args(argv)
+    globals()["LAUNCHES"] = args.launches
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_SCRIPT, "600"]) for _ in range(args.busy)]
+    if busy:
+        time.sleep(8)  # their contexts made and their products running
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     shapes = [(h, hkv, l, causal) for h, hkv in ((24, 24), (32, 4)) for l in (8192, 16384) for causal in (False, True)]
     block_ns = (128, 64)
     if args.quick:
         shapes, block_ns = [s for s in shapes if s[0] == 24 and not s[3]], (128,)
-    result = {"what": __doc__.splitlines()[0], "device": props.name, "torch": torch.__version__,
+    result = {"what": __doc__.splitlines()[0], "device": props.name, "torch": torch.__version__, "busy": args.busy,
+              "launches": args.launches,
               "triton": triton.__version__, "python": platform.python_version(), "checks": [], "timing": []}
 
     def write():
@@ -238,6 +328,10 @@ def main(argv=None) -> int:
                     right.setdefault((h, hkv, l, causal, form, block_n), []).append(row["ok"])
                     write()
     print(f"checks: {time.time() - started:.0f} s", flush=True)
+    for proc in busy:
+        proc.kill()
+    if busy:
+        return 0
     for h, hkv, l, causal in shapes:
         cases = []
         for block_n in block_ns:

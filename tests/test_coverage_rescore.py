@@ -23,10 +23,8 @@ TUNED_AT = AttentionProblem(b=1, h=8, hkv=2, lq=2048, lk=2048, d=64, causal=True
 NEAR = dataclasses.replace(TUNED_AT, lq=1536, lk=1536)   # 1.33x: lent under any ratio ≥ 1.33
 FAR = dataclasses.replace(TUNED_AT, lq=640, lk=640)      # 3.2x: lent under 4, not under 2
 ALONE = dataclasses.replace(TUNED_AT, h=4, hkv=4, lq=512, lk=512)  # no entry with its heads: the default
-TABLE = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True,
-               WARP_SPEC=False)
-OTHER = Config(BACKEND="triton", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4, PACK_GQA=True, USE_TMA=False,
-               WARP_SPEC=False)
+TABLE = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
+OTHER = Config(BACKEND="triton", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4, PACK_GQA=True, USE_TMA=False)
 
 
 def _table(folder: Path) -> None:

@@ -26,8 +26,7 @@ PREFILL = AttentionProblem(b=1, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
 CROSS = AttentionProblem(b=2, h=8, hkv=8, lq=128, lk=1024, d=128)
 UNTOUCHED = AttentionProblem(b=1, h=8, hkv=2, lq=8192, lk=8192, d=64, causal=True)
 DEFAULT = SPEC.default_config(PREFILL, torch.float16)
-FAST = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True,
-              WARP_SPEC=False)
+FAST = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
 SLOWER = FAST.replace(num_stages=3)
 WRONG = FAST.replace(BLOCK_N=64)
 DEFAULT_MS, FAST_MS, CROSS_MS = 2.0, 1.25, 0.5

@@ -32,7 +32,7 @@ from trial_rows import H200, results_db, trial_row
 PREFILL = AttentionProblem(b=1, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
 CROSS = AttentionProblem(b=2, h=8, hkv=8, lq=128, lk=1024, d=128)
 DEFAULT = SPEC.default_config(PREFILL, SPEC.dtypes[0])
-FAST = Config(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True, WARP_SPEC=False)
+FAST = Config(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
 TIED = FAST.replace(USE_TMA=False)
 PRUNED = FAST.replace(num_stages=4, BLOCK_N=128)
 WRONG = FAST.replace(BLOCK_N=64)

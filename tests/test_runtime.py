@@ -29,10 +29,8 @@ GPU = "Test GPU X1"  # a device no shipped table is for
 PREFILL = AttentionProblem(b=1, h=8, hkv=2, lq=512, lk=512, d=64, causal=True)
 DECODE = AttentionProblem(b=1, h=8, hkv=2, lq=1, lk=512, d=64, causal=True)
 # BACKEND is written out: the runtime fills it in ("triton") for entries that lack it.
-TUNED = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True,
-               WARP_SPEC=False)
-OTHER = Config(BACKEND="triton", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4, PACK_GQA=True, USE_TMA=False,
-               WARP_SPEC=False)
+TUNED = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2, PACK_GQA=False, USE_TMA=True)
+OTHER = Config(BACKEND="triton", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4, PACK_GQA=True, USE_TMA=False)
 
 
 def _entry(problem, config, dtype="fp16"):
@@ -410,7 +408,7 @@ def test_config_dir_takes_precedence_over_shipped_tables(tmp_path, config_dir, m
     repo_tables = package_dir.parent / "tuned_configs"
     wheel_tables = package_dir / "tuned_configs"
     third = Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False,
-                   USE_TMA=False, WARP_SPEC=False)
+                   USE_TMA=False)
     _write(config_dir, _document([_entry(PREFILL, TUNED)]))
     repo_file = _write(repo_tables, _document([_entry(PREFILL, OTHER)]))
     _write(wheel_tables, _document([_entry(PREFILL, third)]))

@@ -142,8 +142,7 @@ def test_the_predictor_ranks_its_neighbours_configs_as_carried_over_to_the_probl
 
 # --- attention: the long causal prefill tile stays above the length the default takes it at ----
 
-LONG = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, PACK_GQA=False, USE_TMA=True,
-              WARP_SPEC=False)
+LONG = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, PACK_GQA=False, USE_TMA=True)
 
 
 @pytest.mark.parametrize("lq, expected", [

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBLEM = AttentionProblem(b=1, h=2, hkv=1, lq=17, lk=23, d=64, causal=True)
 DEFAULT = SPEC.default_config(PROBLEM, torch.float32)
-FAST = Config(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=True, USE_TMA=False, WARP_SPEC=False)
+FAST = Config(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=True, USE_TMA=False)
 H100 = "NVIDIA H100 80GB HBM3"  # the H200's twin (omnitune.trial.same_chip_keys)
 H100_PCIE = "NVIDIA H100 PCIe"
 
@@ -439,8 +439,7 @@ def test_fix_through_the_command(tmp_path, monkeypatch):
 STALE = "0123456789abcdef"  # a kernel source hash no code here has
 H200_FACTS = {"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "580.159.04"}
 PROBLEM2 = AttentionProblem(b=1, h=2, hkv=1, lq=9, lk=31, d=64, causal=False)
-SLOW = Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False,
-              WARP_SPEC=False)
+SLOW = Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
 
 
 def h200_machine(**changes) -> dict:

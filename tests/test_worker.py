@@ -182,7 +182,7 @@ def test_attention_in_a_worker_matches_the_in_process_runner(monkeypatch):
     problem = AttentionProblem(b=1, h=2, hkv=1, lq=9, lk=21, d=64, causal=True)
     configs = [
         spec.default_config(problem, torch.float32),
-        Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=True, USE_TMA=False, WARP_SPEC=False),
+        Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=True, USE_TMA=False),
     ]
     in_process = Runner(spec, problem, torch.float32, interpret=True)
     expected = [in_process.measure(c) for c in configs]

@@ -45,7 +45,7 @@ from torch.nn.attention import SDPBackend as _SDPBackend
 from torch.nn.attention import sdpa_kernel as _sdpa_kernel
 
 from omnitune.errors import InputError, one_line
-from omnitune.kernels import _dispatch, attention_ws
+from omnitune.kernels import _dispatch
 from omnitune.kernels._host import LOG2E, seeded_rand
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.runtime import _device_limits
@@ -417,14 +417,7 @@ def _grid(b: int, h: int, hkv: int, lq: int, block_m: int, pack: bool) -> tuple:
 
 
 def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask_mode: int,
-                 dtype: torch.dtype, lk_residue: int) -> tuple:
-    """(grid, bound kernel, TMA block or None, warp-specialized); lk_residue: LK mod 128, which
-    tells the warp-specialized kernel whether its last key tile needs a mask."""
-    if config.get("WARP_SPEC", False):
-        block_n = int(config["BLOCK_N"])
-        grid, kernel = attention_ws.launch_plan(b, h, hkv, lq, d, mask_mode == 1, lk_residue % block_n == 0,
-                                                block_n, int(config["num_stages"]))
-        return grid, kernel, None, True
+                 dtype: torch.dtype) -> tuple:
     group = h // hkv
     block_d = triton.next_power_of_2(d)
     block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
@@ -436,12 +429,11 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
                       num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
     # Without TMA the two descriptor arguments are plain zeros, keyed with the other ints, so the
     # bound launcher's objects are all tensors (its fast key).
-    return (grid, _ATTENTION.bind(constexprs, 7 if use_tma else 5), [1, 1, block_n, block_d] if use_tma else None,
-            False)
+    return grid, _ATTENTION.bind(constexprs, 7 if use_tma else 5), [1, 1, block_n, block_d] if use_tma else None
 
 
-# (config, shapes, mask mode, dtype, LK mod 128) → grid, bound kernel, TMA block and kernel form:
-# what a repeated call would otherwise recompute.
+# (config, shapes, mask mode, dtype) → grid, bound kernel and TMA block: what a repeated call
+# would otherwise recompute.
 _launch_plans = PlanCache(_launch_plan)
 
 
@@ -541,10 +533,7 @@ def _launch(q, k, v, causal: bool, sm_scale: float, spans: torch.Tensor | None, 
     else:
         # q is a placeholder pointer, never read
         mask_mode, span_arg, span_strides, num_spans = (1 if causal else 0), q, (0, 0, 0), 0
-    grid, kernel, tma_block, warp_spec = _launch_plans.get(config, (b, h, hkv, lq, d, mask_mode, q.dtype, lk & 127))
-    if warp_spec:
-        attention_ws.launch(q, k, v, out, sm_scale, grid, kernel)
-        return
+    grid, kernel, tma_block = _launch_plans.get(config, (b, h, hkv, lq, d, mask_mode, q.dtype))
     if tma_block is not None:
         # TMA needs a contiguous last dim and 16-byte aligned strides; copy views that are not.
         if not _tma_ok(k):
@@ -773,7 +762,7 @@ def _shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch
 # by the search like any config, so a table records per problem whichever was fastest, and the
 # op dispatches to it. An SDPA config ignores the kernel's parameters: they are parked.
 BACKENDS = ("triton", "sdpa", "sdpa_cudnn")
-PARKED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False, WARP_SPEC=False)
+PARKED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
 
 
 def _triton_only(check):
@@ -831,40 +820,6 @@ def _check_pack(problem, config, dtype, limits):
     return None
 
 
-# The warp-specialized kernel's one form that compiled and ran right on sm_90 (omnitune/kernels/
-# attention_ws.py, docs/hopper.md): BLOCK_M 128 over 4 warps per consumer warpgroup, K/V tiles of
-# 64 or 128 keys, 2 stages (at 3 it was wrong on every shape on the H200, round 10); it makes its
-# own descriptors, so USE_TMA and PACK_GQA stay off. Its producer/consumer barriers and the
-# output's layout change take shared memory beyond the tiles' (~20 KiB measured offline: 180 KiB
-# compiled for 128-key tiles at 2 stages, against 160 KiB of tiles).
-_WS_FORM = dict(BLOCK_M=attention_ws.BLOCK_M, num_warps=attention_ws.NUM_WARPS, num_stages=2, PACK_GQA=False,
-                USE_TMA=False)
-_WS_SHARED_EXTRA = 20 * 1024
-
-
-def _check_warp_spec(problem, config, dtype, limits):
-    if not config.get("WARP_SPEC", False):
-        return None
-    off = [f"{k}={v}" for k, v in _WS_FORM.items() if config[k] != v]
-    if off:
-        return f"WARP_SPEC takes {', '.join(off)}"
-    if int(config["BLOCK_N"]) not in (64, 128):
-        return "WARP_SPEC takes BLOCK_N 64 or 128"
-    if not (9, 0) <= tuple(limits.compute_capability) < (10, 0):
-        return "WARP_SPEC is Hopper's (compute capability 9.x)"
-    if dtype not in (torch.float16, torch.bfloat16):
-        return "WARP_SPEC runs fp16 and bf16 only"
-    if problem.d not in (64, 128):
-        return "WARP_SPEC needs head dim 64 or 128 (its tiles are the whole head)"
-    if problem.spans:
-        return "WARP_SPEC has no image spans (one masked key loop, causal or none)"
-    need = _shared_memory_bytes(problem, config, dtype) + _WS_SHARED_EXTRA
-    if need > limits.shared_memory_per_block_bytes:
-        return f"needs ~{need // 1024} KiB of shared memory warp-specialized, the device has " \
-               f"{limits.shared_memory_per_block_bytes // 1024} KiB"
-    return None
-
-
 def _check_tma(problem, config, dtype, limits):
     if config["USE_TMA"] and tuple(limits.compute_capability) < (9, 0):
         return "USE_TMA needs compute capability 9.0 (Hopper) or newer"
@@ -880,8 +835,6 @@ PARAMS = (
     Param("num_stages", (1, 2, 3, 4), "software-pipelining depth of the K/V loads"),
     Param("PACK_GQA", (False, True), "one program serves all query heads of a kv head"),
     Param("USE_TMA", (False, True), "load K/V tiles through tensor descriptors (Hopper TMA)"),
-    Param("WARP_SPEC", (False, True), "Hopper warp specialization: a producer warpgroup feeds TMA loads to two "
-          "consumer warpgroups, one key loop (BLOCK_M 128, 4 warps, 2 stages)", missing=False),
 )
 
 CONSTRAINTS = (
@@ -893,8 +846,6 @@ CONSTRAINTS = (
     Constraint("block_m_exceeds_rows", _triton_only(_check_block_m), "no block larger than the query rows it serves"),
     Constraint("pack_gqa_needs_groups", _triton_only(_check_pack), "PACK_GQA only when h > hkv"),
     Constraint("tma_needs_hopper", _triton_only(_check_tma), "tensor descriptors need sm_90+"),
-    Constraint("warp_spec_form", _triton_only(_check_warp_spec),
-               "WARP_SPEC: its one form (BLOCK_M 128, 4 warps, 2 stages), sm_90, fp16/bf16, head dim 64/128, no spans"),
 )
 
 
@@ -983,11 +934,10 @@ def _base_default(problem: AttentionProblem, dtype: torch.dtype) -> Config:
         for stages in (3, 2, 1):
             for tma in tma_choices:
                 cfg = Config(BACKEND="triton", BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages,
-                             PACK_GQA=pack, USE_TMA=tma, WARP_SPEC=False)
+                             PACK_GQA=pack, USE_TMA=tma)
                 if not SPEC.violations(problem, cfg, dtype):
                     return cfg
-    return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False,
-                  WARP_SPEC=False)
+    return Config(BACKEND="triton", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=False)
 
 
 def _long_causal_prefill(problem: AttentionProblem) -> bool:
@@ -1064,11 +1014,7 @@ def adapt_config(tuned: AttentionProblem, problem: AttentionProblem, config: Con
     evidence for that tile lies (the shipped H200 table: all 9 entries with image spans at 8,192+
     rows chose it, 7 of 8 at 640–765 rows kept 64×64); carried down to 3,000 rows it took 1.073x the
     64×64 tile's time on the held-out set (round 28 D: b1 h16/2 with 2 spans, lent from 8,510 rows).
-    A warp-specialized config is not carried to another problem (omnitune/kernels/attention_ws.py
-    says why): there it takes the plain tile over pointer or TMA loads as the default would.
     Anything else is carried as tuned."""
-    if config.get("WARP_SPEC", False) and problem != tuned:
-        return config.replace(WARP_SPEC=False, USE_TMA=_tma_here(), **_PLAIN_TILE)
     long_tile = str(config.get("BACKEND", "triton")) == "triton" and _has_tile(config, _LONG_PREFILL_TILE)
     if long_tile and _long_causal_prefill(tuned) and problem.causal and not _long_causal_prefill(problem):
         return config.replace(**_PLAIN_TILE)
@@ -1206,12 +1152,6 @@ SPEC = KernelSpec(
         {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
-        # warp-specialized: 1.02× cuDNN at b1 h32 16k non-causal as a probe on the H200
-        # (benchmarks/results/hopper_probe_timing_h200_round10.json)
-        {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "PACK_GQA": False, "USE_TMA": False,
-         "WARP_SPEC": True},
-        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "PACK_GQA": False, "USE_TMA": False,
-         "WARP_SPEC": True},
     ),
     example_problem=AttentionProblem(b=2, h=4, hkv=2, lq=33, lk=47, d=64, causal=True),
     sample_problems=(
