@@ -24,8 +24,8 @@
 #    $OUT/prefill_trials_${card}_round34_X2.json.
 # Y: X2's search found both warp-specialized configs wrong at h24/24 16k non-causal, in lanes,
 #    where W's checks alone were right. Is it other processes on the GPU? W's quick set (h24/24 8k
-#    and 16k, 128-key tiles; 8 fresh inputs a case) alone and with three processes running matrix
-#    products beside it; X2's search in four lanes again, then its 16k non-causal problem alone.
+#    and 16k, 128-key tiles; 8 fresh inputs a case) alone, then beside three processes running the
+#    same kernel (its descriptors written to global scratch in every process), then matrix products; X2's search in four lanes again, then its 16k non-causal problem alone.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -56,16 +56,18 @@ if [ "$1" = X2 ]; then
   trials_json /tmp/x2.db > "$OUT/prefill_trials_${card}_round34_X2.json"
 fi
 if [ "$1" = Y ]; then
-  step 90 python benchmarks/ws_attention_check.py --quick --launches 8 --out "$OUT/ws_attention_check_${card}_round34_Y_alone.json"
-  step 120 python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 \
-    --out "$OUT/ws_attention_check_${card}_round34_Y_busy.json"
+  step 60 python benchmarks/ws_attention_check.py --quick --launches 8 --out "$OUT/ws_attention_check_${card}_round34_Y_alone.json"
+  for kind in ws matmul; do
+    step 70 python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 --busy-kind $kind \
+      --out "$OUT/ws_attention_check_${card}_round34_Y_busy_$kind.json"
+  done
   # The form is a study's variant since X2: the searches run with it applied.
   variant_apply benchmarks/variants/attention_warp_spec.patch
   shapes=""
   for l in 8192 16384; do for c in 1 0; do shapes="$shapes --shape b=1,h=24,hkv=24,lq=$l,lk=$l,d=128,causal=$c"; done; done
-  step 120 python -m omnitune search attention $shapes -n 8 --db /tmp/y_lanes.db
+  step 100 python -m omnitune search attention $shapes -n 8 --db /tmp/y_lanes.db
   trials_json /tmp/y_lanes.db > "$OUT/prefill_trials_${card}_round34_Y_lanes.json"
-  step 90 python -m omnitune search attention --shape b=1,h=24,hkv=24,lq=16384,lk=16384,d=128,causal=0 -n 8 \
+  step 60 python -m omnitune search attention --shape b=1,h=24,hkv=24,lq=16384,lk=16384,d=128,causal=0 -n 8 \
     --db /tmp/y_alone.db
   trials_json /tmp/y_alone.db > "$OUT/prefill_trials_${card}_round34_Y_alone.json"
   variant_restore benchmarks/variants/attention_warp_spec.patch

@@ -61,13 +61,29 @@ LAUNCHES = 4
 # --busy: other processes keep the GPU busy with matrix products while the checks run, as a
 # search's lanes (each a process of its own) or a serving engine beside others do. The GPU then
 # switches between their contexts, and a kernel can be preempted in the middle.
+# "matmul": cuBLAS, whose TMA descriptors are kernel parameters; "ws": this script's warp-specialized
+# kernel, whose descriptors each launch writes into global scratch (the same sizes as the checks'
+# at h24/24 16k, so likely the same virtual addresses in each process).
 BUSY_SCRIPT = """
-import sys, time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+import os, sys, time, torch
+sys.path.insert(0, os.path.dirname(sys.argv[3]))
 end = time.time() + float(sys.argv[1])
+if sys.argv[2] == "ws":
+    import triton
+    import ws_attention_check as w
+    triton.set_allocator(w.Scratch(True))
+    run = w._form_launch("library", "direct", 24, 24, 16384, 16384, False, 128)
+    q, k, v = w._inputs(24, 24, 16384, 99)
+    out = torch.empty_like(q)
+    step = lambda: run(q, k, v, out)
+else:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    def step():
+        global a
+        a = (a @ a).clamp_(-1, 1)
 while time.time() < end:
     for _ in range(8):
-        a = (a @ a).clamp_(-1, 1)
+        step()
     torch.cuda.synchronize()
 """
 ROUNDS = 7
@@ -284,10 +300,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="h24/24 8k and 16k, 128-key tiles, non-causal only")
     ap.add_argument("--busy", type=int, default=0, metavar="N",
                     help="N other processes run matrix products on the GPU during the checks (no timing then)")
+    ap.add_argument("--busy-kind", choices=("matmul", "ws"), default="matmul",
+                    help="what the --busy processes run: matrix products, or this warp-specialized kernel")
     ap.add_argument("--launches", type=int, default=LAUNCHES, help="checked launches on fresh inputs per case")
     args = ap.parse_args(argv)
     globals()["LAUNCHES"] = args.launches
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY_SCRIPT, "600"]) for _ in range(args.busy)]
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_SCRIPT, "600", args.busy_kind, os.path.abspath(__file__)])
+            for _ in range(args.busy)]
     if busy:
         time.sleep(8)  # their contexts made and their products running
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -296,7 +315,7 @@ def main(argv=None) -> int:
     block_ns = (128, 64)
     if args.quick:
         shapes, block_ns = [s for s in shapes if s[0] == 24 and not s[3]], (128,)
-    result = {"what": __doc__.splitlines()[0], "device": props.name, "torch": torch.__version__, "busy": args.busy,
+    result = {"what": __doc__.splitlines()[0], "device": props.name, "torch": torch.__version__, "busy": args.busy, "busy_kind": args.busy_kind,
               "launches": args.launches,
               "triton": triton.__version__, "python": platform.python_version(), "checks": [], "timing": []}
 
