@@ -44,8 +44,8 @@ trials_json() {  # trials_json DB: every trial of the database as JSON on stdout
   python - "$1" <<'PY'
 import json, sqlite3, sys
 db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
-rows = db.execute("select problem_key, config_label, status, time_ms, p20_ms, p80_ms from trials").fetchall()
-print(json.dumps([dict(zip(("problem_key", "config", "status", "time_ms", "p20_ms", "p80_ms"), r)) for r in rows], indent=1))
+rows = db.execute("select problem_key, config_label, status, time_ms, p20_ms, p80_ms, detail from trials").fetchall()
+print(json.dumps([dict(zip(("problem_key", "config", "status", "time_ms", "p20_ms", "p80_ms", "detail"), r)) for r in rows], indent=1))
 PY
 }
 if [ "$1" = X2 ]; then

@@ -239,9 +239,14 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> dict:
     diff = out.float() - ref.float()
     finite = bool(torch.isfinite(out).all())
     rel = float(diff.pow(2).mean().sqrt() / ref.float().pow(2).mean().sqrt()) if finite else float("inf")
-    bad_rows = int(((diff.abs().amax(-1) > 0.1) | ~torch.isfinite(out).all(-1)).sum())
+    bad = (diff.abs().amax(-1) > 0.1) | ~torch.isfinite(out).all(-1)  # [b, h, L]: rows off by > 0.1
+    bad_rows = int(bad.sum())
+    # Where a wrong launch is wrong: (head, 128-row block, wrong rows in it) for the first few
+    # blocks — whole blocks point at a stale tile or descriptor, scattered rows at a race.
+    blocks = bad[0].unflatten(-1, (-1, 128)).sum(-1) if bad.shape[-1] % 128 == 0 else bad[0][..., None].sum(-1)
+    where = [[int(h), int(m), int(blocks[h, m])] for h, m in blocks.nonzero().tolist()[:12]]
     return {"rel_rms": rel, "max_abs": float(diff.abs().max()) if finite else float("inf"),
-            "finite": finite, "bad_rows": bad_rows, "ok": finite and rel <= REL_RMS_TOL}
+            "finite": finite, "bad_rows": bad_rows, "bad_blocks": where, "ok": finite and rel <= REL_RMS_TOL}
 
 
 def check(form, path, fresh_scratch, h, hkv, l, causal, block_n, seed0: int) -> dict:
