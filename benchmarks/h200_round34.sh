@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -28,6 +28,8 @@
 #    same kernel (its descriptors written to global scratch in every process), then matrix products; X2's search in four lanes again, then its 16k non-causal problem alone.
 # Y1: Y's first, third and fourth steps only (W's quick set alone, beside three processes running
 #    the same kernel, and X2's search in lanes), for a call with little device time left.
+# Y2: after Y1 (wrong beside processes running the same kernel), W's quick set beside three
+#    processes running matrix products only: any other context, or kernels that write descriptors?
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -36,8 +38,8 @@ if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   exec bash "$(dirname "$0")/h200_round32.sh"
 fi
 case ${1:-} in
-  W|G|WG|X|X2|Y|Y1) ;;
-  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1 asked for: nothing run"; exit 3 ;;
+  W|G|WG|X|X2|Y|Y1|Y2) ;;
+  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1, Y2 asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *W* ]]; then
   step 330 python benchmarks/ws_attention_check.py --out "$OUT/ws_attention_check_${card}_round34_W.json"
@@ -57,7 +59,11 @@ if [ "$1" = X2 ]; then
   step 200 python -m omnitune search attention $shapes -n 8 --db /tmp/x2.db
   trials_json /tmp/x2.db > "$OUT/prefill_trials_${card}_round34_X2.json"
 fi
-if [[ $1 == Y* ]]; then
+if [ "$1" = Y2 ]; then
+  step 70 python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 --busy-kind matmul \
+    --out "$OUT/ws_attention_check_${card}_round34_Y_busy_matmul.json"
+fi
+if [ "$1" = Y ] || [ "$1" = Y1 ]; then
   kinds="ws matmul"; [ "$1" = Y1 ] && kinds=ws
   step 60 python benchmarks/ws_attention_check.py --quick --launches 8 --out "$OUT/ws_attention_check_${card}_round34_Y_alone.json"
   for kind in $kinds; do
