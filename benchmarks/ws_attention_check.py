@@ -29,6 +29,8 @@ CUDA graph of a few launches replayed, interleaved round by round.
 
     PYTHONPATH=$PWD python benchmarks/ws_attention_check.py --out $OUT/ws_attention_check.json
     PYTHONPATH=$PWD python benchmarks/ws_attention_check.py --quick      # h24/24 8k and 16k, 128-key tiles
+    PYTHONPATH=$PWD python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 --busy-kind matmul
+        # the checks beside three processes running matrix products (round 34 Y2: every 16k launch wrong)
 """
 
 from __future__ import annotations
