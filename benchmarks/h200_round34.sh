@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -30,6 +30,10 @@
 #    the same kernel, and X2's search in lanes), for a call with little device time left.
 # Y2: after Y1 (wrong beside processes running the same kernel), W's quick set beside three
 #    processes running matrix products only: any other context, or kernels that write descriptors?
+# Z: after Y2, the attention kernel as it ships (its long-prefill tile over host descriptors and over
+#    pointers) checked the same way, alone and beside three processes running matrix products: is
+#    what ships safe where the GPU is shared? Then the warp-specialized form again beside them, at
+#    both tile sizes and causal too, to see how far the fault reaches.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -38,8 +42,8 @@ if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   exec bash "$(dirname "$0")/h200_round32.sh"
 fi
 case ${1:-} in
-  W|G|WG|X|X2|Y|Y1|Y2) ;;
-  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1, Y2 asked for: nothing run"; exit 3 ;;
+  W|G|WG|X|X2|Y|Y1|Y2|Z) ;;
+  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1, Y2, Z asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *W* ]]; then
   step 330 python benchmarks/ws_attention_check.py --out "$OUT/ws_attention_check_${card}_round34_W.json"
@@ -58,6 +62,14 @@ if [ "$1" = X2 ]; then
   for l in 8192 16384; do for c in 1 0; do shapes="$shapes --shape b=1,h=24,hkv=24,lq=$l,lk=$l,d=128,causal=$c"; done; done
   step 200 python -m omnitune search attention $shapes -n 8 --db /tmp/x2.db
   trials_json /tmp/x2.db > "$OUT/prefill_trials_${card}_round34_X2.json"
+fi
+if [ "$1" = Z ]; then
+  step 90 python benchmarks/ws_attention_check.py --quick --forms shipped_tma,shipped_ptr --launches 8 \
+    --out "$OUT/ws_attention_check_${card}_round34_Z_shipped_alone.json"
+  step 90 python benchmarks/ws_attention_check.py --quick --forms shipped_tma,shipped_ptr --launches 8 --busy 3 \
+    --out "$OUT/ws_attention_check_${card}_round34_Z_shipped_busy.json"
+  step 200 python benchmarks/ws_attention_check.py --forms library --launches 4 --busy 3 \
+    --out "$OUT/ws_attention_check_${card}_round34_Z_ws_busy.json"
 fi
 if [ "$1" = Y2 ]; then
   step 70 python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 --busy-kind matmul \

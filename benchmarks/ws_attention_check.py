@@ -60,6 +60,9 @@ LOG2E = 1.4426950408889634
 # a wrong one (a stale tile, another head's keys) by O(1).
 REL_RMS_TOL = 2e-2
 LAUNCHES = 4
+# The attention kernel as it ships (omnitune/kernels/attention.py), not warp-specialized: its
+# descriptors, where it uses TMA, are made on the host and passed as launch parameters.
+SHIPPED = {"shipped_tma": True, "shipped_ptr": False}
 # --busy: other processes keep the GPU busy with matrix products while the checks run, as a
 # search's lanes (each a process of its own) or a serving engine beside others do. The GPU then
 # switches between their contexts, and a kernel can be preempted in the middle.
@@ -184,8 +187,20 @@ class Scratch:
 
 
 def _form_launch(form: str, path: str, h: int, hkv: int, lq: int, lk: int, causal: bool, block_n: int):
-    """A function (q, k, v, out) → None launching `form` through `path` ("jit" or "direct")."""
+    """A function (q, k, v, out) → None launching `form` through `path` ("jit" or "direct"; the
+    shipped kernel's forms take the op's own launch whatever `path` says)."""
     qk_scale = LOG2E / math.sqrt(HEAD_DIM)
+    if form in SHIPPED:
+        from omnitune.kernels.attention import _launch
+        from omnitune.spec import Config
+
+        # the long-prefill tile of the known-good list, through host descriptors (TMA) or pointers
+        config = Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=block_n, num_warps=8, num_stages=3, PACK_GQA=False,
+                        USE_TMA=SHIPPED[form])
+
+        def run(q, k, v, out):
+            _launch(q, k, v, causal, 1.0 / math.sqrt(HEAD_DIM), None, out, config)
+        return run
     if form == "probe":
         assert h == hkv, "the probe has no GQA"
         constexprs = {"HEAD_DIM": HEAD_DIM, "BLOCK_M": 128, "BLOCK_N": block_n, "Q_DESC": True, "KV_DESC": True,
@@ -310,6 +325,9 @@ def main(argv=None) -> int:
     ap.add_argument("--busy-kind", choices=("matmul", "ws"), default="matmul",
                     help="what the --busy processes run: matrix products, or this warp-specialized kernel")
     ap.add_argument("--launches", type=int, default=LAUNCHES, help="checked launches on fresh inputs per case")
+    ap.add_argument("--forms", default="library,probe",
+                    help="comma-separated: library, probe (warp-specialized), shipped_tma, shipped_ptr (the "
+                         "attention kernel as it ships, 128x128 tiles over 8 warps, TMA or pointer loads)")
     args = ap.parse_args(argv)
     globals()["LAUNCHES"] = args.launches
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_SCRIPT, "600", args.busy_kind, os.path.abspath(__file__)])
@@ -336,9 +354,11 @@ def main(argv=None) -> int:
     right = {}
     for h, hkv, l, causal in shapes:
         for block_n in block_ns:
-            forms = ["library"] + (["probe"] if h == hkv else [])
+            forms = [f for f in args.forms.split(",") if f != "probe" or h == hkv]
             for form in forms:
-                for path, fresh in (("direct", True), ("jit", True), ("direct", False), ("jit", False)):
+                regimes = (("op", True),) if form in SHIPPED else (("direct", True), ("jit", True), ("direct", False),
+                                                                   ("jit", False))
+                for path, fresh in regimes:
                     seed += 10
                     try:
                         row = check(form, path, fresh, h, hkv, l, causal, block_n, seed)
@@ -361,7 +381,7 @@ def main(argv=None) -> int:
     for h, hkv, l, causal in shapes:
         cases = []
         for block_n in block_ns:
-            for form in ("library", "probe"):
+            for form in args.forms.split(","):
                 if all(right.get((h, hkv, l, causal, form, block_n), [False])):
                     triton.set_allocator(Scratch(False))
                     cases.append((f"{form}_n{block_n}", _form_launch(form, "direct", h, hkv, l, l, causal, block_n)))
