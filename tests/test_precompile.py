@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from omnitune import registry
 from omnitune.registry import get_spec
 from omnitune.measure.precompile import PrecompileReport, _importable_name, precompile
 from omnitune.spec import Config
@@ -352,3 +353,43 @@ def test_a_worker_draws_its_inputs_only_when_no_lane_holds_the_gpu(monkeypatch, 
         assert future.result(timeout=120).error is None
     finally:
         pre.end_workers(pool)
+
+
+def test_a_worker_puts_no_work_on_the_gpu_outside_the_lanes_lock(monkeypatch):
+    """A worker's inputs and the output its launches are given (poisoned: a fill kernel on a GPU)
+    are made once per problem, while it holds the lanes' GPU lock, never per config outside it:
+    another process's kernels beside a lane's check or timing are what round 34 X2 tripped over."""
+    from contextlib import contextmanager
+
+    from omnitune.kernels import _host
+    from omnitune.measure import precompile as pre
+
+    monkeypatch.setattr(_host, "_draw_on_target", False)
+    monkeypatch.setattr(pre, "_problem_state", {})
+    held = []
+
+    @contextmanager
+    def lock(device):
+        held.append(True)
+        try:
+            yield
+        finally:
+            held.pop()
+
+    monkeypatch.setattr(pre, "_alone_on_the_gpu", lock)
+    shipped = get_spec("kv_cache_write")
+    made = []
+
+    def new_output(inputs):
+        made.append(bool(held))
+        return shipped.new_output(inputs)
+
+    spec = dataclasses.replace(shipped, new_output=new_output)
+    monkeypatch.setattr(registry, "get_spec", lambda name: spec)
+    key = "t=9,hkv=2,d=16,block_size=4"
+    identity = ("kv_cache_write", key, torch.float16, "cpu")
+    configs = spec.valid_configs(spec.parse_shape(key), torch.float16)[:3]
+    assert len(configs) == 3
+    for config in configs:
+        assert pre._launch_for(identity, config.as_dict()).error is None
+    assert made == [True]  # once for the problem, under the lock

@@ -216,7 +216,15 @@ def _inputs_and_spec() -> tuple[KernelSpec, Any]:
         _problem_state["spec"] = spec
         problem = spec.parse_shape(_problem_state["problem_key"])
         with _alone_on_the_gpu(device):
-            _problem_state["inputs"] = spec.make_inputs(problem, _problem_state["dtype"], device, 0)
+            inputs = spec.make_inputs(problem, _problem_state["dtype"], device, 0)
+            # The output every launch of the problem is given, made once and here: new_output fills
+            # it with NaN, a kernel on the GPU, which must not run beside a lane's timing — made
+            # per config outside the lock, such fills ran in every worker during the lanes' checks
+            # and timings (round 34 X2: a kernel that goes wrong when another process's kernels
+            # share the GPU went wrong there). A capture writes nothing into it; a launch that
+            # could not be captured writes values nobody reads.
+            _problem_state["out"] = spec.new_output(inputs)
+            _problem_state["inputs"] = inputs
     return _problem_state["spec"], _problem_state["inputs"]
 
 
@@ -250,7 +258,7 @@ def _launch_once(values: dict) -> str | None:
     the lanes' other GPU work is: under their GPU lock."""
     try:
         spec, inputs = _inputs_and_spec()
-        out = spec.new_output(inputs)
+        out = _problem_state["out"]
         config = Config(values)
         if out.is_cuda and _capture.usable:
             try:
