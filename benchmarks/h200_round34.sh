@@ -9,9 +9,10 @@
 #    launch or kept; fresh inputs each launch) at b1 h24/24 and h32/4, 8k and 16k, causal and not,
 #    64- and 128-key tiles, then times what was right everywhere beside SDPA's cuDNN (CUDA graphs).
 #    Warp specialization is sm_90's pass in Triton, so an H100 answers the correctness question
-#    as well as an H200; its speed against cuDNN is the H100's.
+#    as well as an H200; its speed against cuDNN is the H100's. (Round 34's W ran the script of
+#    commit 4c6dfe2, which also checked a copy of the kernel with the probe's unmasked store.)
 # X and X2 ran on commit 4c6dfe2 and its successor, where the form was in the attention kernel; it
-# is now benchmarks/variants/attention_warp_spec.patch (git apply it to run them again).
+# is now benchmarks/variants/attention_warp_spec.patch, which they apply (and take back) here.
 # X: issue 15, after W found the form right: the warp-specialized form back in the attention kernel
 #    (omnitune/kernels/attention_ws.py, WARP_SPEC configs, 2 stages) — its gpu tests (16k among
 #    them) and the attention kernel's; round 10 part C's search again (issue 15's eight shapes, the
@@ -25,7 +26,8 @@
 # Y: X2's search found both warp-specialized configs wrong at h24/24 16k non-causal, in lanes,
 #    where W's checks alone were right. Is it other processes on the GPU? W's quick set (h24/24 8k
 #    and 16k, 128-key tiles; 8 fresh inputs a case) alone, then beside three processes running the
-#    same kernel (its descriptors written to global scratch in every process), then matrix products; X2's search in four lanes again, then its 16k non-causal problem alone.
+#    same kernel (its descriptors written to global scratch in every process), then matrix
+#    products; X2's search in four lanes again, then its 16k non-causal problem alone.
 # Y1: Y's first, third and fourth steps only (W's quick set alone, beside three processes running
 #    the same kernel, and X2's search in lanes), for a call with little device time left.
 # Y2: after Y1 (wrong beside processes running the same kernel), W's quick set beside three
@@ -56,6 +58,9 @@ rows = db.execute("select problem_key, config_label, status, time_ms, p20_ms, p8
 print(json.dumps([dict(zip(("problem_key", "config", "status", "time_ms", "p20_ms", "p80_ms", "detail"), r)) for r in rows], indent=1))
 PY
 }
+if [ "$1" = X ] || [ "$1" = X2 ]; then
+  variant_apply benchmarks/variants/attention_warp_spec.patch
+fi
 if [ "$1" = X2 ]; then
   step 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_warp_spec.py tests/test_known_good.py
   shapes=""
@@ -107,6 +112,9 @@ if [ "$1" = X ]; then
   rm -f "$OUT"/tc/*/.*.lock
   OMNITUNE_CONFIG_DIR="$OUT/tc" step "$(left 590)" python benchmarks/prefill_bench.py \
     --out "$OUT/prefill_bench_${card}_round34_X.json"
+fi
+if [ "$1" = X ] || [ "$1" = X2 ]; then
+  variant_restore benchmarks/variants/attention_warp_spec.patch
 fi
 if [[ $1 == *G* ]]; then
   step "$(left 590)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_search_quiet_retime.py tests/test_lanes.py
