@@ -58,14 +58,17 @@ rows = db.execute("select problem_key, config_label, status, time_ms, p20_ms, p8
 print(json.dumps([dict(zip(("problem_key", "config", "status", "time_ms", "p20_ms", "p80_ms", "detail"), r)) for r in rows], indent=1))
 PY
 }
+prefill_shapes() {  # prefill_shapes HEADS...: issue 15's b1 d=128 shapes at 8k and 16k, causal and not, as --shape arguments
+  local hh l c
+  for hh in "$@"; do for l in 8192 16384; do for c in 1 0; do
+    printf -- ' --shape b=1,%s,lq=%s,lk=%s,d=128,causal=%s' "$hh" "$l" "$l" "$c"; done; done; done
+}
 if [ "$1" = X ] || [ "$1" = X2 ]; then
   variant_apply benchmarks/variants/attention_warp_spec.patch
 fi
 if [ "$1" = X2 ]; then
   step 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_warp_spec.py tests/test_known_good.py
-  shapes=""
-  for l in 8192 16384; do for c in 1 0; do shapes="$shapes --shape b=1,h=24,hkv=24,lq=$l,lk=$l,d=128,causal=$c"; done; done
-  step 200 python -m omnitune search attention $shapes -n 8 --db /tmp/x2.db
+  step 200 python -m omnitune search attention $(prefill_shapes h=24,hkv=24) -n 8 --db /tmp/x2.db
   trials_json /tmp/x2.db > "$OUT/prefill_trials_${card}_round34_X2.json"
 fi
 if [ "$1" = Z ]; then
@@ -76,34 +79,30 @@ if [ "$1" = Z ]; then
   step 200 python benchmarks/ws_attention_check.py --forms library --launches 4 --busy 3 \
     --out "$OUT/ws_attention_check_${card}_round34_Z_ws_busy.json"
 fi
-if [ "$1" = Y2 ]; then
-  step 70 python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 --busy-kind matmul \
-    --out "$OUT/ws_attention_check_${card}_round34_Y_busy_matmul.json"
-fi
-if [ "$1" = Y ] || [ "$1" = Y1 ]; then
-  kinds="ws matmul"; [ "$1" = Y1 ] && kinds=ws
-  step 60 python benchmarks/ws_attention_check.py --quick --launches 8 --out "$OUT/ws_attention_check_${card}_round34_Y_alone.json"
+if [[ $1 == Y* ]]; then
+  case $1 in Y) kinds="ws matmul" ;; Y1) kinds=ws ;; Y2) kinds=matmul ;; esac
+  [ "$1" != Y2 ] && step 60 python benchmarks/ws_attention_check.py --quick --launches 8 \
+    --out "$OUT/ws_attention_check_${card}_round34_Y_alone.json"
   for kind in $kinds; do
     step 70 python benchmarks/ws_attention_check.py --quick --launches 8 --busy 3 --busy-kind $kind \
       --out "$OUT/ws_attention_check_${card}_round34_Y_busy_$kind.json"
   done
+fi
+if [ "$1" = Y ] || [ "$1" = Y1 ]; then
   # The form is a study's variant since X2: the searches run with it applied.
   variant_apply benchmarks/variants/attention_warp_spec.patch
-  shapes=""
-  for l in 8192 16384; do for c in 1 0; do shapes="$shapes --shape b=1,h=24,hkv=24,lq=$l,lk=$l,d=128,causal=$c"; done; done
-  step 100 python -m omnitune search attention $shapes -n 8 --db /tmp/y_lanes.db
+  step 100 python -m omnitune search attention $(prefill_shapes h=24,hkv=24) -n 8 --db /tmp/y_lanes.db
   trials_json /tmp/y_lanes.db > "$OUT/prefill_trials_${card}_round34_Y_lanes.json"
-  [ "$1" = Y ] && step 60 python -m omnitune search attention --shape b=1,h=24,hkv=24,lq=16384,lk=16384,d=128,causal=0 -n 8 \
-    --db /tmp/y_alone.db
-  [ "$1" = Y ] && trials_json /tmp/y_alone.db > "$OUT/prefill_trials_${card}_round34_Y_alone.json"
+  if [ "$1" = Y ]; then
+    step 60 python -m omnitune search attention --shape b=1,h=24,hkv=24,lq=16384,lk=16384,d=128,causal=0 -n 8 \
+      --db /tmp/y_alone.db
+    trials_json /tmp/y_alone.db > "$OUT/prefill_trials_${card}_round34_Y_alone.json"
+  fi
   variant_restore benchmarks/variants/attention_warp_spec.patch
 fi
 if [ "$1" = X ]; then
   step 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_warp_spec.py tests/test_attention.py
-  shapes=""
-  for hh in "h=32,hkv=4" "h=24,hkv=24"; do for l in 8192 16384; do for c in 1 0; do
-    shapes="$shapes --shape b=1,$hh,lq=$l,lk=$l,d=128,causal=$c"; done; done; done
-  step "$(left 420)" python -m omnitune search attention $shapes -n 12 --isolate --trial-timeout 60 \
+  step "$(left 420)" python -m omnitune search attention $(prefill_shapes h=32,hkv=4 h=24,hkv=24) -n 12 --isolate --trial-timeout 60 \
     --timeout "$(left 390)" --db /tmp/prefill.db
   trials_json /tmp/prefill.db > "$OUT/prefill_trials_${card}_round34_X.json"
   python -c "import json,sys; [print(r['problem_key'][:48], r['config'][:90], r['status'], r['time_ms']) for r in json.load(open(sys.argv[1])) if 'WARP_SPEC=1' in r['config'] or r['status'] != 'ok']" \

@@ -54,6 +54,7 @@ from hopper_probe_kernels import HEAD_DIM, _fa_fwd
 from hopper_probe_timing import timed_graph
 
 from omnitune.kernels._launch import DirectLauncher
+from omnitune.kernels.attention import sdpa
 
 LOG2E = 1.4426950408889634
 # Against SDPA's own bf16 output: a right kernel differs by bf16 rounding (relative RMS ~3e-3);
@@ -243,13 +244,13 @@ def _inputs(h: int, hkv: int, l: int, seed: int):
 
 
 def _sdpa(q, k, v, causal: bool, cudnn: bool = False):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    """SDPA as the attention op's own backends call it (GQA without expanding K/V): forced to
+    cuDNN, or as it dispatches."""
+    return sdpa(q, k, v, causal, 1.0 / math.sqrt(HEAD_DIM), "sdpa_cudnn" if cudnn else "sdpa")
 
-    backends = [SDPBackend.CUDNN_ATTENTION] if cudnn else [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                                                            SDPBackend.EFFICIENT_ATTENTION]
-    with sdpa_kernel(backends):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                enable_gqa=q.shape[1] != k.shape[1])
+
+def _shape_name(h: int, hkv: int, l: int, causal: bool) -> str:
+    return f"b1_h{h}/{hkv}_L{l}_{'causal' if causal else 'full'}"
 
 
 def _error(out: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -266,14 +267,15 @@ def _error(out: torch.Tensor, ref: torch.Tensor) -> dict:
             "finite": finite, "bad_rows": bad_rows, "bad_blocks": where, "ok": finite and rel <= REL_RMS_TOL}
 
 
-def check(form, path, fresh_scratch, h, hkv, l, causal, block_n, seed0: int) -> dict:
+def check(form, path, fresh_scratch, h, hkv, l, causal, block_n, seed0: int, launches: int) -> dict:
+    """`launches` launches on fresh inputs, then two on the last inputs again."""
     scratch = Scratch(fresh_scratch)
     triton.set_allocator(scratch)
     run = _form_launch(form, path, h, hkv, l, l, causal, block_n)
     errors = []
     keep = None
-    for i in range(LAUNCHES + 2):
-        if i < LAUNCHES or keep is None:
+    for i in range(launches + 2):
+        if i < launches or keep is None:
             q, k, v = _inputs(h, hkv, l, seed0 + i)
             keep = (q, k, v)
         q, k, v = keep  # the last two launches: the same inputs as the one before
@@ -282,7 +284,7 @@ def check(form, path, fresh_scratch, h, hkv, l, causal, block_n, seed0: int) -> 
         torch.cuda.synchronize()
         errors.append(_error(out, _sdpa(q, k, v, causal)))
     return {"form": form, "path": path, "scratch": "fresh" if fresh_scratch else "kept",
-            "shape": f"b1_h{h}/{hkv}_L{l}_{'causal' if causal else 'full'}", "block_n": block_n,
+            "shape": _shape_name(h, hkv, l, causal), "block_n": block_n,
             "ok": all(e["ok"] for e in errors), "launches": errors, "allocator_calls": scratch.calls}
 
 
@@ -311,7 +313,7 @@ def timing(cases: list, h, hkv, l, causal) -> list[dict]:
     rows = []
     for name, ts in times.items():
         ms = statistics.median(ts)
-        rows.append({"case": name, "shape": f"b1_h{h}/{hkv}_L{l}_{'causal' if causal else 'full'}", "ms": ms,
+        rows.append({"case": name, "shape": _shape_name(h, hkv, l, causal), "ms": ms,
                      "tflops": flops / ms / 1e9, "x_cudnn": base / ms, "spread": (max(ts) - min(ts)) / ms})
     return rows
 
@@ -329,7 +331,6 @@ def main(argv=None) -> int:
                     help="comma-separated: library, probe (warp-specialized), shipped_tma, shipped_ptr (the "
                          "attention kernel as it ships, 128x128 tiles over 8 warps, TMA or pointer loads)")
     args = ap.parse_args(argv)
-    globals()["LAUNCHES"] = args.launches
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_SCRIPT, "600", args.busy_kind, os.path.abspath(__file__)])
             for _ in range(args.busy)]
     if busy:
@@ -340,9 +341,9 @@ def main(argv=None) -> int:
     block_ns = (128, 64)
     if args.quick:
         shapes, block_ns = [s for s in shapes if s[0] == 24 and not s[3]], (128,)
-    result = {"what": __doc__.splitlines()[0], "device": props.name, "torch": torch.__version__, "busy": args.busy, "busy_kind": args.busy_kind,
-              "launches": args.launches,
-              "triton": triton.__version__, "python": platform.python_version(), "checks": [], "timing": []}
+    result = {"what": __doc__.splitlines()[0], "device": props.name, "torch": torch.__version__,
+              "triton": triton.__version__, "python": platform.python_version(), "busy": args.busy,
+              "busy_kind": args.busy_kind, "launches": args.launches, "checks": [], "timing": []}
 
     def write():
         if args.out:
@@ -361,10 +362,10 @@ def main(argv=None) -> int:
                 for path, fresh in regimes:
                     seed += 10
                     try:
-                        row = check(form, path, fresh, h, hkv, l, causal, block_n, seed)
+                        row = check(form, path, fresh, h, hkv, l, causal, block_n, seed, args.launches)
                     except Exception as e:  # noqa: BLE001 — a compile or launch failure is a row, and the run goes on
                         row = {"form": form, "path": path, "scratch": "fresh" if fresh else "kept",
-                               "shape": f"b1_h{h}/{hkv}_L{l}_{'causal' if causal else 'full'}", "block_n": block_n,
+                               "shape": _shape_name(h, hkv, l, causal), "block_n": block_n,
                                "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
                     result["checks"].append(row)
                     rels = [f"{e['rel_rms']:.1e}" for e in row.get("launches", [])]
@@ -388,7 +389,7 @@ def main(argv=None) -> int:
         try:
             rows = timing(cases, h, hkv, l, causal)
         except Exception as e:  # noqa: BLE001 — a failed capture is a row too
-            rows = [{"shape": f"b1_h{h}/{hkv}_L{l}", "error": f"{type(e).__name__}: {str(e)[:300]}"}]
+            rows = [{"shape": _shape_name(h, hkv, l, causal), "error": f"{type(e).__name__}: {str(e)[:300]}"}]
         result["timing"].extend(rows)
         for r in rows:
             if "error" in r:
