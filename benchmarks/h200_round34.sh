@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -36,6 +36,8 @@
 #    pointers) checked the same way, alone and beside three processes running matrix products: is
 #    what ships safe where the GPU is shared? Then the warp-specialized form again beside them, at
 #    both tile sizes and causal too, to see how far the fault reaches.
+# TZ: the gpu-marked tests of the ops whose host checks changed after round 34 (sm_scale, max_context_len,
+#    fp8 scales, meta tensors), then Z.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -44,8 +46,8 @@ if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   exec bash "$(dirname "$0")/h200_round32.sh"
 fi
 case ${1:-} in
-  W|G|WG|X|X2|Y|Y1|Y2|Z) ;;
-  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1, Y2, Z asked for: nothing run"; exit 3 ;;
+  W|G|WG|X|X2|Y|Y1|Y2|Z|TZ) ;;
+  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1, Y2, Z, TZ asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *W* ]]; then
   step 330 python benchmarks/ws_attention_check.py --out "$OUT/ws_attention_check_${card}_round34_W.json"
@@ -71,12 +73,17 @@ if [ "$1" = X2 ]; then
   step 200 python -m omnitune search attention $(prefill_shapes h=24,hkv=24) -n 8 --db /tmp/x2.db
   trials_json /tmp/x2.db > "$OUT/prefill_trials_${card}_round34_X2.json"
 fi
-if [ "$1" = Z ]; then
+if [[ $1 == T* ]]; then
+  step 240 python -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_paged_decode_attention.py tests/test_kv_cache_write.py tests/test_fp8_kv_cache.py tests/test_attention.py \
+    tests/test_kv_compress.py
+fi
+if [[ $1 == *Z ]]; then
   step 90 python benchmarks/ws_attention_check.py --quick --forms shipped_tma,shipped_ptr --launches 8 \
     --out "$OUT/ws_attention_check_${card}_round34_Z_shipped_alone.json"
   step 90 python benchmarks/ws_attention_check.py --quick --forms shipped_tma,shipped_ptr --launches 8 --busy 3 \
     --out "$OUT/ws_attention_check_${card}_round34_Z_shipped_busy.json"
-  step 200 python benchmarks/ws_attention_check.py --forms library --launches 4 --busy 3 \
+  step "$(left 590)" python benchmarks/ws_attention_check.py --forms library --launches 4 --busy 3 \
     --out "$OUT/ws_attention_check_${card}_round34_Z_ws_busy.json"
 fi
 if [[ $1 == Y* ]]; then

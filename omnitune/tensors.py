@@ -36,6 +36,11 @@ def element_bytes(dtype: torch.dtype) -> int:
 def require_runnable_device(t: torch.Tensor) -> None:
     """A Triton kernel runs on a CUDA tensor, or on a CPU tensor only under Triton's interpreter
     (TRITON_INTERPRET=1, set before the kernel module was imported)."""
+    if t.device.type not in ("cuda", "cpu"):
+        # A meta tensor (or another backend's) has no memory a kernel could read: said here, not
+        # as NotImplementedError/RuntimeError from deep inside Triton's launcher.
+        raise InputError(f"tensors are on {t.device}; the kernels run on a CUDA device (or the CPU with "
+                         "TRITON_INTERPRET=1)")
     if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise InputError("tensors are on the CPU; move them to a CUDA device (or set TRITON_INTERPRET=1)")
     if t.device.type == "cpu" and t.dtype == torch.bfloat16:

@@ -141,6 +141,20 @@ def explain_scales(cache_dtype: torch.dtype, k_scale, v_scale, hkv: int, device:
                              "(one per kv head)")
 
 
+BAD_SCALE_MESSAGE = ("k_scale and v_scale must be positive and finite (the cache holds x / scale); "
+                     "see kv_cache_scale")
+
+
+def bad_scales(k_scale, v_scale, device) -> torch.Tensor:
+    """The check mode's scale check, on the device (the caller reads it back with its other checks,
+    in its one sync): 1 where a scale is zero, negative or not finite — a zero scale quantizes every
+    token to ±448 or NaN, a NaN one poisons every output — else 0, as an int64 scalar."""
+    if k_scale is None or v_scale is None:  # no fp8 cache (the metadata checks judged the pair)
+        return torch.zeros((), dtype=torch.int64, device=device)
+    bad = [~(torch.isfinite(s) & (s > 0)).all() for s in (k_scale, v_scale)]
+    return (bad[0] | bad[1]).to(torch.int64)
+
+
 @triton.jit
 def round_to_e4m3(y):
     """fp32 y rounded to the nearest e4m3 value (ties to even), saturated at ±448, still fp32:

@@ -7,12 +7,33 @@ a kernel's module would drop out of that hash. Host code only."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 
 import torch
 
+from omnitune.errors import InputError
+
 # log2(e): the launchers fold it into the softmax scale, so that the kernels use exp2.
 LOG2E = 1.4426950408889634
+
+
+def softmax_scale(sm_scale, d: int) -> float:
+    """A caller's sm_scale as the launchers take it: None, or a negative value (what the custom ops
+    pass for None), is 1/√d. Anything but a finite real number is an InputError here: a string or a
+    tensor failed deep inside (`'<' not supported`, `Boolean value of Tensor ... ambiguous`), a
+    one-element device tensor was read back with a hidden sync, and NaN or inf made every output
+    NaN without a word. A plain float or int costs two type checks."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(d)
+    if type(sm_scale) is not float and type(sm_scale) is not int:
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+            raise InputError(f"sm_scale must be a float (or None for 1/sqrt(head_dim)), got {type(sm_scale).__name__}")
+        sm_scale = float(sm_scale)
+    if not math.isfinite(sm_scale):
+        raise InputError(f"sm_scale={sm_scale!r} is not finite; pass a positive float, or None for 1/sqrt(head_dim)")
+    return 1.0 / math.sqrt(d) if sm_scale < 0 else float(sm_scale)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -34,6 +34,7 @@ after the first — and O written once: bytes = (2·B·H·Lq + 2·B·Hkv·Lk)·D
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,7 +47,7 @@ from torch.nn.attention import sdpa_kernel as _sdpa_kernel
 
 from omnitune.errors import InputError, one_line
 from omnitune.kernels import _dispatch
-from omnitune.kernels._host import LOG2E, seeded_rand
+from omnitune.kernels._host import LOG2E, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.runtime import _device_limits
 from omnitune.spec import (
@@ -292,6 +293,7 @@ class AttentionInputs:
 # the same Python lists every call copies them to the GPU once. Bounded; a CUDA graph capture
 # can only use a cached one (a copy cannot be captured), so captured code should pass a tensor.
 _SPAN_TENSORS_KEPT = 256
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _span_tensors: dict[tuple, torch.Tensor] = {}
 
 
@@ -313,12 +315,19 @@ def span_tensor(spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, b: in
     if len(spans) != b:
         raise InputError(f"mm_spans has {len(spans)} entries but the batch has {b} sequences")
     try:
-        key = (tuple(tuple((int(s), int(e)) for s, e in seq) for seq in spans), str(device))
+        # operator.index, not int(): int() cut 0.5 to 0 and read "3" as 3 without a word.
+        key = (tuple(tuple((operator.index(s), operator.index(e)) for s, e in seq) for seq in spans), str(device))
     except (TypeError, ValueError) as exc:
         raise InputError(f"mm_spans must hold (start, end) pairs of ints: {exc}") from None
     found = _span_tensors.get(key)
     if found is not None:
         return found
+    if any(not _INT32_MIN <= x <= _INT32_MAX for seq in key[0] for pair in seq for x in pair):
+        # The kernel reads int32 spans: a value past that failed in torch's copy below (RuntimeError:
+        # value cannot be converted to type int32 without overflow). Checked on a miss only: a cached
+        # list passed.
+        raise InputError(f"mm_spans holds a value outside int32 ({_INT32_MIN}..{_INT32_MAX}); spans are "
+                         "[start, end) key positions")
     if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise InputError("mm_spans given as lists cannot be copied to the GPU inside a CUDA graph "
                          "capture; pass an int32 tensor [B, S, 2] on the GPU")
@@ -620,8 +629,7 @@ def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tens
     _check_inputs(q, k, v)
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    if sm_scale is None or sm_scale < 0:
-        sm_scale = 1.0 / math.sqrt(d)
+    sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf
     spans = None
     if mm_spans is not None:
         if not causal:

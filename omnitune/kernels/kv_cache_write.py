@@ -253,13 +253,17 @@ def _explain_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale=
     require_runnable_device(key)
 
 
-def _check_values(key, key_cache, slot_mapping) -> None:
-    """The check mode's value checks: every slot inside the cache (one reduction, one sync)."""
+def _check_values(key, key_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+    """The check mode's value checks: every slot inside the cache, and an fp8 cache's scales
+    positive and finite (one reduction each, one sync)."""
     if key.shape[0] == 0:
         return
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     capacity = num_blocks * block_size
-    largest = int(slot_mapping.max().item())
+    largest, bad_scale = torch.stack([slot_mapping.max().to(torch.int64),
+                                      _fp8.bad_scales(k_scale, v_scale, key.device)]).tolist()
+    if bad_scale:
+        raise InputError(_fp8.BAD_SCALE_MESSAGE)
     if largest >= capacity:
         raise InputError(
             f"slot_mapping holds slot {largest}, past the cache's {capacity} slots "
@@ -359,7 +363,7 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_sc
             return
     _check_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     if checking:
-        _check_values(key, key_cache, slot_mapping)
+        _check_values(key, key_cache, slot_mapping, k_scale, v_scale)
     t, hkv, d = key.shape
     if t == 0:
         return

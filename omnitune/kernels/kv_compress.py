@@ -82,7 +82,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.kernels._host import LOG2E, cdiv, seeded_rand
+from omnitune.kernels._host import LOG2E, cdiv, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.spec import (
     Config,
@@ -572,10 +572,9 @@ def compress_kv(
             or not math.isfinite(merge_threshold):
         raise InputError(f"merge_threshold={merge_threshold!r}; use a cosine similarity such as 0.85 "
                          "(-1 merges every evicted token, above 1 none)")
-    quotas = _quotas(modality, keep_ratio, recent)
     b, h, w, d = q_window.shape
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(d)
+    sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf
+    quotas = _quotas(modality, keep_ratio, recent)
     hkv, n = k.shape[1], k.shape[2]
     kept, compressible = torch.stack([quotas[:, 1:].sum(), (modality != Modality.TEXT).sum()]).tolist()
     # The nearest problem the tuned tables can hold: the factory's layout needs n ≥ 16 and the
@@ -1018,9 +1017,11 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     _refuse_fp8(k)
     if q_window.dtype != k.dtype or q_window.device != k.device:
         raise InputError("q_window and k must share one dtype and device")
+    if k.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        # An integer or bool k reached the kernel and failed there (an AssertionError inside tl.dot).
+        raise InputError(f"unsupported dtype {k.dtype}; use float16, bfloat16 or float32")
     require_runnable_device(k)
-    if sm_scale is None or sm_scale < 0:
-        sm_scale = 1.0 / math.sqrt(d)
+    sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf
     n = max(k.shape[2], 16)
     problem = KVCompressProblem(b=b, h=h, hkv=k.shape[1], n=n, d=d, window=min(w, tail_length(n)))
     if config is None:

@@ -51,6 +51,7 @@ left out, so a config that splits too finely shows as lower TB/s.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
-from omnitune.kernels._host import LOG2E, seeded_rand
+from omnitune.kernels._host import LOG2E, seeded_rand, softmax_scale
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, FixedLaunch, PlanCache, bounded_put
 from omnitune.kernels._launch import _current_device, _raw_stream
 from omnitune.kernels import _launch as launching
@@ -508,10 +509,11 @@ def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens, k_s
     require_runnable_device(q)
 
 
-def _check_values(q, key_cache, block_tables, context_lens, max_context_len: int | None) -> int:
+def _check_values(q, key_cache, block_tables, context_lens, max_context_len: int | None,
+                  k_scale=None, v_scale=None) -> int:
     """The check mode's value checks (a few reductions, one sync): block table entries in use
-    inside the cache, Lq ≤ every context ≤ the table's capacity and ≤ max_context_len. Returns
-    the longest context."""
+    inside the cache, Lq ≤ every context ≤ the table's capacity and ≤ max_context_len, and an fp8
+    cache's scales positive and finite. Returns the longest context."""
     lq = q.shape[2]
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     max_blocks = block_tables.shape[1]
@@ -520,8 +522,11 @@ def _check_values(q, key_cache, block_tables, context_lens, max_context_len: int
     pages_used = (lens.clamp(min=0) + block_size - 1) // block_size
     in_use = torch.arange(max_blocks, device=q.device)[None, :] < pages_used[:, None]
     bad_entries = in_use & ((block_tables < 0) | (block_tables >= num_blocks))
-    summary = torch.stack([lens.max(), lens.min(), bad_entries.any().to(torch.int64)]).tolist()
-    longest, shortest, any_bad_entry = summary
+    summary = torch.stack([lens.max(), lens.min(), bad_entries.any().to(torch.int64),
+                           _fp8.bad_scales(k_scale, v_scale, q.device)]).tolist()
+    longest, shortest, any_bad_entry, bad_scale = summary
+    if bad_scale:
+        raise InputError(_fp8.BAD_SCALE_MESSAGE)
     if longest > capacity:
         raise InputError(
             f"a context of {longest} tokens exceeds the block table's capacity of {capacity} "
@@ -769,6 +774,23 @@ def launch(inputs: PagedDecodeInputs, out: torch.Tensor, config: Config) -> None
 _memo = _dispatch.ConfigMemo("paged_decode_attention")
 
 
+def _host_length(max_context_len) -> int:
+    """max_context_len as the host int it must be; InputError otherwise. A device tensor was read
+    back by int() (a hidden sync, and an error inside a CUDA graph capture; a tensor of several
+    values failed deep inside torch), inf raised OverflowError, a string a TypeError naming
+    nothing, and 10.7 was silently cut to 10."""
+    if type(max_context_len) is int:
+        return max_context_len
+    if isinstance(max_context_len, (bool, torch.Tensor)):
+        raise InputError(f"max_context_len must be a host int (the longest context, as the caller keeps it), "
+                         f"got {type(max_context_len).__name__}")
+    try:
+        return operator.index(max_context_len)  # a numpy integer, say
+    except TypeError:
+        raise InputError(f"max_context_len must be a host int (the longest context, as the caller keeps it), "
+                         f"got {max_context_len!r}") from None
+
+
 def _config_for(b, h, hkv, lq, d, block_size, ctx: int, config, dtype, cache_dtype: torch.dtype) -> Config:
     """The config for a batch whose longest context is at most ctx (bucketed, so that the steps
     of a decode loop share one lookup; a caller's own config is validated against ctx itself)."""
@@ -847,13 +869,14 @@ def _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max
     b, h, lq, d = q.shape
     block_size, hkv = key_cache.shape[1], key_cache.shape[2]
     capacity = block_tables.shape[1] * block_size
-    if max_context_len is not None and not 1 <= int(max_context_len) <= capacity:
-        raise InputError(f"max_context_len={max_context_len} must be in 1..{capacity} (the block table's capacity)")
+    if max_context_len is not None:
+        max_context_len = _host_length(max_context_len)
+        if not 1 <= max_context_len <= capacity:
+            raise InputError(f"max_context_len={max_context_len} must be in 1..{capacity} (the block table's capacity)")
+    sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf
     if checking:
-        _check_values(q, key_cache, block_tables, context_lens, max_context_len)
-    if sm_scale is None or sm_scale < 0:
-        sm_scale = 1.0 / math.sqrt(d)
-    ctx = capacity if max_context_len is None else int(max_context_len)
+        _check_values(q, key_cache, block_tables, context_lens, max_context_len, k_scale, v_scale)
+    ctx = capacity if max_context_len is None else max_context_len
     cfg = _config_for(b, h, hkv, lq, d, block_size, ctx, config, q.dtype, key_cache.dtype)
     out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
     plan, scratch = _launch(q, key_cache, value_cache, block_tables, context_lens, float(sm_scale), out, cfg, None,
@@ -1002,7 +1025,13 @@ class PagedDecodePlan:
         if unsupported or cache_dtype not in (dtype, _fp8.FP8):
             raise InputError(unsupported or f"cache_dtype must be {dtype} or torch.float8_e4m3fn, got {cache_dtype}")
         self.cache_dtype = cache_dtype
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):  # "nope", 3.5: torch's own message names no argument
+            raise InputError(f"device={device!r} is not a device; use a CUDA device such as 'cuda' or 'cuda:0'") from None
+        if self.device.type not in ("cuda", "cpu"):
+            # A meta plan failed at its first run, deep inside the launcher.
+            raise InputError(f"device={device!r}: the kernels run on a CUDA device (or the CPU with TRITON_INTERPRET=1)")
         if self.device.type == "cuda" and self.device.index is None:
             # "cuda" means the current device; tensors report it with its index (cuda:0).
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -1010,7 +1039,10 @@ class PagedDecodePlan:
         self.q_shape = (batch, num_heads, query_tokens, head_dim)
         self.block_size, self.num_kv_heads, self.max_blocks = block_size, num_kv_heads, max_blocks
         self.max_context_len = max_context_len
-        self.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+        # As the function takes it: NaN, inf, a string or a tensor refused; a negative scale means the
+        # default (the custom op, which run calls under torch.compile, reads it so: eager and compiled
+        # runs of one plan once disagreed).
+        self.sm_scale = softmax_scale(sm_scale, head_dim)
         self.config = _config_for(batch, num_heads, num_kv_heads, query_tokens, head_dim, block_size,
                                   max_context_len, config, dtype, cache_dtype)
         self._scratch = _Scratch.make(batch, num_heads, query_tokens, head_dim, num_kv_heads, self.config,
@@ -1046,9 +1078,11 @@ class PagedDecodePlan:
         if not self._fits(q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale):
             self._explain_misfit(q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale)
         elif self._device_index < 0:
-            require_runnable_device(q)  # CPU tensors run only under the interpreter
+            # A CPU plan (the interpreter; never a serving path): get_device() says -1 for a meta
+            # tensor too, so _fits cannot tell the two apart; the checks one by one can.
+            self._explain_misfit(q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale)
         if _dispatch.checking(check):
-            _check_values(q, key_cache, block_tables, context_lens, self.max_context_len)
+            _check_values(q, key_cache, block_tables, context_lens, self.max_context_len, k_scale, v_scale)
         own_out = out is None
         if own_out:
             out = self.out
@@ -1113,10 +1147,17 @@ class PagedDecodePlan:
     def _explain_misfit(self, q, key_cache, value_cache, block_tables, context_lens, out, k_scale, v_scale) -> None:
         """run's checks one by one, for a call that failed _fits: the InputError naming what is not
         as planned (or nothing, e.g. for CPU tensors under the interpreter)."""
+        # Types first: the comparisons below read .shape of each (AttributeError for a None).
+        for name, t in (("q", q), ("key_cache", key_cache), ("value_cache", value_cache),
+                        ("block_tables", block_tables), ("context_lens", context_lens)):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if out is not None and not isinstance(out, torch.Tensor):
+            raise InputError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
         if tuple(q.shape) != self.q_shape or q.dtype != self.dtype or q.device != self.device:
             raise InputError(f"q must be {self.dtype} {list(self.q_shape)} on {self.device} as planned, "
                              f"got {q.dtype} {list(q.shape)} on {q.device}")
-        if (key_cache.shape[1], key_cache.shape[2]) != (self.block_size, self.num_kv_heads) \
+        if tuple(key_cache.shape[1:3]) != (self.block_size, self.num_kv_heads) \
                 or tuple(block_tables.shape) != (self.q_shape[0], self.max_blocks) \
                 or key_cache.dtype != self.cache_dtype:
             raise InputError(
