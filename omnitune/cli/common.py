@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from omnitune.errors import ConfigError, DeviceError, OmnituneError, ShapeError
+from omnitune.errors import (
+    ConfigError,
+    DeviceError,
+    OmnituneError,
+    ShapeError,
+    UnknownKernelError,
+    one_line,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -54,9 +61,20 @@ def load_spec(kernel: str, interpret: bool = False) -> KernelSpec:
         from omnitune.cli._app import enable_interpreter
 
         enable_interpreter()
-    from omnitune.registry import get_spec
+    from omnitune.registry import BUILTIN_KERNELS, get_spec
 
-    return get_spec(kernel)
+    if kernel in BUILTIN_KERNELS:  # ours: a failure to import one is a bug, its traceback wanted
+        return get_spec(kernel)
+    try:
+        return get_spec(kernel)
+    except OmnituneError:
+        raise
+    except Exception as exc:  # whatever the user's module raises while it is imported
+        # A kernel file or module of the user's own that cannot be imported (a syntax error, an
+        # exception at import, a missing dependency) is the user's to fix: one line naming it.
+        # Chained, so that --debug still shows where in their module it failed.
+        raise UnknownKernelError(f"cannot import kernel {kernel!r}: {one_line(exc)}; "
+                                 "run with --debug to see the traceback") from exc
 
 
 def parse_problems(spec: KernelSpec, shapes: list[str], **overrides) -> list:

@@ -75,7 +75,14 @@ def _best_in_db(database: Any, spec: KernelSpec, problem: Any, dtype: torch.dtyp
     ))
     if not rows:
         return None
-    return spec.coerce_config(json.loads(rows[0]["config_json"]))
+    try:
+        values = json.loads(rows[0]["config_json"])
+    except (TypeError, ValueError) as exc:  # a cell changed by hand, or corrupt: not a traceback
+        raise ConfigError(
+            f"the best {spec.name} config in the results database for {spec.problem_key(problem)} "
+            f"{dtype_name(dtype)} is not readable JSON ({exc}); use --config default or --config JSON"
+        ) from None
+    return spec.coerce_config(values)
 
 
 def _tuned_from_runtime(spec: KernelSpec, problem: Any, dtype: torch.dtype, device_name: str) -> Config | None:

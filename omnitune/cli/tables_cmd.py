@@ -70,8 +70,8 @@ def report(
         ReportFormat.TABLE, "--format", case_sensitive=False,
         help="table (for people), or csv, md, json to stdout for piping.",
     ),
-    plot: Path = typer.Option(
-        None, "--plot", metavar="DIR", file_okay=False,
+    plot_text: str = typer.Option(
+        None, "--plot", metavar="DIR", show_default=False,
         help="Also write PNG figures per kernel to DIR: search convergence, launch-parameter importance, "
         "and the best results on the device's roofline (needs omnitune calibrate).",
     ),
@@ -86,6 +86,10 @@ def report(
     from omnitune import report as rpt
 
     path = db_path(db)
+    if plot_text is not None and not plot_text.strip():
+        # Path("") is the current folder: an unset shell variable would spill the figures into it.
+        raise OmnituneError("--plot is empty; name the folder of the figures (e.g. --plot figures)")
+    plot = Path(plot_text) if plot_text is not None else None
     if plot is not None:  # before the report is printed: a bad folder is one line, not a report and then one
         if importlib.util.find_spec("matplotlib") is None:
             raise OmnituneError("--plot needs matplotlib: pip install 'omnitune[plot]' (or matplotlib)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -61,8 +62,10 @@ def verify(
     Exit code: 0 when nothing failed, 1 when something did, 2 for a usage error."""
     import torch
 
-    if soak is not None and soak <= 0:
-        raise OmnituneError(f"--soak {soak:g}: give a positive number of minutes")
+    # Not finite too: a float option takes 'nan' (no soak at all, said nowhere) and 'inf' (a soak
+    # that never ends, so the report is never written).
+    if soak is not None and not (math.isfinite(soak) and soak > 0):
+        raise OmnituneError(f"--soak {soak:g}: give a positive number of minutes, and a finite one")
     if soak is not None and model is None:
         raise OmnituneError("--soak needs --model NAME: the soak's traffic comes from a preset (see omnitune plan)")
     if model is not None:

@@ -288,3 +288,22 @@ def _migrate(db: sqlite_utils.Database, path: Path) -> None:
                 "INSERT INTO migrations (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, migration.name, utc_now()),
             )
+    _require_schema_objects(db, path)
+
+
+# What the migrations make. A file changed by hand (a table dropped, a copy restored in part) can
+# record every migration and still lack one: said here, once, rather than as "no such table" in
+# the middle of a search.
+_SCHEMA_TABLES = ("trials", "devices", "calibrations", "profiles", "search_runs")
+_SCHEMA_VIEWS = ("best",)
+
+
+def _require_schema_objects(db: sqlite_utils.Database, path: Path) -> None:
+    tables, views = set(db.table_names()), set(db.view_names())
+    missing = [name for name in _SCHEMA_TABLES if name not in tables]
+    missing += [f"{name} view" for name in _SCHEMA_VIEWS if name not in views]
+    if missing:
+        raise StoreError(
+            f"{str(path)!r} is a damaged omnitune results database: it lacks {', '.join(missing)}; "
+            "restore it from a copy, or give a new --db"
+        )

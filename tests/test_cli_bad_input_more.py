@@ -1,0 +1,155 @@
+"""More user mistakes the CLI used to answer with a traceback, a soak without end, or files where
+they were not wanted, checked through the real command line on temporary files: a kernel file of
+the user's own that cannot be imported, a results database with a table gone, a corrupt best
+config read by profile, --soak nan/inf, and an empty --plot."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from omnitune.cli import app
+from omnitune.errors import UnknownKernelError
+from omnitune.profile.device import current_device_facts
+
+ON_GPU = torch.cuda.is_available()
+# conftest imports the kernels interpreted without a GPU and compiled with one; --interpret must match.
+MODE = [] if ON_GPU else ["--interpret"]
+SHAPE = "t=37,hkv=2,d=64,block_size=16"  # kv_cache_write's: the quickest kernel to run interpreted
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, message: str) -> str:
+    """Exit code 2, one line on stderr that starts with 'error: ' and holds `message`, no traceback.
+    Other lines on stderr (the runtime's note that no table is tuned for a GPU) may come before it."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.strip().splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr
+    assert message in errors[0], errors[0]
+    return errors[0]
+
+
+def searched_db(tmp_path: Path, trials: int = 1) -> Path:
+    db = tmp_path / "omnitune.db"
+    result = invoke("search", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--trials", trials,
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    return db
+
+
+# --- a kernel file of the user's own that cannot be imported --------------------------------------
+
+BROKEN_MODULES = {
+    "syntax": ("def (\n", "SyntaxError: invalid syntax"),
+    "raises": ("raise RuntimeError('boom at import')\n", "RuntimeError: boom at import"),
+    "dependency": ("import omnitune_no_such_dependency\n", "No module named 'omnitune_no_such_dependency'"),
+}
+
+
+@pytest.mark.parametrize("command", ["lookup", "search", "bench", "verify"])
+@pytest.mark.parametrize("broken", sorted(BROKEN_MODULES))
+def test_a_kernel_file_that_cannot_be_imported_is_one_line(broken, command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    source, message = BROKEN_MODULES[broken]
+    path = tmp_path / f"broken_{broken}_{command}.py"
+    path.write_text(source)
+    args = {
+        "lookup": ["lookup", path, "--shape", "a=1", "--device", "NVIDIA H200"],
+        "search": ["search", path, "--shape", "a=1", *MODE, "--db", tmp_path / "omnitune.db"],
+        "bench": ["bench", path, "--shape", "a=1", *MODE],
+        "verify": ["verify", "--kernels", path, *MODE],
+    }[command]
+    line = assert_one_line_error(invoke(*args), message)
+    assert f"cannot import kernel {str(path)!r}" in line
+    assert not (tmp_path / "omnitune.db").exists()
+
+
+def test_a_module_that_cannot_be_imported_is_one_line_and_debug_shows_where(tmp_path, monkeypatch):
+    package = tmp_path / "userkernels_broken"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mine.py").write_text("x = 1\nraise ValueError('bad constant in my kernel')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = assert_one_line_error(invoke("lookup", "userkernels_broken.mine", "--shape", "a=1", "--device", "X"),
+                                 "ValueError: bad constant in my kernel")
+    assert "--debug" in line
+    # --debug: the traceback, down to the user's own line.
+    result = invoke("--debug", "lookup", "userkernels_broken.mine", "--shape", "a=1", "--device", "X")
+    assert isinstance(result.exception, UnknownKernelError)
+    assert isinstance(result.exception.__cause__, ValueError)
+
+
+# --- a results database with a table gone ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dropped", [["DROP VIEW best", "DROP TABLE trials"], ["DROP TABLE search_runs"]],
+                         ids=["trials", "search_runs"])
+def test_a_database_missing_a_table_is_refused_before_the_search(dropped, tmp_path):
+    db = searched_db(tmp_path)
+    conn = sqlite3.connect(db)
+    for statement in dropped:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+    result = invoke("search", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--trials", 3,
+                    "--db", db)
+    assert_one_line_error(result, "is a damaged omnitune results database")
+    assert "trial 2/3" not in result.stdout  # refused up front, not after measuring
+
+
+# --- profile --config tuned: the database's best config, corrupt -----------------------------------
+
+
+def test_profile_of_a_corrupt_best_config_in_the_database_is_one_line(tmp_path, monkeypatch):
+    from omnitune.cli import profile_cmd
+    from omnitune.profile import ncu
+
+    db = searched_db(tmp_path)
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE trials SET config_json = '{\"BLOCK_H\": 1,'")
+    conn.commit()
+    conn.close()
+    # As on a GPU with ncu whose tables do not answer this shape: the database's best is asked for.
+    device_name = current_device_facts(interpret=not ON_GPU).name
+    monkeypatch.setattr(profile_cmd, "_require_gpu", lambda what: None)
+    monkeypatch.setattr(profile_cmd, "_tuned_from_runtime", lambda *args: None)
+    monkeypatch.setattr(ncu, "ncu_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: device_name)
+    profiled = []
+    monkeypatch.setattr(ncu, "profile_config", lambda *args: profiled.append(args))
+    result = invoke("profile", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", "--db", db)
+    assert_one_line_error(result, "the best kv_cache_write config in the results database")
+    assert profiled == []
+
+
+# --- verify --soak: minutes that are a number, and that end ----------------------------------------
+
+
+@pytest.mark.parametrize("minutes", ["nan", "inf", "-inf"])
+def test_verify_soak_that_is_not_a_finite_number_is_one_line(minutes, tmp_path):
+    result = invoke("verify", "--tables", tmp_path / "no-tables", "--model", "qwen2.5-omni-7b", *MODE,
+                    "--soak", minutes)
+    assert_one_line_error(result, f"--soak {minutes}: give a positive number of minutes")
+
+
+# --- report --plot '': not the current folder --------------------------------------------------------
+
+
+@pytest.mark.parametrize("plot", ["", " "])
+def test_report_plot_empty_is_one_line_and_writes_nothing(plot, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    db = searched_db(tmp_path)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert_one_line_error(invoke("report", "--db", db, "--plot", plot), "--plot is empty")
+    assert list(here.iterdir()) == []
