@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -38,6 +38,8 @@
 #    both tile sizes and causal too, to see how far the fault reaches.
 # TZ: the gpu-marked tests of the ops whose host checks changed after round 34 (sm_scale, max_context_len,
 #    fp8 scales, meta tensors), then Z.
+# U: every gpu-marked test but the slow process ones (device_steps.sh's first half), after the
+#    ops' host checks and the CLI's input checks changed in the session of TZ.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -46,8 +48,8 @@ if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   exec bash "$(dirname "$0")/h200_round32.sh"
 fi
 case ${1:-} in
-  W|G|WG|X|X2|Y|Y1|Y2|Z|TZ) ;;
-  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1, Y2, Z, TZ asked for: nothing run"; exit 3 ;;
+  W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U) ;;
+  *) echo "not an H200 and none of W, G, WG, X, X2, Y, Y1, Y2, Z, TZ, U asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *W* ]]; then
   step 330 python benchmarks/ws_attention_check.py --out "$OUT/ws_attention_check_${card}_round34_W.json"
@@ -124,4 +126,7 @@ if [ "$1" = X ] || [ "$1" = X2 ]; then
 fi
 if [[ $1 == *G* ]]; then
   step "$(left 590)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_search_quiet_retime.py tests/test_lanes.py
+fi
+if [ "$1" = U ]; then
+  gpu_tests_first_half "$(left 570)"
 fi
