@@ -197,22 +197,14 @@ def test_a_pool_prepared_ahead_submits_again_what_the_previous_problems_end_kill
 def test_a_worker_on_the_gpu_compiles_by_capture_and_puts_nothing_on_the_gpu(monkeypatch):
     """Another process may be timing its kernels: a worker's launch is captured into a graph that is
     thrown away. The KV write writes into its output's caches, so a launch that ran would show."""
-    import dataclasses
-
     from omnitune.measure import precompile as pre
     from omnitune.measure.capture_load import CaptureLoader
 
     spec = get_spec("kv_cache_write")
     problem = spec.parse_shape("t=37,hkv=2,d=64,block_size=16")
     inputs = spec.make_inputs(problem, torch.bfloat16, "cuda", 0)
-    made = []
-
-    def new_output(given):
-        made.append(spec.new_output(given))
-        return made[-1]
-
-    monkeypatch.setattr(pre, "_problem_state", {"spec": dataclasses.replace(spec, new_output=new_output),
-                                                "inputs": inputs})
+    worker_out = spec.new_output(inputs)  # as _inputs_and_spec makes it: once a problem, poisoned
+    monkeypatch.setattr(pre, "_problem_state", {"spec": spec, "inputs": inputs, "out": worker_out})
     monkeypatch.setattr(pre, "_capture", CaptureLoader())
     def same(a, b):  # the poisoned slots are NaN, which torch.equal never finds equal
         return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
@@ -221,11 +213,11 @@ def test_a_worker_on_the_gpu_compiles_by_capture_and_puts_nothing_on_the_gpu(mon
     for config in (configs[0], configs[-1]):
         assert pre._launch_once(config.as_dict()) is None
         torch.cuda.synchronize()
-        assert same(made[-1], spec.new_output(inputs))  # untouched, the poison still there: nothing ran
+        assert same(worker_out, spec.new_output(inputs))  # untouched, the poison still there: nothing ran
         assert pre._capture.usable and not torch.cuda.is_current_stream_capturing()
         ran = spec.new_output(inputs)
         spec.launch(inputs, ran, config)  # the same launch for real writes the caches, rightly
-        assert not same(ran, made[-1])
+        assert not same(ran, worker_out)
         assert spec.compare(ran, spec.reference(inputs)) <= spec.tolerance[torch.bfloat16]
 
 
