@@ -21,7 +21,7 @@ from omnitune.cli.common import (
     parse_problems,
     write_output_file,
 )
-from omnitune.errors import DeviceError
+from omnitune.errors import DeviceError, OmnituneError
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -44,6 +44,11 @@ def bench(
     import torch
 
     spec = load_spec(kernel, interpret)
+    has_causal = "causal" in {f.name for f in spec.problem_fields()}
+    if causal is not None and not has_causal:  # not ignored: the bench would run other problems than asked
+        flag = "--causal" if causal else "--no-causal"
+        raise OmnituneError(f"{flag}: {spec.name} has no causal flag; give it only for kernels whose shapes "
+                            "have one (e.g. attention)")
     if interpret:
         torch_dtype = parse_dtype_option(spec, dtype)
         if torch_dtype is torch.bfloat16:
@@ -51,7 +56,7 @@ def bench(
     elif not torch.cuda.is_available():
         raise DeviceError("no CUDA GPU here; bench needs one (or --interpret to check correctness on the CPU)")
     torch_dtype = parse_dtype_option(spec, dtype)
-    overrides = {"causal": causal} if causal is not None and "causal" in {f.name for f in spec.problem_fields()} else {}
+    overrides = {"causal": causal} if causal is not None else {}
     problems = parse_problems(spec, shape, **overrides)
     # Checked before the bench runs, not found out after it.
     if json_out is not None:

@@ -37,9 +37,51 @@ def json_number(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def require_named(text: str | None, option: str, example: str) -> None:
+    """An OmnituneError for an option given empty (or blank): Path("") is the current folder, so
+    an unset shell variable would spill files into it or quietly mean the default; `example`
+    completes "name ... (e.g. <option> <example>)"."""
+    if text is not None and not text.strip():
+        raise OmnituneError(f"{option} is empty; name {example}")
+
+
 def db_path(db: str | None) -> Path:
-    """--db, else OMNITUNE_DB, else ./omnitune.db."""
+    """--db, else OMNITUNE_DB, else ./omnitune.db. An empty --db is refused rather than taken as
+    not given: the results would go to ./omnitune.db, where the user did not ask."""
+    require_named(db, "--db", "the results database (e.g. --db omnitune.db)")
     return Path(db or os.environ.get("OMNITUNE_DB") or DEFAULT_DB)
+
+
+def preset_kernel_names(text: str | None) -> tuple[str, ...]:
+    """--kernels of the preset commands (search --model, plan) as the kernels it names
+    (presets.parse_kernels; None: every kernel of the presets). Text that names none (',') is
+    refused, as --dtype ',' is, rather than searching or planning nothing; so is empty text,
+    which parse_kernels takes as every kernel."""
+    from omnitune.presets import parse_kernels
+
+    names = parse_kernels(text)
+    if text is not None and (not text.strip() or not names):
+        raise OmnituneError(f"--kernels {text!r} names no kernel; give kernels comma-separated (e.g. --kernels "
+                            "attention), or leave --kernels out for every kernel of the preset")
+    return names
+
+
+def seconds_option(default: float | None, name: str, *, minimum: float, help: str, **kwargs):
+    """A float option in seconds of at least `minimum`: nan and inf are refused as not finite
+    numbers (a plain float range said only that nan should be >= the minimum, and took inf)."""
+    def parse(text) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"{text} is not a finite number; give seconds, at least {minimum:g}")
+        if value < minimum:
+            raise typer.BadParameter(f"{text} is less than {minimum:g} s")
+        return value
+
+    return typer.Option(default, name, parser=parse, metavar="SECONDS",
+                        help=f"{help} \\[x>={minimum:g}]", **kwargs)
 
 
 def write_output_file(path: Path, text: str, option: str) -> None:

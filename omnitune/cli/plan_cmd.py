@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from omnitune.cli._app import app
-from omnitune.cli.common import console, db_path
+from omnitune.cli.common import console, db_path, preset_kernel_names
 from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
 from omnitune.cli.search_lanes import DEFAULT_LANES
 from omnitune.durations import human_duration
@@ -90,17 +90,20 @@ def plan(
     largest gaps first."""
     import torch
     from omnitune.errors import OmnituneError
-    from omnitune.presets import get_preset, parse_kernels, preset_problems
+    from omnitune.presets import get_preset, preset_problems
     from omnitune.profile.device import device_key
     from omnitune.runtime._format import table_path
     from omnitune.spec import dtype_name, parse_dtype
 
     preset = get_preset(model)
-    names = parse_kernels(kernels)
+    names = preset_kernel_names(kernels)
     torch_dtype = parse_dtype(dtype)
     if not coverage and (device is not None or top is not None or as_json):
         raise OmnituneError("--device, --top and --json go with --coverage: "
                             "omnitune plan --model NAME --coverage --device NAME")
+    problems_of = {name: preset_problems(preset, name) for name in names}
+    if not any(problems_of.values()):  # as search refuses it: an empty plan (or coverage) reads as nothing to do
+        raise OmnituneError(f"nothing to plan: {preset.name} sends none of the kernels asked for any problem")
     key = device_key(torch.cuda.get_device_name()) if torch.cuda.is_available() else "<device_key>"
     if coverage:
         from omnitune.cli.plan_coverage import coverage_device, coverage_json, print_coverage
@@ -108,7 +111,7 @@ def plan(
         device_name = coverage_device(device)
         rates = measured_rates(db_path(db), device_key(device_name))
         budgets = {(name, p.problem_key): p for name in names
-                   for p in plan_kernel(name, preset_problems(preset, name), torch_dtype, trials, rates)}
+                   for p in plan_kernel(name, problems_of[name], torch_dtype, trials, rates)}
         if as_json:
             typer.echo(coverage_json(preset, names, torch_dtype, device_name, budgets, top))
         else:
@@ -127,7 +130,7 @@ def plan(
     problems_planned = 0
     files = []
     for name in names:
-        problems = preset_problems(preset, name)
+        problems = problems_of[name]
         if not problems:
             console.print(f"\n[bold]{name}[/]: not used by this model", soft_wrap=True)
             continue

@@ -28,6 +28,7 @@ from omnitune.cli.common import (
     search_dtype,
     search_dtype_names,
     search_dtype_option,
+    seconds_option,
     try_option,
 )
 from omnitune.cli.live import LiveView, ProgressLines, finalist_lines, search_title, summary_line
@@ -78,8 +79,8 @@ def search(
         help="Configs to measure per shape, in total: a rerun resumes and counts the configs already measured. "
         "When the kernel has no more valid configs than this, all of them are measured.",
     ),
-    timeout: float = typer.Option(
-        None, "--timeout", min=0.001,
+    timeout: float = seconds_option(
+        None, "--timeout", minimum=0.001,
         help="Start no new trial after this many seconds (all shapes together); rerun to continue.",
     ),
     sampler: str = typer.Option(
@@ -119,8 +120,8 @@ def search(
         "memory access, segfault, abort) or hangs past --trial-timeout is recorded as crashed or timeout, "
         "the worker is replaced, and the search goes on.",
     ),
-    trial_timeout: float = typer.Option(
-        120.0, "--trial-timeout", min=0.1,
+    trial_timeout: float = seconds_option(
+        120.0, "--trial-timeout", minimum=0.1,
         help="With --isolate or --gpus: seconds one trial may take (compile, check and timing) before its worker "
         "is killed.",
     ),
@@ -162,6 +163,7 @@ def search(
     Results go to the results database (see `omnitune report`).
     Ctrl-C keeps every finished trial; rerunning the same command resumes.
     """
+    db_path(db)  # an empty --db is refused before lanes start or anything is checked at length
     deadline = None if timeout is None else time.monotonic() + timeout
     in_lane = lane_session is not None
     if in_lane and _precompile_workers(precompile, interpret):
@@ -370,6 +372,7 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
              dtype: str | None, interpret: bool, quiet: bool = False) -> list[_SearchTarget]:
     """What to search: the kernel's --shape problems, or every problem of a model preset. `quiet`:
     say nothing of kernels skipped (a lane, whose session says it)."""
+    from omnitune.cli.common import preset_kernel_names
     from omnitune.presets import get_presets, models_problems, parse_kernels
 
     if shapes and model:
@@ -395,7 +398,7 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
     who = presets[0].description if len(presets) == 1 else names
     dtype_names = search_dtype_names(dtype)
     searched = []  # (kernel, spec, problems): built once, whatever the number of dtypes
-    for name in parse_kernels(kernel or kernels):
+    for name in parse_kernels(kernel) if kernel is not None else preset_kernel_names(kernels):
         spec = load_spec(name, interpret)  # before the presets build problems: --interpret must apply first
         problems = [p.problem for p in models_problems(presets, name, spec.problem_key)]
         if not problems:
@@ -471,8 +474,8 @@ def search_problems(
     from omnitune.profile.device import current_device_facts
     from omnitune.search.driver import SearchInterrupted, SearchOptions, StopReason, run_search
     from omnitune.spec import DeviceLimits, dtype_name
-    from omnitune.store import (SearchRunRecord, check_storage_url, default_storage_url, open_db, record_device,
-                                record_search_run, utc_now)
+    from omnitune.store import (SearchRunRecord, check_storage_url, default_storage_url, open_db,
+                                open_optuna_storage, record_device, record_search_run, utc_now)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the live view reports every trial
     path = db_path(db)
@@ -482,8 +485,15 @@ def search_problems(
         check_storage_url(storage)
     for problem in problems:
         preflight.require_fits_in_memory(spec, problem, dtype, interpret)
-    database = open_db(path)
     storage_url = storage or default_storage_url(path)
+    if not path.exists():
+        # A new database is made only once the storage opens (run_search opens it again): one that
+        # cannot (a bad URL, a server not there, an unreadable journal) would otherwise leave an
+        # empty database behind. An existing database is left as it was either way. Whether the
+        # database could be made is said first, about --db, not as a journal beside it that cannot.
+        preflight.require_writable_file(path, "--db")
+        open_optuna_storage(storage_url, heartbeat_interval_s=heartbeat_interval_s)
+    database = open_db(path)
     device = current_device_facts(interpret)
     record_device(database, device)
     limits = DeviceLimits() if interpret else DeviceLimits.of_current_device()

@@ -170,9 +170,10 @@ def search_in_lanes(started: LaneProcesses, lanes: int, settings: dict, *, db: s
     from omnitune.store import default_storage_url, open_db, open_optuna_storage
 
     try:
-        # Made once here, so that the lanes do not race to create the database's tables.
-        open_db(db)
+        # Made once here, so that the lanes do not race to create the database's tables; the
+        # storage first, so that one that cannot be opened leaves no new, empty database behind.
         open_optuna_storage(storage or default_storage_url(db))
+        open_db(db)
     except BaseException:
         call_off(started)
         raise

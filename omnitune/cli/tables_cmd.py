@@ -13,7 +13,8 @@ import typer
 
 from omnitune.cli import preflight
 from omnitune.cli._app import app
-from omnitune.cli.common import console, db_path, json_number, load_spec, parse_dtype_option, parse_problems
+from omnitune.cli.common import (console, db_path, json_number, load_spec, parse_dtype_option, parse_problems,
+                                  require_named)
 from omnitune.errors import OmnituneError, StoreError
 
 if TYPE_CHECKING:
@@ -29,9 +30,12 @@ def _import_storage(path: Path, storage: str | None) -> None:
     if storage is None:
         return
     preflight.require_storage_apart(storage, path)
-    from omnitune.store import open_db, rebuild_catalogue
+    from omnitune.store import open_db, open_optuna_storage, rebuild_catalogue
 
-    rows = rebuild_catalogue(open_db(path), storage)
+    # The storage opened before the database: one that cannot be opened leaves no empty database
+    # behind. A storage lacking trials the database has rows of is refused (rebuild_catalogue).
+    opened = open_optuna_storage(storage)
+    rows = rebuild_catalogue(open_db(path), storage, opened)
     typer.echo(f"{rows} trials read from the Optuna storage into {path}", err=True)
 
 
@@ -86,9 +90,7 @@ def report(
     from omnitune import report as rpt
 
     path = db_path(db)
-    if plot_text is not None and not plot_text.strip():
-        # Path("") is the current folder: an unset shell variable would spill the figures into it.
-        raise OmnituneError("--plot is empty; name the folder of the figures (e.g. --plot figures)")
+    require_named(plot_text, "--plot", "the folder of the figures (e.g. --plot figures)")
     plot = Path(plot_text) if plot_text is not None else None
     if plot is not None:  # before the report is printed: a bad folder is one line, not a report and then one
         if importlib.util.find_spec("matplotlib") is None:
@@ -172,9 +174,7 @@ def export(
     from omnitune.report import load_trials
 
     path = db_path(db)
-    if not out_text.strip():
-        # Path("") is the current folder: an unset shell variable would spill tables into it.
-        raise OmnituneError("--out is empty; name the folder of the tables (e.g. --out tuned_configs)")
+    require_named(out_text, "--out", "the folder of the tables (e.g. --out tuned_configs)")
     out = Path(out_text)
     preflight.require_writable_folder(out, "--out")
     _import_storage(path, storage)

@@ -8,7 +8,13 @@ import os
 import typer
 
 from omnitune.cli._app import app
-from omnitune.cli.common import interpret_option, search_dtype_option, try_option
+from omnitune.cli.common import (
+    db_path,
+    interpret_option,
+    search_dtype_option,
+    seconds_option,
+    try_option,
+)
 from omnitune.errors import DeviceError, OmnituneError
 
 # Seconds between a running trial's heartbeats; a trial silent for four of them is failed and
@@ -42,8 +48,8 @@ def worker(
     ),
     gpu: int = typer.Option(None, "--gpu", min=0, help="Measure on this GPU of the host. \\[default: GPU 0]",
                             show_default=False),
-    trial_timeout: float = typer.Option(
-        120.0, "--trial-timeout", min=0.1,
+    trial_timeout: float = seconds_option(
+        120.0, "--trial-timeout", minimum=0.1,
         help="Seconds one trial may take (compile, check and timing) before the measuring process is killed.",
     ),
     isolate: bool = typer.Option(
@@ -81,6 +87,7 @@ def worker(
 
     if not storage.strip():
         raise OmnituneError("--storage needs a URL, e.g. postgresql://user:password@host:5432/omnitune")
+    db_path(db)  # an empty --db is refused before the kernel is loaded
     spec = load_spec(kernel, interpret)
     problems = parse_problems(spec, shape)
     try_values = parse_tries(tries, [spec])

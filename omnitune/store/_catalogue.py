@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import math
 import sqlite3
@@ -494,12 +493,19 @@ def storage_description(url: str) -> str:
     return f"the Optuna journal {journal}" if journal is not None else f"the Optuna storage {_without_password(url)}"
 
 
+# What require_catalogue_held says would become of the rows, and what to do instead: a search's words.
+_SEARCH_WOULD = ("a search would overwrite them", "search into a new --db")
+
+
 def require_catalogue_held(db: sqlite_utils.Database, study: str, storage: optuna.storages.BaseStorage,
-                           described: str = "the Optuna storage") -> None:
+                           described: str = "the Optuna storage", *,
+                           would: tuple[str, str] = _SEARCH_WOULD) -> None:
     """A StoreError when the catalogue holds rows of `study` whose trials `storage` lacks (its
     journal lost, emptied or swapped for another): rows are keyed by study and trial number, and a
     storage without those trials numbers new ones from 0 again, so a search would overwrite the
     rows with other configs. Rows that a trial of the same number and config backs are held.
+    `would`: what would become of the rows, and what to do instead (a search's, by default; the
+    rebuild's are its own).
 
     The rows are read before the trials: a process sharing the storage writes a trial there before
     its row here, so a row read first always finds its trial."""
@@ -513,9 +519,10 @@ def require_catalogue_held(db: sqlite_utils.Database, study: str, storage: optun
     configs = {trial.number: trial.user_attrs.get("config_json") for trial in trials}
     missing = sum(1 for number, text in rows if not _same_config(configs.get(number), text))
     if missing:
+        consequence, instead = would
         raise StoreError(
             f"{_database_file(db)} holds {missing} trials of {study} that {described} lacks (lost, emptied or "
-            f"swapped for another?), and a search would overwrite them: restore it, or search into a new --db")
+            f"swapped for another?), and {consequence}: restore it, or {instead}")
 
 
 def _same_config(a: Any, b: Any) -> bool:
@@ -534,31 +541,38 @@ def _database_file(db: sqlite_utils.Database) -> str:
     return "the results database"
 
 
-def rebuild_catalogue(db: sqlite_utils.Database, storage_url: str) -> int:
+# What the rebuild would do to rows its storage lacks, and what to do instead (require_catalogue_held).
+_REBUILD_WOULD = ("reading it in would drop them", "leave out --storage to use the database as it is")
+
+
+def rebuild_catalogue(db: sqlite_utils.Database, storage_url: str,
+                      storage: optuna.storages.BaseStorage | None = None) -> int:
     """Re-derive the catalogue rows of every omnitune study in the Optuna storage at
-    `storage_url`, replacing those studies' rows in one transaction; returns the row count.
-    Rows of studies that live in another storage are left alone."""
+    `storage_url` (or `storage`, already opened from it), writing them over those studies' rows in
+    one transaction; returns the row count. Rows of studies that live in another storage (or
+    were deleted from this one) are left alone.
+
+    A storage that lacks trials the database has rows of (a journal truncated or emptied, a
+    storage swapped for another) is a StoreError before anything is written, as it is for a
+    search (require_catalogue_held): rows are results, and a storage that lost them must not
+    delete them here too. So no row is ever deleted: each is replaced by its trial's."""
     import optuna
 
-    storage = open_optuna_storage(storage_url)
-    studies: list[tuple[StudyFacts, list[TrialRecord]]] = []
+    storage = storage if storage is not None else open_optuna_storage(storage_url)
+    summaries = []
     for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
         facts = StudyFacts.from_user_attr(summary.user_attrs.get(STUDY_ATTR))
-        if facts is None:
-            continue
-        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        if facts is not None:
+            summaries.append((summary.study_name, facts))
+    # Every study checked before any row is written: a refusal leaves the database as it was.
+    described = storage_description(storage_url)
+    for _, facts in summaries:
+        require_catalogue_held(db, facts.name, storage, described, would=_REBUILD_WOULD)
+    studies: list[tuple[StudyFacts, list[TrialRecord]]] = []
+    for name, facts in summaries:
+        study = optuna.load_study(study_name=name, storage=storage)
         studies.append((facts, study_records(facts, study.get_trials(deepcopy=False))))
-    dropped = 0
     with transaction(db):
-        for facts, records in studies:
-            kept = {record.trial_number for record in records}
-            dropped += sum(1 for (number,) in db.execute("SELECT trial_number FROM trials WHERE study = ?",
-                                                         (facts.name,)).fetchall() if number not in kept)
-            db.execute("DELETE FROM trials WHERE study = ?", (facts.name,))
-            record_trials(db, records)
-    if dropped:  # the storage is the truth, but a storage that lost trials should not go unsaid
-        logging.getLogger(__name__).warning(
-            "%s of %s had no finished trial in %s and %s dropped with the rebuild (stale; or the storage lost "
-            "trials, whose rows are then gone from this database too)", f"{dropped} row{'s' * (dropped != 1)}",
-            _database_file(db), storage_url, "were" if dropped != 1 else "was")
+        for _, records in studies:
+            record_trials(db, records)  # each replaces the row of its study and trial number
     return sum(len(records) for _, records in studies)

@@ -1,0 +1,206 @@
+"""Results are never lost, and bad input is one line: checked through the real command line on
+temporary files. A storage that lacks trials --db has rows of is refused by report and export as
+by search (before, they dropped the rows: a truncated journal took a database from 3 trials to
+0); a search that cannot open its storage leaves no empty database; and plan --kernels ',', an
+empty --db, --timeout nan and bench --causal on a kernel without that flag each get one line."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from omnitune.cli import app
+
+ON_GPU = torch.cuda.is_available()
+# conftest imports the kernels interpreted without a GPU and compiled with one; --interpret must match.
+MODE = [] if ON_GPU else ["--interpret"]
+SHAPE = "t=37,hkv=2,d=64,block_size=16"  # kv_cache_write's: the quickest kernel to run interpreted
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, message: str) -> str:
+    """Exit code 2, one line on stderr that starts with 'error: ' and holds `message`, no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0], lines[0]
+    return lines[0]
+
+
+def search_args(db: Path, *extra) -> list:
+    return ["search", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--db", db, *extra]
+
+
+def trial_rows(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as con:
+        return con.execute("SELECT study, trial_number, config_json FROM trials ORDER BY study, trial_number").fetchall()
+
+
+@pytest.fixture
+def searched(tmp_path) -> tuple[Path, Path]:
+    """A database searched for 3 trials, and its journal (the default storage beside it)."""
+    db = tmp_path / "omnitune.db"
+    result = invoke(*search_args(db, "--trials", 3))
+    assert result.exit_code == 0, result.output
+    assert len(trial_rows(db)) == 3
+    return db, tmp_path / "omnitune.optuna.log"
+
+
+def truncated_copy(journal: Path, to: Path) -> Path:
+    """The journal cut after its study was created, before its first trial: what a journal
+    restored from an early copy, or cut by a full disk, holds."""
+    kept = []
+    for line in journal.read_text().splitlines(keepends=True):
+        if json.loads(line)["op_code"] == 4:  # the first trial
+            break
+        kept.append(line)
+    to.write_text("".join(kept))
+    return to
+
+
+# --- 1. report and export never drop rows that their --storage lacks ----------------------------
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_a_storage_lacking_the_databases_trials_is_refused_and_no_row_is_dropped(command, searched, tmp_path):
+    db, journal = searched
+    before = trial_rows(db)
+    cut = truncated_copy(journal, tmp_path / "cut.optuna.log")
+    out = tmp_path / "tables"
+    extra = ["--out", out] if command == "export" else []
+    line = assert_one_line_error(invoke(command, "--db", db, "--storage", f"journal:///{cut}", *extra),
+                                 f"{db} holds 3 trials of kv_cache_write|")
+    # Search's message, with what reading the storage in would do and what to do instead.
+    assert f"that the Optuna journal {cut} lacks" in line and "leave out --storage" in line
+    assert trial_rows(db) == before
+    assert not out.exists()
+    # The same storage is refused by a search too, in the same words but its own ending.
+    assert_one_line_error(invoke(*search_args(db, "--storage", f"journal:///{cut}")), "a search would overwrite them")
+    assert trial_rows(db) == before
+
+
+def test_the_storage_the_database_was_searched_with_is_read_in_as_before(searched):
+    db, journal = searched
+    before = trial_rows(db)
+    result = invoke("report", "--db", db, "--storage", f"journal:///{journal}", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "3 trials read from the Optuna storage" in result.stderr
+    assert trial_rows(db) == before and json.loads(result.stdout)
+
+
+def test_a_study_deleted_from_the_storage_on_purpose_keeps_its_rows(searched, tmp_path):
+    """Deleting a study is the one way a storage drops trials on purpose: its rows are not the
+    storage's any more, and stay as they are (rows of studies elsewhere always did)."""
+    db, journal = searched
+    before = trial_rows(db)
+    copy = tmp_path / "copy.optuna.log"
+    copy.write_bytes(journal.read_bytes())
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(copy)))
+    optuna.delete_study(study_name=before[0][0], storage=storage)
+    result = invoke("report", "--db", db, "--storage", f"journal:///{copy}", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "0 trials read from the Optuna storage" in result.stderr
+    assert trial_rows(db) == before and json.loads(result.stdout)
+
+
+# --- 2. a search that cannot open its storage leaves no database behind ----------------------------
+
+
+@pytest.mark.parametrize("storage", ["foo", "sqlite:///", "postgresql://u:p@127.0.0.1:1/omnitune"],
+                         ids=["not-a-url", "sqlite-no-file", "no-server"])
+def test_a_search_whose_storage_cannot_be_opened_leaves_no_empty_database(storage, tmp_path):
+    db = tmp_path / "omnitune.db"
+    result = invoke(*search_args(db, "--trials", 1, "--storage", storage))
+    assert result.exit_code == 2 and "error: " in result.stderr, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_from_a_storage_that_cannot_be_opened_leaves_no_empty_database(tmp_path):
+    db = tmp_path / "omnitune.db"
+    assert_one_line_error(invoke("report", "--db", db, "--storage", "foo"), "cannot open the Optuna storage 'foo'")
+    assert not db.exists()
+
+
+# --- 3. plan --kernels that names nothing --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernels", ","], "--kernels ',' names no kernel"),
+    (["--kernels", ""], "--kernels '' names no kernel"),
+    (["--kernels", ",", "--coverage", "--device", "NVIDIA H200"], "--kernels ',' names no kernel"),
+])
+def test_plan_kernels_that_name_no_kernel_is_one_line(args, message):
+    assert_one_line_error(invoke("plan", "--model", "qwen2.5-omni-7b", *args), message)
+
+
+@pytest.mark.parametrize("extra", [[], ["--coverage", "--device", "NVIDIA H200"]], ids=["plan", "coverage"])
+def test_plan_of_kernels_the_preset_never_runs_is_one_line(extra):
+    assert_one_line_error(invoke("plan", "--model", "qwen-image-dit", "--kernels", "kv_cache_write", *extra),
+                          "nothing to plan: qwen-image-dit sends none of the kernels asked for any problem")
+
+
+def test_search_kernels_that_name_no_kernel_says_so(tmp_path):
+    db = tmp_path / "omnitune.db"
+    assert_one_line_error(invoke("search", "--model", "qwen2.5-omni-7b", "--kernels", ",", *MODE, "--db", db),
+                          "--kernels ',' names no kernel")
+    assert not db.exists()
+
+
+# --- 4. an empty --db -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["report"], ["export"], ["plan", "--model", "qwen2.5-omni-7b"], search_args(""),
+    ["worker", "kv_cache_write", "--shape", SHAPE, "--storage", "sqlite:///shared.optuna.db", *MODE],
+], ids=["report", "export", "plan", "search", "worker"])
+def test_an_empty_db_is_one_line_not_the_default_database(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OMNITUNE_DB", raising=False)
+    if "--db" not in args:
+        args = [*args, "--db", ""]
+    assert_one_line_error(invoke(*args), "--db is empty; name the results database")
+    assert list(tmp_path.iterdir()) == []  # no ./omnitune.db, no storage, no tables
+
+
+# --- 5. --timeout nan ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, value", [("--timeout", "nan"), ("--timeout", "inf"), ("--trial-timeout", "nan")])
+def test_a_timeout_that_is_not_a_finite_number_says_so(option, value, tmp_path):
+    db = tmp_path / "omnitune.db"
+    line = assert_one_line_error(invoke(*search_args(db, option, value)), f"{value} is not a finite number")
+    assert "should be" not in line and "greater than" not in line
+    assert not db.exists()
+
+
+def test_a_timeout_below_its_minimum_is_still_refused_and_a_good_one_taken(tmp_path):
+    db = tmp_path / "omnitune.db"
+    assert_one_line_error(invoke(*search_args(db, "--timeout", "0")), "0 is less than 0.001")
+    result = invoke(*search_args(db, "--timeout", "600", "--trials", 1))
+    assert result.exit_code == 0, result.output
+
+
+# --- 6. bench --causal on a kernel without a causal flag --------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--causal", "--no-causal"])
+def test_bench_causal_on_a_kernel_without_the_flag_is_one_line(flag, monkeypatch):
+    from omnitune.profile import bench
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the bench ran")
+
+    monkeypatch.setattr(bench, "run_bench", must_not_run)
+    assert_one_line_error(invoke("bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, flag),
+                          f"{flag}: kv_cache_write has no causal flag")
