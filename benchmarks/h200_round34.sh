@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U|P]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U|P|V]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -43,6 +43,8 @@
 # P: test_precompile's gpu tests (U's second half found the capture test failing: the test, not the
 #    code, lacked the worker's one output a problem); on an H200 then round 32's V (S in short: the
 #    fp8 transposed-dots variant's few-warps sweeps beside bf16 at batch 64, 4k and 16k).
+# V: on an H200 round 32's V (as P's second half); elsewhere ops_bench (the public ops, eager with
+#    host time and as graph replays, beside PyTorch called the same way) after the ops' new checks.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -51,6 +53,11 @@ if [ "${1:-}" = P ]; then  # any card: the one gpu test the first half of U left
   step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py
   # On an H200, with too little device time left for S: S's measurement in short (round 32's V).
   [ "$card" = h200 ] && exec bash "$(dirname "$0")/h200_round32.sh" V
+  exit 0
+fi
+if [ "${1:-}" = V ]; then  # S in short on an H200 (round 32's V); elsewhere the public ops as users call them
+  [ "$card" = h200 ] && exec bash "$(dirname "$0")/h200_round32.sh" V
+  step 120 python benchmarks/ops_bench.py --out "$OUT/ops_bench_${card}_round34_V.json"
   exit 0
 fi
 if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
