@@ -164,3 +164,30 @@ def compile_for_sm90(argv: list[str], timeout: float = 300):
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root,
                           timeout=timeout, check=False)
+
+
+def assert_one_line_error(result, message: str = "", *, after_progress: bool = False) -> str:
+    """A CLI result that failed as a user mistake should: exit code 2, one line on stderr that
+    starts with 'error: ' and holds `message`, no traceback. after_progress: lines before it
+    (verify's progress, the runtime's note that no table is tuned for this GPU) are allowed."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    if after_progress:
+        assert [line for line in lines if line.startswith("error")] == lines[-1:], result.stderr
+        lines = lines[-1:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0], lines[0]
+    return lines[0]
+
+
+def json_paths(value, prefix=()):
+    """Every path into a JSON value, the root's () first: where the table fuzzers mutate."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from json_paths(item, (*prefix, index))

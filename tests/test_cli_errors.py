@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from conftest import assert_one_line_error
 from typer.testing import CliRunner
 
 from omnitune.cli import app
@@ -29,16 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 def invoke(*args: str, **kwargs):
     return CliRunner().invoke(app, [str(a) for a in args], **kwargs)
 
-
-def assert_one_line_error(result, message: str = "") -> str:
-    """Exit code 2, one line on stderr that starts with 'error: ' (and holds `message`), no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert message in lines[0], lines[0]
-    return lines[0]
 
 
 def search_args(db, *extra) -> list:
@@ -475,11 +466,10 @@ def test_interpret_is_judged_by_the_kernels_loaded_not_by_modules_without_any(mo
 
     import triton
 
-    from omnitune.cli import enable_interpreter
-    from omnitune.errors import OmnituneError
-
     import omnitune.kernels._dispatch  # noqa: F401
     import omnitune.kernels.attention  # noqa: F401
+    from omnitune.cli import enable_interpreter
+    from omnitune.errors import OmnituneError
 
     enable_interpreter()  # interpreted kernels, and a module without kernels: accepted
     compiled = types.ModuleType("omnitune.kernels._compiled")

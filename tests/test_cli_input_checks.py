@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_line_error, write_tuned_table
 from typer.testing import CliRunner
 
-from conftest import write_tuned_table
 from omnitune.cli import app
-from omnitune.kernels.attention import SPEC as ATTENTION, AttentionProblem
+from omnitune.kernels.attention import SPEC as ATTENTION
+from omnitune.kernels.attention import AttentionProblem
 
 ON_GPU = torch.cuda.is_available()
 # conftest imports the kernels interpreted without a GPU and compiled with one; --interpret must match.
@@ -28,20 +29,6 @@ H200 = "NVIDIA H200"
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
-
-def assert_one_line_error(result, message: str, *, after_progress: bool = False) -> str:
-    """Exit code 2, one line on stderr that starts with 'error: ' and holds `message`, no traceback.
-    after_progress: the command's progress lines (verify's, on stderr) may come before it."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    if after_progress:
-        assert [line for line in lines if line.startswith("error")] == lines[-1:], result.stderr
-        lines = lines[-1:]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert message in lines[0], lines[0]
-    return lines[0]
 
 
 # --- --seed: numpy's RandomState (Optuna's samplers) takes 0..2**32-1 only -------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+from conftest import assert_one_line_error
 from typer.testing import CliRunner
 
 from omnitune.cli import app
@@ -26,16 +27,6 @@ SHAPE = "t=37,hkv=2,d=64,block_size=16"  # kv_cache_write's: the quickest kernel
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
-
-def assert_one_line_error(result, message: str) -> str:
-    """Exit code 2, one line on stderr that starts with 'error: ' and holds `message`, no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert message in lines[0], lines[0]
-    return lines[0]
 
 
 def search_args(db: Path, *extra) -> list:

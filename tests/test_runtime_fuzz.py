@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import json_paths as _json_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,15 +63,6 @@ class Hang(Exception):
 def _alarm(signum, frame):
     raise Hang(f"a lookup took more than {SECONDS_PER_LOOKUP} s")
 
-
-def _json_paths(value, prefix=()):
-    yield prefix
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _json_paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _json_paths(v, (*prefix, i))
 
 
 PATHS = {k: list(_json_paths(doc)) for k, doc in DOCS.items()}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import json_paths as _paths
 
 from omnitune import registry, runtime
 from omnitune.kernels._dispatch import ConfigMemo
@@ -51,16 +52,6 @@ HOSTILE = [
 
 # --- building the mutated tables --------------------------------------------------------------
 
-
-def _paths(value, prefix=()):
-    """Every path into a JSON value (the root's is ())."""
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _paths(item, (*prefix, index))
 
 
 def _at(doc, path):
