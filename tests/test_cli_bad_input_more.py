@@ -32,7 +32,6 @@ def invoke(*args: str):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-
 def searched_db(tmp_path: Path, trials: int = 1) -> Path:
     db = tmp_path / "omnitune.db"
     result = invoke("search", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--trials", trials,

@@ -31,7 +31,6 @@ def invoke(*args: str, **kwargs):
     return CliRunner().invoke(app, [str(a) for a in args], **kwargs)
 
 
-
 def search_args(db, *extra) -> list:
     return ["search", "attention", "--shape", SHAPE, "--dtype", "fp32", *MODE, "--db", db, *extra]
 

@@ -30,7 +30,6 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-
 # --- --seed: numpy's RandomState (Optuna's samplers) takes 0..2**32-1 only -------------------------
 
 

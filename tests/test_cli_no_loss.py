@@ -28,7 +28,6 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-
 def search_args(db: Path, *extra) -> list:
     return ["search", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--db", db, *extra]
 

@@ -64,7 +64,6 @@ def _alarm(signum, frame):
     raise Hang(f"a lookup took more than {SECONDS_PER_LOOKUP} s")
 
 
-
 PATHS = {k: list(_json_paths(doc)) for k, doc in DOCS.items()}
 
 

@@ -53,7 +53,6 @@ HOSTILE = [
 # --- building the mutated tables --------------------------------------------------------------
 
 
-
 def _at(doc, path):
     for step in path:
         doc = doc[step]
