@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from omnitune.coerce import describe
 from omnitune.errors import InputError
 
 # log2(e): the launchers fold it into the softmax scale, so that the kernels use exp2.
@@ -34,6 +35,21 @@ def softmax_scale(sm_scale, d: int) -> float:
     if not math.isfinite(sm_scale):
         raise InputError(f"sm_scale={sm_scale!r} is not finite; pass a positive float, or None for 1/sqrt(head_dim)")
     return 1.0 / math.sqrt(d) if sm_scale < 0 else float(sm_scale)
+
+
+def flag(value, name: str) -> bool:
+    """A caller's boolean argument (causal=...) as a bool: a Python bool, a numpy bool, or the int 0
+    or 1 (as a shape string writes it). Anything else is an InputError: bool("no") is True, so a
+    string, another number or a tensor (whose truth value is a hidden sync) was taken without a
+    word. A plain bool costs one type check."""
+    if type(value) is bool:
+        return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise InputError(f"{name} must be a bool (True or False), got {type(value).__name__} {describe(value)}")
 
 
 def cdiv(a: int, b: int) -> int:

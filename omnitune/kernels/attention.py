@@ -47,7 +47,7 @@ from torch.nn.attention import sdpa_kernel as _sdpa_kernel
 
 from omnitune.errors import InputError, one_line
 from omnitune.kernels import _dispatch
-from omnitune.kernels._host import LOG2E, seeded_rand, softmax_scale
+from omnitune.kernels._host import LOG2E, flag, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.runtime import _device_limits
 from omnitune.spec import (
@@ -369,7 +369,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         qs, ks = q.shape, k.shape
         dtype, device = q.dtype, q.get_device()
         if (len(qs) == 4 and len(ks) == 4 and v.shape == ks and ks[0] == qs[0] and ks[3] == qs[3]
-                and qs[3] in SUPPORTED_HEAD_DIMS and ks[1] > 0 and qs[1] % ks[1] == 0 and qs[2] > 0 and ks[2] > 0
+                and qs[3] in SUPPORTED_HEAD_DIMS and qs[0] > 0 and qs[1] > 0 and ks[1] > 0 and qs[1] % ks[1] == 0
+                and qs[2] > 0 and ks[2] > 0
                 and dtype in _FLOATS and k.dtype == dtype and v.dtype == dtype
                 and k.get_device() == device and v.get_device() == device and device >= 0):
             return
@@ -398,8 +399,10 @@ def _explain_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise InputError(f"head dims differ: q has {d}, k/v have {dk}")
     if d not in SUPPORTED_HEAD_DIMS:
         raise InputError(f"head dim {d} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
-    if hkv == 0 or h % hkv:
-        raise InputError(f"q heads ({h}) must be a multiple of k/v heads ({hkv})")
+    if b == 0:
+        raise InputError("the batch is empty (B = 0)")
+    if h == 0 or hkv == 0 or h % hkv:
+        raise InputError(f"q heads ({h}) must be a positive multiple of k/v heads ({hkv})")
     if q.shape[2] == 0 or k.shape[2] == 0:
         raise InputError("sequence lengths must be ≥ 1")
     require_runnable_device(q)
@@ -585,6 +588,8 @@ def attention(
     (one sync). config: launch config; None looks one up in the tuned tables (omnitune.runtime),
     falling back to the default. Returns [B, H, Lq, D] in q's dtype. Under torch.compile this
     calls torch.ops.omnitune.attention (spans as a tensor)."""
+    if type(causal) is not bool:
+        causal = flag(causal, "causal")  # InputError for a string, an int, a tensor, None
     if _dispatch.compiling():
         spans = None if mm_spans is None else span_tensor(mm_spans, q.shape[0], q.device)
         return torch.ops.omnitune.attention(q, k, v, spans, bool(causal), -1.0 if sm_scale is None else float(sm_scale),

@@ -321,7 +321,9 @@ def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int, kv=None)
         raise InputError(f"kv {list(kv.shape)} has batch {kv.shape[0]}, x_q {list(x_q.shape)} has {b}")
     if not cached and (x_kv.shape[0] != b or x_kv.shape[2] != hidden):
         raise InputError(f"x_kv {list(x_kv.shape)} does not match x_q {list(x_q.shape)} in batch and hidden")
-    if not isinstance(h, int) or not isinstance(hkv, int) or h < 1 or hkv < 1 or h % hkv:
+    # bool is an int subclass: heads=True was taken as one head.
+    if (not isinstance(h, int) or not isinstance(hkv, int) or isinstance(h, bool) or isinstance(hkv, bool)
+            or h < 1 or hkv < 1 or h % hkv):
         raise InputError(f"heads={h!r} must be a positive multiple of kv_heads={hkv!r}")
     if wq.dim() != 2 or wq.shape[1] != hidden or wq.shape[0] % h:
         raise InputError(f"wq must be [heads·d, hidden={hidden}], got {list(wq.shape)}")

@@ -181,6 +181,7 @@ def _check_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale=No
         dtype, cache_dtype, device = key.dtype, key_cache.dtype, key.get_device()
         if (len(shape) == 3 and len(cache_shape) == 4 and value.shape == shape and value_cache.shape == cache_shape
                 and cache_shape[2] == shape[1] and cache_shape[3] == shape[2]
+                and shape[1] > 0 and shape[2] > 0 and cache_shape[1] > 0
                 and slot_mapping.dim() == 1 and slot_mapping.shape[0] == shape[0]
                 and value.dtype == dtype and value_cache.dtype == cache_dtype
                 and slot_mapping.dtype in SLOT_DTYPES
@@ -245,6 +246,10 @@ def _explain_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale=
         raise InputError(
             f"key/value have {hkv} kv heads × head dim {d}, the cache has {cache_hkv} × {cache_d}"
         )
+    if hkv == 0 or d == 0:
+        raise InputError(f"key/value have {hkv} kv heads × head dim {d}; both must be ≥ 1")
+    if block_size == 0:
+        raise InputError(f"the caches' block_size is 0 (shape {list(key_cache.shape)}); it must be ≥ 1")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != t:
         raise InputError(
             f"slot_mapping must be 1-D with one slot per token ({t}), got shape {list(slot_mapping.shape)}"
@@ -254,14 +259,15 @@ def _explain_metadata(key, value, key_cache, value_cache, slot_mapping, k_scale=
 
 
 def _check_values(key, key_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
-    """The check mode's value checks: every slot inside the cache, and an fp8 cache's scales
-    positive and finite (one reduction each, one sync)."""
+    """The check mode's value checks: every slot inside the cache, no slot (padding aside) given
+    to two tokens, and an fp8 cache's scales positive and finite (a few reductions, one sync)."""
     if key.shape[0] == 0:
         return
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     capacity = num_blocks * block_size
-    largest, bad_scale = torch.stack([slot_mapping.max().to(torch.int64),
-                                      _fp8.bad_scales(k_scale, v_scale, key.device)]).tolist()
+    largest, duplicate, bad_scale = torch.stack([slot_mapping.max().to(torch.int64),
+                                                 _duplicate_slot(slot_mapping),
+                                                 _fp8.bad_scales(k_scale, v_scale, key.device)]).tolist()
     if bad_scale:
         raise InputError(_fp8.BAD_SCALE_MESSAGE)
     if largest >= capacity:
@@ -269,6 +275,20 @@ def _check_values(key, key_cache, slot_mapping, k_scale=None, v_scale=None) -> N
             f"slot_mapping holds slot {largest}, past the cache's {capacity} slots "
             f"({num_blocks} blocks × {block_size}); valid slots are 0..{capacity - 1}, negative = skip"
         )
+    if duplicate >= 0:
+        raise InputError(
+            f"slot_mapping gives slot {duplicate} to more than one token; slots must be distinct "
+            "(only negative padding slots may repeat): two writes to one slot race"
+        )
+
+
+def _duplicate_slot(slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The largest slot that two or more tokens share, as an int64 scalar on the device, −1 if
+    none: sorted, a repeat is an entry equal to its neighbour. Negative slots are padding (never
+    written), so they may repeat."""
+    ordered = slot_mapping.to(torch.int64).sort().values
+    repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)
+    return torch.where(repeated, ordered[1:], -1).amax() if ordered.shape[0] > 1 else ordered.new_full((), -1)
 
 
 _WRITE = DirectLauncher(_kv_cache_write)

@@ -469,7 +469,8 @@ def _quotas(modality: torch.Tensor, keep_ratio: Mapping, recent: int) -> torch.T
         m = _modality_of(key)
         if m is Modality.TEXT:
             raise InputError("text is always kept whole; give keep_ratio for image, audio or video")
-        if not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) <= 1.0:
+        # A bool is an int to Python, but True is no share: it was taken as 1.0 (NaN fails the range).
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= float(ratio) <= 1.0:
             raise InputError(f"keep_ratio[{m.name.lower()}] = {ratio!r}; use a number in [0, 1]")
         ratios[m] = float(ratio)
     n = modality.shape[1]
@@ -494,6 +495,20 @@ def _refuse_fp8(*tensors: torch.Tensor) -> None:
                              "before quantizing it, or dequantize first (omnitune.kernels._fp8.dequantize)")
 
 
+def _check_dims(b: int, h: int, hkv: int, w: int, n: int, d: int) -> None:
+    """The sizes compress_kv and kv_importance both need: a batch, heads, a supported head dim and
+    a window of 1..n queries (an empty batch or no heads was a ValueError from the problem, a head
+    dim of 0 a ZeroDivisionError, a window longer than the sequence taken by kv_importance)."""
+    if b == 0:
+        raise InputError("the batch is empty (B = 0)")
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        raise InputError(f"head dim {d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
+    if h == 0 or hkv == 0 or h % hkv:
+        raise InputError(f"q_window heads ({h}) must be a positive multiple of k/v heads ({hkv})")
+    if not 1 <= w <= n:
+        raise InputError(f"the observation window has {w} queries; use 1..{n} (the sequence length)")
+
+
 def _check_inputs(q_window, k, v, modality, recent) -> None:
     named = (("q_window", q_window), ("k", k), ("v", v), ("modality", modality))
     for name, t in named:
@@ -516,17 +531,12 @@ def _check_inputs(q_window, k, v, modality, recent) -> None:
     bk, hkv, n, dk = k.shape
     if bk != b or dk != d:
         raise InputError(f"q_window is [B={b}, ..., D={d}] but k/v are [B={bk}, ..., D={dk}]")
-    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-        raise InputError(f"head dim {d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
-    if hkv == 0 or h % hkv:
-        raise InputError(f"q_window heads ({h}) must be a multiple of k/v heads ({hkv})")
-    if not 1 <= w <= n:
-        raise InputError(f"the observation window has {w} queries; use 1..{n} (the sequence length)")
+    _check_dims(b, h, hkv, w, n, d)
     if modality.shape != (b, n) or modality.dtype.is_floating_point or modality.dtype == torch.bool:
         raise InputError(
             f"modality must be an integer tensor [B={b}, N={n}], got {modality.dtype} {list(modality.shape)}"
         )
-    if not isinstance(recent, int) or not 0 <= recent <= n:
+    if not isinstance(recent, int) or isinstance(recent, bool) or not 0 <= recent <= n:  # True is no count
         raise InputError(f"recent={recent!r}; use an integer in 0..{n}")
     require_runnable_device(q_window)
     bad_value, window_not_text = torch.stack([
@@ -992,7 +1002,8 @@ SPEC = KernelSpec(
 def kv_importance(q_window: torch.Tensor, k: torch.Tensor, *, sm_scale: float | None = None,
                   config: Config | dict | None = None) -> torch.Tensor:
     """The attention each key of k [B, Hkv, N, D] receives from the observation window q_window
-    [B, H, W, D], averaged over the window rows and each GQA group's heads: [B, Hkv, N] fp32 —
+    [B, H, W, D] (1 ≤ W ≤ N, as compress_kv), averaged over the window rows and each GQA group's
+    heads: [B, Hkv, N] fp32 —
     compress_kv's first step, the part that is a torch.library op (torch.ops.omnitune.kv_importance).
     config: BLOCK_N, num_warps and num_stages of a kv_compress config; None takes the default."""
     if torch.compiler.is_compiling():
@@ -1020,6 +1031,7 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     if k.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         # An integer or bool k reached the kernel and failed there (an AssertionError inside tl.dot).
         raise InputError(f"unsupported dtype {k.dtype}; use float16, bfloat16 or float32")
+    _check_dims(b, h, k.shape[1], w, k.shape[2], d)  # as compress_kv: a window past the sequence too
     require_runnable_device(k)
     sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf
     n = max(k.shape[2], 16)

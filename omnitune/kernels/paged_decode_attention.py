@@ -434,7 +434,7 @@ def _check_metadata(q, key_cache, value_cache, block_tables, context_lens, k_sca
                 and value_cache.shape == cache_shape and cache_shape[3] == shape[3]
                 and MIN_HEAD_DIM <= shape[3] <= MAX_HEAD_DIM and 1 <= shape[2] <= MAX_QUERY_TOKENS
                 and shape[0] > 0 and cache_shape[0] > 0 and cache_shape[1] > 0 and cache_shape[2] > 0
-                and shape[1] % cache_shape[2] == 0 and table_shape[0] == shape[0] and table_shape[1] > 0
+                and shape[1] > 0 and shape[1] % cache_shape[2] == 0 and table_shape[0] == shape[0] and table_shape[1] > 0
                 and context_lens.dim() == 1 and context_lens.shape[0] == shape[0]
                 and dtype in _FLOATS and value_cache.dtype == cache_dtype
                 and block_tables.dtype == torch.int32 and context_lens.dtype == torch.int32
@@ -489,8 +489,8 @@ def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens, k_s
         raise InputError(f"head dims differ: q has {d}, the cache has {cache_d}")
     if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
         raise InputError(f"head dim {d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
-    if hkv == 0 or h % hkv:
-        raise InputError(f"q heads ({h}) must be a multiple of the cache's kv heads ({hkv})")
+    if h == 0 or hkv == 0 or h % hkv:
+        raise InputError(f"q heads ({h}) must be a positive multiple of the cache's kv heads ({hkv})")
     if not 1 <= lq <= MAX_QUERY_TOKENS:
         raise InputError(f"q holds {lq} query tokens per sequence; decode takes 1..{MAX_QUERY_TOKENS}")
     if b == 0:
