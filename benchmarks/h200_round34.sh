@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U|P|V]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U|P|V|TV]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -45,6 +45,8 @@
 #    fp8 transposed-dots variant's few-warps sweeps beside bf16 at batch 64, 4k and 16k).
 # V: on an H200 round 32's V (as P's second half); elsewhere ops_bench (the public ops, eager with
 #    host time and as graph replays, beside PyTorch called the same way) after the ops' new checks.
+# TV: on an H200 round 32's V first; then, on any card, the gpu tests of the ops after their second
+#    round of input checks (duplicate slots, causal, bools as counts, empty batches).
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -53,6 +55,15 @@ if [ "${1:-}" = P ]; then  # any card: the one gpu test the first half of U left
   step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py
   # On an H200, with too little device time left for S: S's measurement in short (round 32's V).
   [ "$card" = h200 ] && exec bash "$(dirname "$0")/h200_round32.sh" V
+  exit 0
+fi
+if [ "${1:-}" = TV ]; then  # the ops' gpu tests after the second round of input checks; on an H200 S in short first
+  if [ "$card" = h200 ]; then
+    started=$(date +%s) bash "$(dirname "$0")/h200_round32.sh" V
+  fi
+  step "$(left 560)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_kv_cache_write.py tests/test_attention.py \
+    tests/test_kv_compress.py tests/test_cross_attention_layer.py tests/test_paged_decode_attention.py \
+    tests/test_production_ops.py tests/test_production_ops_gpu.py
   exit 0
 fi
 if [ "${1:-}" = V ]; then  # S in short on an H200 (round 32's V); elsewhere the public ops as users call them
