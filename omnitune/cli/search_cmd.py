@@ -25,6 +25,7 @@ from omnitune.cli.common import (
     load_spec,
     parse_problems,
     parse_tries,
+    preset_kernel_names,
     search_dtype,
     search_dtype_names,
     search_dtype_option,
@@ -372,7 +373,6 @@ def _targets(kernel: str | None, shapes: list[str], model: str | None, kernels: 
              dtype: str | None, interpret: bool, quiet: bool = False) -> list[_SearchTarget]:
     """What to search: the kernel's --shape problems, or every problem of a model preset. `quiet`:
     say nothing of kernels skipped (a lane, whose session says it)."""
-    from omnitune.cli.common import preset_kernel_names
     from omnitune.presets import get_presets, models_problems, parse_kernels
 
     if shapes and model:
