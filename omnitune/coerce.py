@@ -23,6 +23,9 @@ and no tuned table holds anything near it, so a larger value is a caller's mista
 table), not a problem to answer with a default config."""
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]{1,20}")  # ASCII digits only: no '_', no fullwidth digits
+# ASCII digits of any length: text _INT_TEXT refuses only for its length is a number too large,
+# not a spelling mistake. Matching is linear; the digits are counted, never converted.
+_LONG_INT_TEXT = re.compile(r"[+-]?[0-9]+")
 _FLOAT_TEXT = re.compile(r"[+-]?([0-9]{1,30}(\.[0-9]{0,30})?|\.[0-9]{1,30})([eE][+-]?[0-9]{1,3})?")
 _TRUE_WORDS = ("1", "true", "yes", "y")
 _FALSE_WORDS = ("0", "false", "no", "n")
@@ -45,6 +48,9 @@ def as_int(value: Any, *, strings: bool = True) -> int:
     elif isinstance(value, str):
         text = value.strip()
         if not strings or not _INT_TEXT.fullmatch(text):
+            if strings and _LONG_INT_TEXT.fullmatch(text):
+                raise ValueError(f"out of range: {len(text.lstrip('+-'))} digits, too large "
+                                 f"(at most {MAX_DIMENSION:,} = 2**31 - 1)")
             raise ValueError("not an integer written in ASCII digits")
         number = int(text)
     elif isinstance(value, float):

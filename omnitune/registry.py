@@ -105,6 +105,8 @@ def all_specs() -> list[KernelSpec]:
 
 
 def _import_file(path: Path):
+    if path.is_dir():  # "does not exist" would be wrong: something is there, just not a file
+        raise UnknownKernelError(f"kernel file {str(path)!r} is a folder, not a kernel file")
     if not path.is_file():
         raise UnknownKernelError(f"kernel file {str(path)!r} does not exist")
     mod_name = f"{USER_FILE_MODULE_PREFIX}{path.stem}"

@@ -111,9 +111,12 @@ def load_spec(kernel: str, interpret: bool = False) -> KernelSpec:
         return get_spec(kernel)
     except OmnituneError:
         raise
-    except Exception as exc:  # whatever the user's module raises while it is imported
+    except (Exception, SystemExit) as exc:  # whatever the user's module raises while it is imported
         # A kernel file or module of the user's own that cannot be imported (a syntax error, an
         # exception at import, a missing dependency) is the user's to fix: one line naming it.
+        # SystemExit too: a module that calls sys.exit() at import (a script's `if` gone wrong)
+        # would otherwise end the CLI with its code and no word. (Not KeyboardInterrupt: Ctrl-C
+        # is the user's own, not their module's failure.)
         # Chained, so that --debug still shows where in their module it failed.
         raise UnknownKernelError(f"cannot import kernel {kernel!r}: {one_line(exc)}; "
                                  "run with --debug to see the traceback") from exc

@@ -3,13 +3,15 @@ can be written, that two storages are not one file, that a problem can be held i
 
 Each raises an OmnituneError (one line, exit 2) naming the option at fault. The writability
 checks ask os.access rather than reading mode bits: as root, mode bits allow everything, while a
-read-only mount or an immutable file still refuses — and os.access says so."""
+read-only mount or an immutable file still refuses — and os.access says so. Where os.access says
+yes, a folder is also tried for real (a temporary file made and removed): /proc says yes to root."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,17 @@ def _writable_folder_below(folder: Path, option: str, target: Path) -> None:
         raise OmnituneError(f"cannot write {option} {target}: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
         raise OmnituneError(f"cannot write {option} {target}: {base} is read-only")
+    # os.access can say yes where no file can be made: /proc, /sys (root may "write" them) and
+    # other special filesystems. Making (and removing) a temporary file there is the real test —
+    # what the writes do (write_atomic makes its temporary file in the same folder).
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".omnitune-write-check-", suffix=".tmp", dir=base)
+    except OSError as exc:
+        raise OmnituneError(f"cannot write {option} {target}: cannot create a file in {base} "
+                            f"({exc.strerror or exc})") from None
+    os.close(fd)
+    with suppress(OSError):
+        os.unlink(probe)
 
 
 def require_writable_file(path: Path, option: str) -> None:

@@ -322,6 +322,12 @@ def span_tensor(spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, b: in
     found = _span_tensors.get(key)
     if found is not None:
         return found
+    # operator.index takes True as 1: a bool is no position. Checked here, on a miss only, so the
+    # hit path costs what it did; a bool list equal to an int list already cached ((True, 5) ==
+    # (1, 5), same hash) is still served that entry — refusing it there would cost every call a scan.
+    if any(isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+           for seq in spans for pair in seq for x in pair):
+        raise InputError("mm_spans must hold (start, end) pairs of ints, not booleans")
     if any(not _INT32_MIN <= x <= _INT32_MAX for seq in key[0] for pair in seq for x in pair):
         # The kernel reads int32 spans: a value past that failed in torch's copy below (RuntimeError:
         # value cannot be converted to type int32 without overflow). Checked on a miss only: a cached
