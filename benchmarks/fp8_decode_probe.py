@@ -69,6 +69,17 @@ def _problem(ctx: int, cache: str):
                                   cache_dtype="fp8_e4m3" if cache == "fp8" else "auto")
 
 
+def _config_list(text: str) -> list[tuple[int, int, int, int]]:
+    """--configs: 'S/N/W/ST,...' as (NUM_SPLITS, BLOCK_N, num_warps, num_stages) tuples."""
+    try:
+        rows = [tuple(int(x) for x in item.split("/")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        rows = []
+    if not rows or any(len(row) != 4 for row in rows):
+        raise argparse.ArgumentTypeError(f"{text!r}: give NUM_SPLITS/BLOCK_N/num_warps/num_stages, comma-separated")
+    return rows
+
+
 def _configs(cache: str, args) -> list:
     """The configs swept over one cache, in the order they are timed (the first is the one the
     others' outputs are compared with)."""
@@ -80,6 +91,8 @@ def _configs(cache: str, args) -> list:
         grid = [(2, 64, 4, 2)] if cache == "bf16" else [(2, 64, 4, 2), (2, 64, 4, 3), (2, 128, 4, 3)]
     if args.few_warps:  # the tuned config first: the others' outputs are compared with its
         grid = [TUNED[cache]] + (FEW_WARPS_GRID if cache == "fp8" else [])
+    if args.configs:  # the fp8 configs named, after each cache's tuned config (the reference)
+        grid = [TUNED[cache]] + (args.configs if cache == "fp8" else [])
     fused = (False, True) if args.fused_reduce and cache == "fp8" else (False,)
     rows = [(*grid[0], False)] + [(*g, f) for g in grid[1:] for f in fused]
     return [Config(NUM_SPLITS=splits, BLOCK_N=block_n, num_warps=warps, num_stages=stages, PACK_GQA=True,
@@ -99,6 +112,9 @@ def main(argv=None) -> int:
                         help="bf16's tuned config and three fp8 configs only (a kernel variant checked in a minute)")
     parser.add_argument("--few-warps", action="store_true",
                         help="fp8 over 1-2 warps a program (72 configs) beside each cache's tuned config")
+    parser.add_argument("--configs", type=_config_list, default=None, metavar="S/N/W/ST,...",
+                        help="fp8 configs to sweep instead (NUM_SPLITS/BLOCK_N/num_warps/num_stages each), beside "
+                             "each cache's tuned config: a variant timed in a short call")
     parser.add_argument("--fused-reduce", action="store_true",
                         help="each fp8 config after the first also with FUSED_REDUCE (the combine in the same launch)")
     parser.add_argument("--no-precompile", dest="precompile", action="store_false",
@@ -145,6 +161,9 @@ def main(argv=None) -> int:
                 row["graph_us"] = min(graph_call_us(graph) for _ in range(3))
                 first = first_out.setdefault(name, out.float().clone())
                 row["rel_diff_to_first"] = float((out.float() - first).norm() / first.norm())
+                if name != "bf16" and "bf16" in first_out:  # beside the 16-bit cache's result: a variant's
+                    bf16 = first_out["bf16"]                # error, where rel_diff_to_first compares it with itself
+                    row["rel_diff_to_bf16"] = float((out.float() - bf16).norm() / bf16.norm())
                 if (name, (splits, block_n, warps, stages)) in keep and not fused_reduce:
                     stem = f"{name}_s{splits}_n{block_n}_w{warps}_st{stages}"
                     for kind in ("ttgir", "ptx"):

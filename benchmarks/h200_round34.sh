@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U|P|V|TV]
+# Thirty-fourth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round34.sh [W|G|WG|X|X2|Y|Y1|Y2|Z|TZ|U|P|V|TV|F]
 # On an H200 this call is round 29's S (issue 16), whatever part is asked for (ON_H200_TOO=1 runs the
 # part there instead), as rounds 31-33 were (h200_round32.sh without an argument). On any other
 # card it is the part asked for (none asked for: exit 3).
@@ -47,6 +47,10 @@
 #    host time and as graph replays, beside PyTorch called the same way) after the ops' new checks.
 # TV: on an H200 round 32's V first; then, on any card, the gpu tests of the ops after their second
 #    round of input checks (duplicate slots, causal, bools as counts, empty batches).
+# F (issue 16): on any card, benchmarks/variants/decode_fp8_pv16.patch on top of the transposed dots
+#    (offline for sm_90: 22.06 -> 17.88 instructions a key at 32 keys over one warp): the fp8 gpu tests
+#    with both, then eight one- and two-warp fp8 configs at batch 64, 4k beside bf16's tuned config,
+#    with both and with the transposed dots alone.
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -55,6 +59,19 @@ if [ "${1:-}" = P ]; then  # any card: the one gpu test the first half of U left
   step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py
   # On an H200, with too little device time left for S: S's measurement in short (round 32's V).
   [ "$card" = h200 ] && exec bash "$(dirname "$0")/h200_round32.sh" V
+  exit 0
+fi
+if [ "${1:-}" = F ]; then  # any card: the fp8 PV dot's 16-bit layout (decode_fp8_pv16.patch) on top of the transposed dots
+  swap=benchmarks/variants/decode_fp8_swap_ab.patch pv16=benchmarks/variants/decode_fp8_pv16.patch
+  configs=4/32/1/3,2/32/1/4,4/16/1/4,8/32/1/3,4/64/2/3,8/16/1/3,16/16/1/3,2/64/2/3
+  variant_apply $swap && variant_apply $pv16 || exit 2
+  step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kv_cache.py
+  step 90 python benchmarks/fp8_decode_probe.py --configs $configs --ctx 4096 \
+    --out "$OUT/fp8_decode_${card}_round34_F_pv16_4096.json" --asm /tmp/asm_pv16
+  variant_restore $swap && variant_apply $swap || exit 2
+  step 90 python benchmarks/fp8_decode_probe.py --configs $configs --ctx 4096 \
+    --out "$OUT/fp8_decode_${card}_round34_F_swap_ab_4096.json" --asm /tmp/asm_swap
+  variant_restore $swap
   exit 0
 fi
 if [ "${1:-}" = TV ]; then  # the ops' gpu tests after the second round of input checks; on an H200 S in short first

@@ -46,7 +46,7 @@ def test_the_few_warps_sweep_times_each_cache_tuned_config_first_then_its_grid(f
     """The configs are listed before anything runs (they are compiled first, in parallel): the
     cache's tuned config first, unfused, then over fp8 the 72 few-warps configs (each twice with
     --fused-reduce), all valid for the probe's problem."""
-    args = probe.argparse.Namespace(quick=False, few_warps=True, fused_reduce=fused)
+    args = probe.argparse.Namespace(quick=False, few_warps=True, fused_reduce=fused, configs=None)
     for cache in ("bf16", "fp8"):
         configs = probe._configs(cache, args)
         first = configs[0]
@@ -58,3 +58,14 @@ def test_the_few_warps_sweep_times_each_cache_tuned_config_first_then_its_grid(f
         problem = probe._problem(4096, cache)
         assert problem.cache_dtype == ("fp8_e4m3" if cache == "fp8" else "auto")
         assert all(not pda.SPEC.violations(problem, c, torch.bfloat16) for c in configs)
+
+
+def test_configs_names_the_fp8_configs_swept_beside_each_cache_tuned_one():
+    args = probe.argparse.Namespace(quick=False, few_warps=False, fused_reduce=False,
+                                    configs=probe._config_list("4/32/1/3, 8/16/1/4"))
+    assert [tuple(c[k] for k in ("NUM_SPLITS", "BLOCK_N", "num_warps", "num_stages"))
+            for c in probe._configs("fp8", args)] == [probe.TUNED["fp8"], (4, 32, 1, 3), (8, 16, 1, 4)]
+    assert len(probe._configs("bf16", args)) == 1
+    for bad in ("", "4/32/1", "4/32/one/3"):
+        with pytest.raises(probe.argparse.ArgumentTypeError):
+            probe._config_list(bad)
