@@ -52,6 +52,13 @@ def flag(value, name: str) -> bool:
     raise InputError(f"{name} must be a bool (True or False), got {type(value).__name__} {describe(value)}")
 
 
+def require_head_groups(h: int, hkv: int, q_name: str = "q", kv_name: str = "k/v") -> None:
+    """GQA's shape: h query heads in equal groups over hkv ≥ 1 kv heads (zero heads, or a count
+    that does not divide, is an InputError naming both)."""
+    if h <= 0 or hkv <= 0 or h % hkv:
+        raise InputError(f"{q_name} heads ({h}) must be a positive multiple of {kv_name} heads ({hkv})")
+
+
 def cdiv(a: int, b: int) -> int:
     """⌈a / b⌉ for the host's per-call paths: triton.cdiv is a ConstexprFunction whose host call
     costs ~2.7 µs (the development CPU), where this costs a division."""

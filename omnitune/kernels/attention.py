@@ -47,7 +47,7 @@ from torch.nn.attention import sdpa_kernel as _sdpa_kernel
 
 from omnitune.errors import InputError, one_line
 from omnitune.kernels import _dispatch
-from omnitune.kernels._host import LOG2E, flag, seeded_rand, softmax_scale
+from omnitune.kernels._host import LOG2E, flag, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.runtime import _device_limits
 from omnitune.spec import (
@@ -407,8 +407,7 @@ def _explain_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise InputError(f"head dim {d} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
     if b == 0:
         raise InputError("the batch is empty (B = 0)")
-    if h == 0 or hkv == 0 or h % hkv:
-        raise InputError(f"q heads ({h}) must be a positive multiple of k/v heads ({hkv})")
+    require_head_groups(h, hkv)
     if q.shape[2] == 0 or k.shape[2] == 0:
         raise InputError("sequence lengths must be ≥ 1")
     require_runnable_device(q)

@@ -82,7 +82,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.kernels._host import LOG2E, cdiv, seeded_rand, softmax_scale
+from omnitune.kernels._host import LOG2E, cdiv, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.spec import (
     Config,
@@ -503,8 +503,7 @@ def _check_dims(b: int, h: int, hkv: int, w: int, n: int, d: int) -> None:
         raise InputError("the batch is empty (B = 0)")
     if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
         raise InputError(f"head dim {d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
-    if h == 0 or hkv == 0 or h % hkv:
-        raise InputError(f"q_window heads ({h}) must be a positive multiple of k/v heads ({hkv})")
+    require_head_groups(h, hkv, "q_window")
     if not 1 <= w <= n:
         raise InputError(f"the observation window has {w} queries; use 1..{n} (the sequence length)")
 

@@ -61,7 +61,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
-from omnitune.kernels._host import LOG2E, seeded_rand, softmax_scale
+from omnitune.kernels._host import LOG2E, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, FixedLaunch, PlanCache, bounded_put
 from omnitune.kernels._launch import _current_device, _raw_stream
 from omnitune.kernels import _launch as launching
@@ -489,8 +489,7 @@ def _explain_metadata(q, key_cache, value_cache, block_tables, context_lens, k_s
         raise InputError(f"head dims differ: q has {d}, the cache has {cache_d}")
     if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
         raise InputError(f"head dim {d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
-    if h == 0 or hkv == 0 or h % hkv:
-        raise InputError(f"q heads ({h}) must be a positive multiple of the cache's kv heads ({hkv})")
+    require_head_groups(h, hkv, kv_name="the cache's kv")
     if not 1 <= lq <= MAX_QUERY_TOKENS:
         raise InputError(f"q holds {lq} query tokens per sequence; decode takes 1..{MAX_QUERY_TOKENS}")
     if b == 0:
