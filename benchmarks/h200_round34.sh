@@ -50,7 +50,7 @@
 # F (issue 16): on any card, benchmarks/variants/decode_fp8_pv16.patch on top of the transposed dots
 #    (offline for sm_90: 22.06 -> 17.88 instructions a key at 32 keys over one warp): the fp8 gpu tests
 #    with both, then eight one- and two-warp fp8 configs at batch 64, 4k beside bf16's tuned config,
-#    with both and with the transposed dots alone.
+#    with both and with the transposed dots alone (on an H200 at 16k too).
 # G: the gpu-marked tests of round 33's change (the session's re-timing after the lanes), not run
 #    since its last refactor, and of the lanes.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
@@ -64,13 +64,19 @@ fi
 if [ "${1:-}" = F ]; then  # any card: the fp8 PV dot's 16-bit layout (decode_fp8_pv16.patch) on top of the transposed dots
   swap=benchmarks/variants/decode_fp8_swap_ab.patch pv16=benchmarks/variants/decode_fp8_pv16.patch
   configs=4/32/1/3,2/32/1/4,4/16/1/4,8/32/1/3,4/64/2/3,8/16/1/3,16/16/1/3,2/64/2/3
+  ctxs=4096; [ "$card" = h200 ] && ctxs="4096 16384"  # issue 16 is judged at both, on the H200
+  fp8_probes() {  # fp8_probes NAME: the configs at each context, into $OUT/fp8_decode_${card}_round34_F_NAME_CTX.json
+    local ctx
+    for ctx in $ctxs; do
+      step 90 python benchmarks/fp8_decode_probe.py --configs $configs --ctx $ctx \
+        --out "$OUT/fp8_decode_${card}_round34_F_$1_$ctx.json" --asm "/tmp/asm_$1"
+    done
+  }
   variant_apply $swap && variant_apply $pv16 || exit 2
   step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kv_cache.py
-  step 90 python benchmarks/fp8_decode_probe.py --configs $configs --ctx 4096 \
-    --out "$OUT/fp8_decode_${card}_round34_F_pv16_4096.json" --asm /tmp/asm_pv16
+  fp8_probes pv16
   variant_restore $swap && variant_apply $swap || exit 2
-  step 90 python benchmarks/fp8_decode_probe.py --configs $configs --ctx 4096 \
-    --out "$OUT/fp8_decode_${card}_round34_F_swap_ab_4096.json" --asm /tmp/asm_swap
+  fp8_probes swap_ab
   variant_restore $swap
   exit 0
 fi
