@@ -92,7 +92,10 @@ app = typer.Typer(
     cls=_OmnituneGroup,
     name="omnitune",
     help="Autotune and profile Triton kernels for multimodal LLM inference.\n\n"
-    "search → report → export on the target GPU; omnitune.runtime serves the exported tables.",
+    "search → report → export on the target GPU; omnitune.runtime serves the exported tables. "
+    "Each command has its own --help.\n\n"
+    "The results database is --db, else $OMNITUNE_DB, else ./omnitune.db; the runtime (and lookup, "
+    "verify) reads the tables in $OMNITUNE_CONFIG_DIR before the shipped tuned_configs/.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -102,7 +105,8 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors. Goes before "
+                               "the command: omnitune --debug search ..."),
 ) -> None:
     _state["debug"] = debug
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from omnitune.cli import preflight
 from omnitune.cli._app import app
 from omnitune.cli.common import (
+    SHAPE_HELP,
     console,
     interpret_option,
     load_spec,
@@ -31,16 +32,46 @@ def _fmt(x: float, spec: str) -> str:
 @app.command()
 def bench(
     kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
-    shape: list[str] = typer.Option(..., "--shape", "-s", help="Problem, e.g. b=8,h=28,hkv=4,lq=512,lk=4096,d=128. Repeatable."),
-    causal: bool = typer.Option(None, "--causal/--no-causal", help="Override the shape's causal flag (attention kernels)."),
-    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32."),
-    config: list[str] = typer.Option([], "--config", "-c", help="Launch config as JSON (or a JSON file); missing keys take the default's values. Repeatable. Without it: the tuned config (if any) and the default."),
-    baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Time the spec's baselines (e.g. every SDPA backend) too."),
-    energy: bool = typer.Option(True, "--energy/--no-energy", help="Also measure the energy each row draws per call: NVML's energy counter over ≥0.5 s of back-to-back calls (L2 warm). About 1 s per row."),
-    json_out: Path = typer.Option(None, "--json", help="Also write every row, with device facts, to this JSON file."),
-    interpret: bool = interpret_option(" Only the correctness part runs."),
+    shape: list[str] = typer.Option(
+        ..., "--shape", "-s",
+        help="Problem to bench, as name=value pairs, e.g. b=8,h=28,hkv=4,lq=512,lk=4096,d=128; " + SHAPE_HELP
+        + " Repeatable: one table per shape.",
+    ),
+    causal: bool = typer.Option(
+        None, "--causal/--no-causal", show_default=False,
+        help="Override the causal flag of every --shape. Only for kernels whose shapes have one (attention); "
+        "refused for the others. \\[default: each shape's own]",
+    ),
+    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32. With --interpret give fp16 or fp32: "
+                              "the default, bf16, is refused there."),
+    config: list[str] = typer.Option(
+        [], "--config", "-c",
+        help="Launch config to bench, as JSON (or a JSON file), e.g. --config '{\"BLOCK_M\": 64}'; missing keys take "
+        "the default config's values. Repeatable: each is a row. Without it: the config omnitune.runtime would "
+        "choose (see omnitune lookup), if a table answers, and the default.", show_default=False,
+    ),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines",
+                                   help="Also verify and time the spec's PyTorch baselines (e.g. every SDPA backend). "
+                                   "Not under --interpret."),
+    energy: bool = typer.Option(
+        True, "--energy/--no-energy",
+        help="Also measure the energy each row draws per call (mJ, and mean W): NVML's energy counter over ≥0.5 s "
+        "of back-to-back calls (L2 warm). About 1 s per row. Not under --interpret.",
+    ),
+    json_out: Path = typer.Option(None, "--json", metavar="FILE", show_default=False,
+                                  help="Also write every row, with the device's facts and the kernel's source hash, "
+                                  "to FILE (replaced if it exists; checked writable before the bench runs)."),
+    interpret: bool = interpret_option(" Only our configs' correctness is checked: no times, baselines or energy; "
+                                       "fp16 or fp32 only."),
 ) -> None:
-    """Verify our kernel against the reference and time it beside PyTorch's baselines."""
+    """Verify our kernel against the reference and time it beside PyTorch's baselines.
+
+    Per --shape, one table: a row per config (without --config, the tuned one and the default) and per
+    baseline, each checked against the reference (rel err) and timed (median ms of up to 50 calls, L2
+    flushed, with p20–p80), with its TFLOP/s, TB/s and how much slower it is than our fastest row. Nothing
+    is written to the results database. Needs a GPU, or --interpret for the correctness check alone.
+
+    Example: omnitune bench attention --shape b=1,h=28,hkv=4,l=8192,d=128,causal=1"""
     import torch
 
     spec = load_spec(kernel, interpret)

@@ -31,6 +31,11 @@ err_console = Console(stderr=True, highlight=False)
 
 DEFAULT_DB = "omnitune.db"
 
+# Help text that several commands share, so that one option reads the same everywhere.
+DB_DEFAULT_HELP = " \\[default: $OMNITUNE_DB, else ./omnitune.db]"
+SHAPE_HELP = ("`omnitune kernels` lists each kernel's fields with an example (the problem key any command prints is "
+              "itself a valid --shape).")
+
 
 def json_number(value: float | None) -> float | None:
     """A number for a command's --json output: JSON has no infinity or NaN, so those are null."""
@@ -232,7 +237,8 @@ def search_dtype_option(help_extra: str = "") -> str:
     """--dtype of the commands that search (search, worker): bf16 on a GPU, fp16 under the
     interpreter (which computes bf16 wrongly)."""
     return typer.Option(
-        None, "--dtype", help="fp16, bf16 or fp32." + help_extra + " \\[default: bf16; fp16 with --interpret]",
+        None, "--dtype", help="fp16, bf16 or fp32." + help_extra + " \\[default: bf16; fp16 with --interpret, "
+        "which refuses bf16]",
         show_default=False,
     )
 

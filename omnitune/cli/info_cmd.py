@@ -11,7 +11,8 @@ from omnitune.cli.common import console
 
 @app.command()
 def kernels() -> None:
-    """List every kernel with its tunable parameters and their choices."""
+    """List every built-in kernel: its tunable parameters and their choices, constraints, dtypes,
+    and an example --shape."""
     from omnitune.registry import all_specs
     from omnitune.spec import dtype_name
 
@@ -33,7 +34,9 @@ def kernels() -> None:
 
 @app.command()
 def devices() -> None:
-    """Show the CUDA GPU here: name, compute capability, SMs, memory, L2, driver, versions."""
+    """Show the CUDA GPU here: name, compute capability, SMs, memory, L2, driver, versions.
+
+    Without a visible CUDA GPU it says so, with the library versions, and exits with code 1."""
     from omnitune.profile.device import current_device_facts, software_versions
 
     facts = current_device_facts()

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from omnitune.cli._app import app
-from omnitune.cli.common import console, db_path, preset_kernel_names
+from omnitune.cli.common import DB_DEFAULT_HELP, console, db_path, preset_kernel_names
 from omnitune.cli.plan_rates import ASSUMED, SECONDS_PER_TRIAL, SETUP_S_PER_PROBLEM, Rates, measured_rates
 from omnitune.cli.search_lanes import DEFAULT_LANES
 from omnitune.durations import human_duration
@@ -54,15 +54,20 @@ def plan_kernel(kernel: str, problems, dtype: torch.dtype, trials: int, rates: R
 
 @app.command()
 def plan(
-    model: str = typer.Option(..., "--model", help="A model preset, e.g. qwen2.5-omni-7b."),
+    model: str = typer.Option(..., "--model", help="One model preset, e.g. qwen2.5-omni-7b (an unknown name lists "
+                              "them; unlike search, not several)."),
     kernels: str = typer.Option(
-        None, "--kernels", help="Comma-separated kernels. \\[default: every kernel of the preset]", show_default=False,
+        None, "--kernels", metavar="K1,K2", help="Only these kernels, comma-separated. "
+        "\\[default: every kernel of the preset]", show_default=False,
     ),
-    trials: int = typer.Option(50, "--trials", "-n", min=1, help="Trial budget per problem, as for search."),
-    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32 (constraints depend on it)."),
+    trials: int = typer.Option(50, "--trials", "-n", min=1, help="Configs to measure per problem, as search's "
+                               "--trials (a problem with fewer valid configs gets that many)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32 (the valid configs depend on it); one "
+                              "dtype, unlike search."),
     db: str = typer.Option(
-        None, "--db", help="Results database whose searches give the time per trial and per problem. "
-        "\\[default: $OMNITUNE_DB or ./omnitune.db]", show_default=False,
+        None, "--db", help="Results database whose past searches give the time per trial and per problem; only "
+        f"read. Without such searches, {SECONDS_PER_TRIAL:g} s per trial and {SETUP_S_PER_PROBLEM:g} s per problem "
+        "are assumed." + DB_DEFAULT_HELP, show_default=False,
     ),
     coverage: bool = typer.Option(
         False, "--coverage", help="Instead: look each problem up in the tables the runtime reads (for --device) "
@@ -70,8 +75,9 @@ def plan(
         "a nearest entry, farthest first — each with its omnitune search command.",
     ),
     device: str = typer.Option(
-        None, "--device", help="With --coverage: the GPU whose tables to read, as torch names it, e.g. 'NVIDIA H200'. "
-        "\\[default: this machine's GPU]", show_default=False,
+        None, "--device", help="With --coverage: the GPU whose tables to read, as torch names it, e.g. 'NVIDIA H200' "
+        "(or as the table files are named, NVIDIA_H200). Required without a GPU. \\[default: this machine's GPU]",
+        show_default=False,
     ),
     top: int = typer.Option(
         None, "--top", min=1, help="With --coverage: list only the N largest gaps. \\[default: every gap]",
@@ -83,11 +89,13 @@ def plan(
     ),
 ) -> None:
     """Show what `omnitune search --model` would search, how long it should take, and which tables
-    `omnitune export` would write. Touches no GPU.
+    `omnitune export` would write. Touches no GPU and writes nothing.
 
     With --coverage: which rung of the runtime's chain (exact, nearest, predictor, default) answers
     each of the preset's problems from the tables, why, and the searches that would close the
-    largest gaps first."""
+    largest gaps first.
+
+    Example: omnitune plan --model qwen2.5-omni-7b --coverage --device 'NVIDIA H200' --top 10"""
     import torch
     from omnitune.errors import OmnituneError
     from omnitune.presets import get_preset, preset_problems

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from omnitune.cli import preflight
 from omnitune.cli._app import app
-from omnitune.cli.common import console, db_path, load_spec, parse_config_option, parse_dtype_option, parse_problems
+from omnitune.cli.common import (DB_DEFAULT_HELP, SHAPE_HELP, console, db_path, load_spec, parse_config_option,
+                                  parse_dtype_option, parse_problems)
 from omnitune.errors import ConfigError, DeviceError
 
 if TYPE_CHECKING:
@@ -20,7 +21,10 @@ if TYPE_CHECKING:
 
     from omnitune.spec import Config, KernelSpec
 
-_DB_HELP = "Results database (default: $OMNITUNE_DB or ./omnitune.db)."
+_CALIBRATE_DB_HELP = ("Results database the ceilings are stored in (created if missing); a rerun replaces this GPU's "
+                      "previous ones." + DB_DEFAULT_HELP)
+_PROFILE_DB_HELP = ("Results database the profile is added to (created if missing; see omnitune report), and where "
+                    "--config tuned looks when no table answers." + DB_DEFAULT_HELP)
 _UNITS = {"copy_tbps": "TB/s", "matmul_bf16_tflops": "TFLOP/s", "matmul_fp16_tflops": "TFLOP/s",
           "matmul_tf32_tflops": "TFLOP/s"}
 
@@ -33,10 +37,11 @@ def _require_gpu(what: str) -> None:
 
 
 @app.command("calibrate")
-def calibrate_cmd(db: str = typer.Option(None, "--db", help=_DB_HELP)) -> None:
+def calibrate_cmd(db: str = typer.Option(None, "--db", help=_CALIBRATE_DB_HELP, show_default=False)) -> None:
     """Measure and store this GPU's ceilings: copy bandwidth, bf16/fp16/tf32 matmul rates.
 
-    They are the roofs that achieved TB/s and TFLOP/s are read against (about 10 s)."""
+    They are the roofs that achieved TB/s and TFLOP/s are read against in omnitune report (and the
+    roofline of its --plot). Takes about 10 s, on a GPU."""
     _require_gpu("calibration")
     preflight.require_writable_file(db_path(db), "--db")  # before the measuring, not after it
     from omnitune.profile.calibrate import calibrate
@@ -128,17 +133,24 @@ def _pct(value: float | None) -> str:
 @app.command("profile")
 def profile_cmd(
     kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
-    shape: str = typer.Option(..., "--shape", "-s", help="Problem, e.g. b=8,h=28,hkv=4,lq=512,lk=4096,d=128."),
+    shape: str = typer.Option(
+        ..., "--shape", "-s",
+        help="Problem to profile, as name=value pairs, e.g. b=8,h=28,hkv=4,lq=512,lk=4096,d=128; " + SHAPE_HELP,
+    ),
     dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32."),
     config: str = typer.Option("tuned", "--config", "-c",
-                               help="tuned (the exported table's, else the database's best), default, "
-                               "or a config as JSON (or a JSON file)."),
-    db: str = typer.Option(None, "--db", help=_DB_HELP),
-    launches: int = typer.Option(3, "--launches", min=1, help="Kernel calls to profile; their counters are averaged."),
+                               help="tuned (the config omnitune.runtime would choose from the tables, see omnitune "
+                               "lookup; when only the default would answer, the database's best for this exact "
+                               "shape), default, or a config as JSON (or a JSON file) whose missing keys take the "
+                               "default config's values."),
+    db: str = typer.Option(None, "--db", help=_PROFILE_DB_HELP, show_default=False),
+    launches: int = typer.Option(3, "--launches", min=1,
+                                 help="Kernel calls to profile; their counters are averaged."),
 ) -> None:
     """Profile one config with Nsight Compute: cache hit rates, DRAM throughput, occupancy.
 
-    Also the kernel's duration. Needs a GPU, and ncu allowed to read the performance counters."""
+    Also the kernel's duration. Needs a GPU, and ncu on PATH, allowed to read the performance
+    counters. The profile is stored in --db, beside those of earlier runs, for omnitune report."""
     import torch
 
     from omnitune.spec import dtype_name

@@ -18,6 +18,8 @@ from rich.markup import escape
 from omnitune.cli import preflight
 from omnitune.cli._app import app
 from omnitune.cli.common import (
+    DB_DEFAULT_HELP,
+    SHAPE_HELP,
     console,
     db_path,
     err_console,
@@ -60,29 +62,33 @@ def search(
     ),
     shape: list[str] = typer.Option(
         [], "--shape", "-s",
-        help="Problem to tune for, e.g. b=1,h=28,hkv=4,lq=8192,lk=8192,d=128,causal=1. "
-        "Repeatable: one study per shape. Give --shape or --model, not both.",
+        help="Problem to tune for, as name=value pairs, e.g. b=1,h=28,hkv=4,l=8192,d=128,causal=1; " + SHAPE_HELP
+        + " Repeatable: one study per shape (and dtype). Give --shape or --model, not both.",
     ),
     model: str = typer.Option(
         None, "--model",
         help="Search every problem a model preset's traffic gives each kernel (see `omnitune plan --model`), "
-        "instead of --shape. Several presets, comma-separated, are searched in one session, each problem "
-        "once.", show_default=False,
+        "instead of --shape, e.g. qwen2.5-omni-7b. Several presets, comma-separated, are searched in one "
+        "session, each problem once.", show_default=False,
     ),
     kernels: str = typer.Option(
-        None, "--kernels",
-        help="With --model: the kernels to search, comma-separated. \\[default: every kernel of the preset]",
+        None, "--kernels", metavar="K1,K2",
+        help="With --model: the kernels to search, comma-separated (with --shape, name the KERNEL instead). "
+        "\\[default: every kernel of the preset]",
         show_default=False,
     ),
-    dtype: str = search_dtype_option(" Several, comma-separated (bf16,fp16), search every problem in each."),
+    dtype: str = search_dtype_option(" Several, comma-separated (e.g. bf16,fp16): every problem is searched in "
+                                     "each, one study per dtype."),
     trials: int = typer.Option(
         50, "--trials", "-n", min=1,
-        help="Configs to measure per shape, in total: a rerun resumes and counts the configs already measured. "
-        "When the kernel has no more valid configs than this, all of them are measured.",
+        help="Configs to measure per study (one shape in one dtype), in total: a rerun resumes and counts the "
+        "configs already measured. Configs the constraints reject are not counted. When the kernel has no more "
+        "valid configs than this, all of them are measured.",
     ),
     timeout: float = seconds_option(
         None, "--timeout", minimum=0.001,
-        help="Start no new trial after this many seconds (all shapes together); rerun to continue.",
+        help="Start no new trial after this many seconds of the whole session (every shape, kernel and dtype "
+        "together); rerun to continue. \\[default: no limit]",
     ),
     sampler: str = typer.Option(
         "tpe", "--sampler",
@@ -93,12 +99,14 @@ def search(
     seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1,
                              help="Seed of the sampler, for a reproducible search."),
     db: str = typer.Option(
-        None, "--db", help="Results database. \\[default: $OMNITUNE_DB, else ./omnitune.db]", show_default=False,
+        None, "--db", help="Results database the trials and winners are stored in (created if missing; see "
+        "omnitune report)." + DB_DEFAULT_HELP, show_default=False,
     ),
     storage: str = typer.Option(
         None, "--storage",
         help="Optuna storage holding the studies: journal:///path (a journal file, shared by the processes "
-        "of one host), sqlite:///path, or postgresql://host/omnitune to share them between hosts. "
+        "of one host), sqlite:///path, or postgresql://host/omnitune to share them between hosts; not the --db "
+        "file itself. "
         "\\[default: the journal <db stem>.optuna.log beside --db; <db stem>.optuna.db if that SQLite "
         "file is already there]",
         show_default=False,
@@ -119,17 +127,19 @@ def search(
         False, "--isolate",
         help="Measure every candidate in a persistent worker process: a config that crashes it (illegal "
         "memory access, segfault, abort) or hangs past --trial-timeout is recorded as crashed or timeout, "
-        "the worker is replaced, and the search goes on.",
+        "the worker is replaced, and the search goes on. Without it, candidates run in this process. "
+        "With it, --lanes defaults to 1.",
     ),
     trial_timeout: float = seconds_option(
         120.0, "--trial-timeout", minimum=0.1,
         help="With --isolate or --gpus: seconds one trial may take (compile, check and timing) before its worker "
-        "is killed.",
+        "is killed; ignored otherwise.",
     ),
     gpus: str = typer.Option(
         None, "--gpus",
         help="Measure on several GPUs at once, e.g. 0,1: one isolated worker per GPU (implies --isolate), all "
-        "sharing one study trial by trial. With --interpret the numbers only name CPU workers.",
+        "sharing one study trial by trial. Not with --lanes above 1. With --interpret the numbers only name "
+        "CPU workers.",
         show_default=False,
     ),
     precompile: int = typer.Option(
@@ -138,14 +148,15 @@ def search(
         "one: the driver keeps as many proposals queued as there are processes (TPE with its constant liar). "
         "They run at a lower priority than the search. With lanes, each lane gets twice its even share "
         "of them (up to all). 0: off. "
-        "\\[default: the CPU cores less two on a GPU; off with --interpret]",
+        "\\[default: the CPU cores less two (1 to 32) on a GPU; off with --interpret]",
         show_default=False,
     ),
     lanes: int = typer.Option(
         None, "--lanes", min=1,
         help="Search this many problems at once in processes of their own (lanes) that share the GPU: each "
         "problem is searched by one lane, and only one lane at a time runs anything on the GPU, so timings "
-        "stay as exact as with one, while the others choose, store or prepare their next problem. "
+        "stay as exact as with one, while the others choose, store or prepare their next problem; each lane's "
+        "lines start with its number. Never more lanes than problems; not with --gpus. "
         "\\[default: 4 on a GPU with several problems to search; 1 with --interpret, --isolate or --gpus]",
         show_default=False,
     ),
@@ -154,15 +165,19 @@ def search(
     lane_stats: str = typer.Option(None, "--lane-stats", hidden=True,
                                    help="With lanes: write each lane's GPU-lock accounting to this JSON file."),
     lane_index: int = typer.Option(0, "--lane-index", hidden=True),
-    interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
+    interpret: bool = interpret_option(" The dtype is fp16 unless given (bf16 is refused); finalists are not "
+                                       "re-timed and --profile-top does not run."),
 ) -> None:
     """Search a kernel's launch configs for the fastest one that matches the reference.
 
     Every candidate is checked against the reference before it is timed: a wrong config never wins.
     Configs that break a constraint are rejected without touching the GPU.
     The fastest few are then re-timed against each other (--finalists) before one is declared the winner.
-    Results go to the results database (see `omnitune report`).
+    Results go to the results database (--db; see `omnitune report`), the Optuna studies to --storage.
     Ctrl-C keeps every finished trial; rerunning the same command resumes.
+
+    Give a KERNEL and one or more --shape, or a --model preset: omnitune search attention --shape
+    b=1,h=28,hkv=4,lq=1,lk=4096,d=128 --trials 60, or omnitune search --model qwen2.5-omni-7b.
     """
     db_path(db)  # an empty --db is refused before lanes start or anything is checked at length
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -13,16 +13,17 @@ import typer
 
 from omnitune.cli import preflight
 from omnitune.cli._app import app
-from omnitune.cli.common import (console, db_path, json_number, load_spec, parse_dtype_option, parse_problems,
-                                  require_named)
+from omnitune.cli.common import (DB_DEFAULT_HELP, SHAPE_HELP, console, db_path, json_number, load_spec,
+                                  parse_dtype_option, parse_problems, require_named)
 from omnitune.errors import OmnituneError, StoreError
 
 if TYPE_CHECKING:
     from omnitune.export import ExportedFile
 
-_DB_HELP = "Results database (default: $OMNITUNE_DB, else ./omnitune.db)."
-_STORAGE_HELP = ("First bring the database up to date from this Optuna storage (e.g. the postgresql:// URL that "
-                 "omnitune worker processes share): its studies' rows replace theirs in --db.")
+_DB_HELP = "Results database to read (see omnitune search)." + DB_DEFAULT_HELP
+_STORAGE_HELP = ("First bring --db up to date from this Optuna storage (e.g. the postgresql:// URL that omnitune "
+                 "worker processes share): the rows --db holds of its studies are replaced by what the storage "
+                 "holds. Not the --db file itself.")
 
 
 def _import_storage(path: Path, storage: str | None) -> None:
@@ -69,15 +70,17 @@ def _has_results(trials, path: Path, kernel: str | None) -> bool:
 def report(
     db: str = typer.Option(None, "--db", help=_DB_HELP),
     storage: str = typer.Option(None, "--storage", metavar="URL", help=_STORAGE_HELP, show_default=False),
-    kernel: str = typer.Option(None, "--kernel", help="Only this kernel."),
+    kernel: str = typer.Option(None, "--kernel", help="Only this kernel's results.", show_default=False),
     output_format: ReportFormat = typer.Option(
         ReportFormat.TABLE, "--format", case_sensitive=False,
-        help="table (for people), or csv, md, json to stdout for piping.",
+        help="table (for people) or md, csv, json (for documents and scripts), on stdout; csv and json put "
+        "notes on stderr, and print the header or \\[] for an empty database.",
     ),
     plot_text: str = typer.Option(
         None, "--plot", metavar="DIR", show_default=False,
-        help="Also write PNG figures per kernel to DIR: search convergence, launch-parameter importance, "
-        "and the best results on the device's roofline (needs omnitune calibrate).",
+        help="Also write PNG figures per kernel to DIR (created if missing, files of the same name replaced): "
+        "search convergence, launch-parameter importance, and the best results on the device's roofline "
+        "(that one needs omnitune calibrate). Needs matplotlib: pip install 'omnitune\\[plot]'.",
     ),
 ) -> None:
     """Show the best config found per kernel × problem × dtype × device.
@@ -86,7 +89,9 @@ def report(
     TFLOP/s and TB/s with their fraction of the device's measured roofline and which bounds the
     kernel, the default config's time, the speedup.
 
-    Also how many trials ran and which failed, by status; and the ncu profiles stored for each key."""
+    Also how many trials ran and which failed, by status; and the ncu profiles stored for each key.
+
+    Only reads --db (with --storage, updates it first)."""
     from omnitune import report as rpt
 
     path = db_path(db)
@@ -153,9 +158,12 @@ def export(
     db: str = typer.Option(None, "--db", help=_DB_HELP),
     storage: str = typer.Option(None, "--storage", metavar="URL", help=_STORAGE_HELP, show_default=False),
     out_text: str = typer.Option(
-        "tuned_configs", "--out", metavar="FOLDER", help="Folder of the tables: <out>/<kernel>/<device_key>.json."
+        "tuned_configs", "--out", metavar="FOLDER",
+        help="Folder of the tables: <out>/<kernel>/<device_key>.json, relative to the current folder. The "
+        "runtime reads it when it is listed in $OMNITUNE_CONFIG_DIR (or is the tuned_configs/ of omnitune's own "
+        "checkout).",
     ),
-    kernel: str = typer.Option(None, "--kernel", help="Only this kernel."),
+    kernel: str = typer.Option(None, "--kernel", help="Only this kernel's tables.", show_default=False),
     predictor: bool = typer.Option(
         True, "--predictor/--no-predictor",
         help="Fit the predictor block (configs for shapes no entry is near, predicted from every stored trial). "
@@ -167,9 +175,12 @@ def export(
 
     One file per kernel × device: <out>/<kernel>/<device_key>.json.
 
-    Merges into a file already there: entries for keys this database lacks are kept. One measured
-    on other kernel source than the file's kernel_source_hash keeps its own (omnitune verify then
-    fails that entry, not the file's others), said in one note per file."""
+    Merges into a file already there: the database's entries replace those of the same key, and
+    entries for keys this database lacks are kept. One measured on other kernel source than the
+    file's kernel_source_hash keeps its own (omnitune verify then fails that entry, not the file's
+    others), said in one note per file.
+
+    One line per file: wrote, or unchanged (a rerun with nothing new rewrites nothing)."""
     from omnitune.export import export_tables
     from omnitune.report import load_trials
 
@@ -215,11 +226,16 @@ def _other_source_note(f: ExportedFile) -> str:
 
 @app.command()
 def lookup(
-    kernel: str = typer.Argument(..., help="Kernel name (see omnitune kernels)."),
-    shape: str = typer.Option(..., "--shape", help="The problem, e.g. b=1,h=28,hkv=4,lq=1,lk=4096,d=128."),
+    kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
+    shape: str = typer.Option(
+        ..., "--shape",
+        help="The problem of the call, as name=value pairs, e.g. b=1,h=28,hkv=4,lq=1,lk=4096,d=128; " + SHAPE_HELP,
+    ),
     dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32."),
     device: str = typer.Option(
-        None, "--device", help="GPU name as torch reports it, e.g. 'NVIDIA H200' (default: this machine's GPU)."
+        None, "--device", show_default=False,
+        help="The GPU whose tables to read, as torch names it, e.g. 'NVIDIA H200'. \\[default: this machine's GPU; "
+        "without one, no table is read and the default config answers]",
     ),
     as_json: bool = typer.Option(
         False, "--json", help="One JSON object on stdout instead of the lines: for scripts (e.g. a serving "
@@ -231,6 +247,8 @@ def lookup(
     Rungs, in the order the runtime tries them: exact (this shape was tuned), nearest (a tuned shape
     close enough under the kernel's MatchPolicy), predictor (none close enough: predicted from the
     trials of the nearest tuned shapes, kept in the table's predictor block), default (nothing fits).
+
+    The tables are those the runtime reads: $OMNITUNE_CONFIG_DIR, then the shipped tuned_configs/.
     """
     from omnitune.spec import dtype_name
 

@@ -21,30 +21,33 @@ LOG_WIDTH = 160
 def verify(
     tables: list[Path] = typer.Option(
         None, "--tables", metavar="DIR", file_okay=False,
-        help="Folder of tables, <DIR>/<kernel>/<device_key>.json. Repeatable. Default: the folders omnitune.runtime "
-        "reads ($OMNITUNE_CONFIG_DIR, then the shipped tuned_configs/).", show_default=False,
+        help="Folder of tables, <DIR>/<kernel>/<device_key>.json. Repeatable. \\[default: the folders "
+        "omnitune.runtime reads: $OMNITUNE_CONFIG_DIR, then the shipped tuned_configs/]", show_default=False,
     ),
     model: str = typer.Option(
-        None, "--model", help="A preset (see `omnitune plan`): its largest shapes for the memory check, its traffic "
-        "for the soak.", show_default=False,
+        None, "--model", help="One model preset, e.g. qwen2.5-omni-7b (see `omnitune plan`): its largest shapes for "
+        "the memory check, its traffic for the soak. Without it, those parts are skipped.", show_default=False,
     ),
     kernels: str = typer.Option(
-        None, "--kernels", metavar="K1,K2", help="Only these kernels: built-in names, or a module or .py file that "
-        "defines SPEC (a kernel of your own, whose tables are then checked too).", show_default=False,
+        None, "--kernels", metavar="K1,K2", help="Only these kernels, comma-separated: built-in names, or a module or "
+        ".py file that defines SPEC (a kernel of your own, whose tables are then checked too). \\[default: every "
+        "table found]", show_default=False,
     ),
     soak: float = typer.Option(
-        None, "--soak", metavar="MINUTES", help="Also soak: MINUTES of the preset's mixed calls through the public "
-        "ops (needs --model and a GPU).", show_default=False,
+        None, "--soak", metavar="MINUTES", help="Also soak: MINUTES (a positive number, fractions allowed) of the "
+        "preset's mixed calls through the public ops (needs --model and a GPU). \\[default: no soak]",
+        show_default=False,
     ),
-    json_out: Path = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE.",
-                                  show_default=False),
-    fix: bool = typer.Option(False, "--fix", help="Replace every entry slower than its fallback by the fallback, "
-                             "and revalidate a table tuned on older kernel source (on its own GPU, entries right and "
-                             "not slower than their fallback are re-stamped for today's source), rewriting the table "
-                             "as omnitune export does. A same-chip GPU's table served here is never rewritten: its "
-                             "entries slower here go, replaced, into this GPU's own table beside it."),
+    json_out: Path = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE "
+                                  "(replaced if it exists; its format: docs/cli.md).", show_default=False),
+    fix: bool = typer.Option(False, "--fix", help="Rewrite the checked tables in place: replace every entry "
+                             "slower than its fallback by the fallback, and revalidate a table tuned on older kernel "
+                             "source (on its own GPU, entries right and not slower than their fallback are re-stamped "
+                             "for today's source), rewriting the table as omnitune export does. A same-chip GPU's "
+                             "table served here is never rewritten: its entries slower here go, replaced, into this "
+                             "GPU's own table beside it."),
     interpret: bool = interpret_option(" Compatibility and numerics only (small problems derived from the "
-                                       "entries, fp32/fp16); the GPU parts are skipped."),
+                                       "entries; bf16 ones run in fp16); the GPU parts are skipped."),
 ) -> None:
     """Check the tuned tables on this machine: compatibility, numerics, speed, memory, soak.
 
@@ -59,7 +62,11 @@ def verify(
 
     soak (GPU, --model, --soak): mixed production calls, CUDA graphs for decode steps, sampled checks.
 
-    Exit code: 0 when nothing failed, 1 when something did, 2 for a usage error."""
+    Prints a table of every check and the verdict; progress goes to stderr.
+
+    Exit code: 0 when nothing failed (warnings and skipped parts pass), 1 when something did, 2 for a usage error.
+
+    Example: omnitune verify --model qwen2.5-omni-7b --soak 5 --json verify.json"""
     import torch
 
     # Not finite too: a float option takes 'nan' (no soak at all, said nowhere) and 'inf' (a soak

@@ -9,6 +9,8 @@ import typer
 
 from omnitune.cli._app import app
 from omnitune.cli.common import (
+    DB_DEFAULT_HELP,
+    SHAPE_HELP,
     db_path,
     interpret_option,
     search_dtype_option,
@@ -27,13 +29,15 @@ def worker(
     kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
     storage: str = typer.Option(
         ..., "--storage",
-        help="The shared Optuna storage: postgresql://user:password@host:5432/db (psycopg 3: pip install "
-        "'omnitune\\[postgres]'), or sqlite:///path for workers on one host.",
+        help="The shared Optuna storage: a postgresql:// URL, as in the example above (psycopg 3: pip install "
+        "'omnitune\\[postgres]'), or sqlite:///path for workers on one host; not the --db file itself.",
     ),
     shape: list[str] = typer.Option(
-        ..., "--shape", "-s", help="Problem to tune for (repeatable: one study per shape), as for omnitune search.",
+        ..., "--shape", "-s",
+        help="Problem to tune for, as name=value pairs, e.g. b=1,h=28,hkv=4,l=4096,d=128; " + SHAPE_HELP
+        + " Repeatable: one study per shape, searched one after another.",
     ),
-    dtype: str = search_dtype_option(),
+    dtype: str = search_dtype_option(" One dtype per worker."),
     trials: int = typer.Option(
         50, "--trials", "-n", min=1,
         help="The study's total budget, shared by every worker: a worker stops once the measured and running "
@@ -50,7 +54,8 @@ def worker(
                             show_default=False),
     trial_timeout: float = seconds_option(
         120.0, "--trial-timeout", minimum=0.1,
-        help="Seconds one trial may take (compile, check and timing) before the measuring process is killed.",
+        help="Seconds one trial may take (compile, check and timing) before the measuring process is killed; "
+        "ignored with --no-isolate.",
     ),
     isolate: bool = typer.Option(
         True, "--isolate/--no-isolate",
@@ -63,21 +68,25 @@ def worker(
         "its trial is failed and retried once.",
     ),
     db: str = typer.Option(
-        None, "--db", help="Local results database that also gets this worker's rows. \\[default: $OMNITUNE_DB, "
-        "else ./omnitune.db]", show_default=False,
+        None, "--db", help="Local results database that also gets this worker's rows (created if missing)."
+        + DB_DEFAULT_HELP, show_default=False,
     ),
     tries: list[str] = try_option(),
-    interpret: bool = interpret_option(" Use --dtype fp16 or fp32."),
+    interpret: bool = interpret_option(" The dtype is fp16 unless given (bf16 is refused)."),
 ) -> None:
     """Measure configs of a study shared by workers on several hosts.
 
     Every worker joins the study of KERNEL × shape × dtype × device in the storage (the first one
-    creates it) and measures configs in an isolated process until the study holds --trials measured
-    configs: no config is measured twice, and a worker that dies loses only its trial in flight.
+    creates it) and measures configs in an isolated process (unless --no-isolate) until the study
+    holds --trials measured configs: no config is measured twice, and a worker that dies loses only
+    its trial in flight. Start it again, with the same arguments, to go on after Ctrl-C.
 
     The finalists are not re-timed by workers: afterwards run omnitune search with the same
     arguments and --storage on one GPU to re-time them and fill the local database (or
     omnitune report --storage URL to read the results as they are).
+
+    Example, on each host: omnitune worker attention --storage postgresql://user:password@host:5432/omnitune
+    --shape b=1,h=28,hkv=4,l=8192,d=128,causal=1 --trials 200
     """
     from omnitune.cli.common import load_spec, parse_problems, parse_tries, search_dtype
     from omnitune.cli.search_cmd import search_problems
