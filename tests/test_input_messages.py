@@ -159,3 +159,17 @@ def test_a_bool_in_a_span_list_is_an_input_error(spans, monkeypatch):
     # The same spans in ints are taken.
     ints = [[tuple(int(x) for x in pair) for pair in seq] for seq in spans]
     assert attention(q, k, v, causal=True, mm_spans=ints).shape == q.shape
+
+
+# --- bench's dtype: as a search takes it --------------------------------------------------------
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's default: the CPU path")
+def test_bench_under_the_interpreter_takes_fp16_unless_told():
+    # Its default was bf16, which the interpreter refuses: `bench --interpret` failed unless given --dtype.
+    result = invoke("bench", "kv_cache_write", "--shape", "t=37,hkv=2,d=64,block_size=16", "--interpret")
+    assert result.exit_code == 0, result.output
+    assert "t=37,hkv=2,d=64,block_size=16 fp16" in " ".join(result.output.split())
+    refused = invoke("bench", "kv_cache_write", "--shape", "t=37,hkv=2,d=64,block_size=16", "--interpret",
+                     "--dtype", "bf16")
+    _one_line_error(refused, "computes bf16 wrongly")

@@ -18,8 +18,8 @@ from omnitune.cli.common import (
     interpret_option,
     load_spec,
     parse_config_option,
-    parse_dtype_option,
     parse_problems,
+    search_dtype,
     write_output_file,
 )
 from omnitune.errors import DeviceError, OmnituneError
@@ -42,8 +42,8 @@ def bench(
         help="Override the causal flag of every --shape. Only for kernels whose shapes have one (attention); "
         "refused for the others. \\[default: each shape's own]",
     ),
-    dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32. With --interpret give fp16 or fp32: "
-                              "the default, bf16, is refused there."),
+    dtype: str = typer.Option(None, "--dtype", show_default=False,
+                              help="fp16, bf16 or fp32. \\[default: bf16; fp16 with --interpret, which refuses bf16]"),
     config: list[str] = typer.Option(
         [], "--config", "-c",
         help="Launch config to bench, as JSON (or a JSON file), e.g. --config '{\"BLOCK_M\": 64}'; missing keys take "
@@ -74,19 +74,19 @@ def bench(
     Example: omnitune bench attention --shape b=1,h=28,hkv=4,l=8192,d=128,causal=1"""
     import torch
 
+    from omnitune.spec import dtype_name
+
     spec = load_spec(kernel, interpret)
     has_causal = "causal" in {f.name for f in spec.problem_fields()}
     if causal is not None and not has_causal:  # not ignored: the bench would run other problems than asked
         flag = "--causal" if causal else "--no-causal"
         raise OmnituneError(f"{flag}: {spec.name} has no causal flag; give it only for kernels whose shapes "
                             "have one (e.g. attention)")
-    if interpret:
-        torch_dtype = parse_dtype_option(spec, dtype)
-        if torch_dtype is torch.bfloat16:
-            raise DeviceError("the interpreter computes bf16 wrongly; use --dtype fp16 or fp32 with --interpret")
-    elif not torch.cuda.is_available():
+    if not interpret and not torch.cuda.is_available():
         raise DeviceError("no CUDA GPU here; bench needs one (or --interpret to check correctness on the CPU)")
-    torch_dtype = parse_dtype_option(spec, dtype)
+    # As a search takes it: bf16 unless given, fp16 under the interpreter (which refuses bf16).
+    torch_dtype = search_dtype(spec, dtype, interpret)
+    dtype = dtype_name(torch_dtype)
     overrides = {"causal": causal} if causal is not None else {}
     problems = parse_problems(spec, shape, **overrides)
     # Checked before the bench runs, not found out after it.
