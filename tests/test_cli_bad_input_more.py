@@ -147,3 +147,21 @@ def test_report_plot_empty_is_one_line_and_writes_nothing(plot, tmp_path, monkey
     monkeypatch.chdir(here)
     assert_one_line_error(invoke("report", "--db", db, "--plot", plot), "--plot is empty")
     assert list(here.iterdir()) == []
+
+
+# --- export into a folder the runtime does not read ---------------------------------------------
+
+
+def test_export_says_when_the_runtime_would_not_read_its_folder(tmp_path, monkeypatch):
+    """The default ./tuned_configs is read only in omnitune's own checkout: tables exported
+    elsewhere went unused without a word. Listed in OMNITUNE_CONFIG_DIR, no note."""
+    db = searched_db(tmp_path)
+    out = tmp_path / "tables"
+    monkeypatch.delenv("OMNITUNE_CONFIG_DIR", raising=False)
+    first = invoke("export", "--db", db, "--out", out)
+    assert first.exit_code == 0, first.output
+    assert f"OMNITUNE_CONFIG_DIR={out.resolve()}" in first.stderr
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(out))
+    again = invoke("export", "--db", db, "--out", out)
+    assert again.exit_code == 0, again.output
+    assert "does not read" not in again.stderr

@@ -208,6 +208,18 @@ def export(
             typer.echo(f"  note: {_other_source_note(f)}", err=True)
         if not f.representative:
             typer.echo(f"  note: {f.path} holds interpreter results: correctness only, not for shipping", err=True)
+    _say_if_unread(out)
+
+
+def _say_if_unread(out: Path) -> None:
+    """A note when the runtime would not read `out`: the default ./tuned_configs is read only in
+    omnitune's own checkout, so tables exported elsewhere went unused without a word."""
+    from omnitune.runtime import config_dirs
+
+    where = out.resolve()
+    if all(d.resolve() != where for d in config_dirs()):
+        typer.echo(f"note: the runtime does not read {out} yet; serve with OMNITUNE_CONFIG_DIR={where} "
+                   "(omnitune lookup then answers from it)", err=True)
 
 
 def _other_source_note(f: ExportedFile) -> str:
