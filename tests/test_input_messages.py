@@ -173,3 +173,29 @@ def test_bench_under_the_interpreter_takes_fp16_unless_told():
     refused = invoke("bench", "kv_cache_write", "--shape", "t=37,hkv=2,d=64,block_size=16", "--interpret",
                      "--dtype", "bf16")
     _one_line_error(refused, "computes bf16 wrongly")
+
+
+# --- kernels: each example key on one line ----------------------------------------------------------
+
+
+def test_kernels_prints_each_example_key_whole_on_its_line_however_narrow_the_terminal(monkeypatch):
+    # A key longer than the terminal was moved whole onto the next line ("shape: --shape" alone).
+    from omnitune.registry import get_spec
+
+    monkeypatch.setenv("COLUMNS", "60")
+    result = invoke("kernels")
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.output.splitlines() if line.strip().startswith("shape: --shape")]
+    assert len(lines) >= 5
+    for line in lines:
+        key = line.removeprefix("shape: --shape").strip()
+        assert key, result.output
+        assert any(_parses(get_spec(name), key) for name in ("attention", "cross_attention_layer", "kv_cache_write",
+                                                             "kv_compress", "paged_decode_attention"))
+
+
+def _parses(spec, key: str) -> bool:
+    try:
+        return spec.problem_key(spec.parse_shape(key)) == key
+    except Exception:  # noqa: BLE001 — another kernel's key
+        return False

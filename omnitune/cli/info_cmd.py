@@ -29,7 +29,9 @@ def kernels() -> None:
             + ", ".join(c.name for c in spec.constraints)
         )
         console.print(f"  dtypes: {', '.join(dtype_name(d) for d in spec.dtypes)}")
-        console.print(f"  shape: --shape {spec.problem_key(spec.example_problem)}\n")
+        # soft_wrap: a key longer than the terminal stays one line that can be copied back, not
+        # moved whole onto the next one (docs/cli.md: keys are never wrapped or folded).
+        console.print(f"  shape: --shape {spec.problem_key(spec.example_problem)}\n", soft_wrap=True)
 
 
 @app.command()
