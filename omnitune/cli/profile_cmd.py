@@ -91,7 +91,8 @@ def _best_in_db(database: Any, spec: KernelSpec, problem: Any, dtype: torch.dtyp
 
 
 def _tuned_from_runtime(spec: KernelSpec, problem: Any, dtype: torch.dtype, device_name: str) -> Config | None:
-    """What omnitune.runtime would pick in production, if a tuned table (exact or nearest) answers."""
+    """What omnitune.runtime would pick in production, if a tuned table answers (exact, nearest or
+    predicted: any rung but the default)."""
     try:
         from omnitune.runtime import Rung, lookup
     except ImportError:
@@ -105,7 +106,7 @@ def resolve_config(
 ) -> tuple[Config, str]:
     """The config to profile and which kind it is ('tuned' | 'default' | 'custom').
 
-    tuned: what omnitune.runtime picks from the exported tables (exact or nearest shape), else the
+    tuned: what omnitune.runtime picks from the exported tables (any rung but the default), else the
     fastest config the results database holds for this exact key; default: the spec's default;
     anything else: JSON text or a JSON file, laid over the default."""
     from omnitune.profile.device import device_key
