@@ -240,7 +240,7 @@ def _other_source_note(f: ExportedFile) -> str:
 def lookup(
     kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
     shape: str = typer.Option(
-        ..., "--shape",
+        ..., "--shape", "-s",
         help="The problem of the call, as name=value pairs, e.g. b=1,h=28,hkv=4,lq=1,lk=4096,d=128; " + SHAPE_HELP,
     ),
     dtype: str = typer.Option("bf16", "--dtype", help="fp16, bf16 or fp32."),
