@@ -82,7 +82,13 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError
-from omnitune.kernels._host import LOG2E, cdiv, require_head_groups, seeded_rand, softmax_scale
+from omnitune.kernels._host import (
+    LOG2E,
+    cdiv,
+    require_head_groups,
+    seeded_rand,
+    softmax_scale,
+)
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.spec import (
     Config,
@@ -495,6 +501,12 @@ def _refuse_fp8(*tensors: torch.Tensor) -> None:
                              "before quantizing it, or dequantize first (omnitune.kernels._fp8.dequantize)")
 
 
+def _require_float_dtype(dtype: torch.dtype) -> None:
+    """The dtypes the kernels compute in (compress_kv and kv_importance alike)."""
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise InputError(f"unsupported dtype {dtype}; use float16, bfloat16 or float32")
+
+
 def _check_dims(b: int, h: int, hkv: int, w: int, n: int, d: int) -> None:
     """The sizes compress_kv and kv_importance both need: a batch, heads, a supported head dim and
     a window of 1..n queries (an empty batch or no heads was a ValueError from the problem, a head
@@ -522,8 +534,7 @@ def _check_inputs(q_window, k, v, modality, recent) -> None:
     _refuse_fp8(k, v)
     if not (q_window.dtype == k.dtype == v.dtype):
         raise InputError(f"q_window, k and v must share one dtype; got {q_window.dtype}, {k.dtype}, {v.dtype}")
-    if q_window.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise InputError(f"unsupported dtype {q_window.dtype}; use float16, bfloat16 or float32")
+    _require_float_dtype(q_window.dtype)
     if k.shape != v.shape:
         raise InputError(f"k and v shapes differ: {list(k.shape)} vs {list(v.shape)}")
     b, h, w, d = q_window.shape
@@ -1027,9 +1038,7 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     _refuse_fp8(k)
     if q_window.dtype != k.dtype or q_window.device != k.device:
         raise InputError("q_window and k must share one dtype and device")
-    if k.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        # An integer or bool k reached the kernel and failed there (an AssertionError inside tl.dot).
-        raise InputError(f"unsupported dtype {k.dtype}; use float16, bfloat16 or float32")
+    _require_float_dtype(k.dtype)  # an integer or bool k reached the kernel and failed inside tl.dot
     _check_dims(b, h, k.shape[1], w, k.shape[2], d)  # as compress_kv: a window past the sequence too
     require_runnable_device(k)
     sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf

@@ -780,14 +780,13 @@ def _host_length(max_context_len) -> int:
     nothing, and 10.7 was silently cut to 10."""
     if type(max_context_len) is int:
         return max_context_len
+    wrong = "max_context_len must be a host int (the longest context, as the caller keeps it), got "
     if isinstance(max_context_len, (bool, torch.Tensor)):
-        raise InputError(f"max_context_len must be a host int (the longest context, as the caller keeps it), "
-                         f"got {type(max_context_len).__name__}")
+        raise InputError(wrong + type(max_context_len).__name__)
     try:
         return operator.index(max_context_len)  # a numpy integer, say
     except TypeError:
-        raise InputError(f"max_context_len must be a host int (the longest context, as the caller keeps it), "
-                         f"got {max_context_len!r}") from None
+        raise InputError(wrong + repr(max_context_len)) from None
 
 
 def _config_for(b, h, hkv, lq, d, block_size, ctx: int, config, dtype, cache_dtype: torch.dtype) -> Config:
