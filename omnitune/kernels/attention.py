@@ -297,6 +297,15 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _span_tensors: dict[tuple, torch.Tensor] = {}
 
 
+def _span_bound(x) -> int:
+    """A span bound that is not a plain int, as an int. operator.index, not int(): int() cut 0.5
+    to 0 and read "3" as 3 without a word. But operator.index takes True as 1, and a bool is no
+    position: refused, as a bool tensor is."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
+        raise InputError("mm_spans must hold (start, end) pairs of ints, not booleans")
+    return operator.index(x)
+
+
 def span_tensor(spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, b: int, device) -> torch.Tensor:
     """mm_spans as the kernel reads them: an integer tensor [B, S, 2] on the inputs' device.
     A tensor is taken as it is (metadata checked, nothing copied); lists (one list of [start, end)
@@ -315,19 +324,17 @@ def span_tensor(spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, b: in
     if len(spans) != b:
         raise InputError(f"mm_spans has {len(spans)} entries but the batch has {b} sequences")
     try:
-        # operator.index, not int(): int() cut 0.5 to 0 and read "3" as 3 without a word.
-        key = (tuple(tuple((operator.index(s), operator.index(e)) for s, e in seq) for seq in spans), str(device))
+        # A plain int is its own key; anything else goes through _span_bound. Bools are refused
+        # while the key is built, before the lookup: (True, 5) == (1, 5) with the same hash, so a
+        # bool list would otherwise be served the entry its int twin left. The type test costs what
+        # the operator.index call it replaces did.
+        key = (tuple(tuple((s if type(s) is int else _span_bound(s), e if type(e) is int else _span_bound(e))
+                           for s, e in seq) for seq in spans), str(device))
     except (TypeError, ValueError) as exc:
         raise InputError(f"mm_spans must hold (start, end) pairs of ints: {exc}") from None
     found = _span_tensors.get(key)
     if found is not None:
         return found
-    # operator.index takes True as 1: a bool is no position. Checked here, on a miss only, so the
-    # hit path costs what it did; a bool list equal to an int list already cached ((True, 5) ==
-    # (1, 5), same hash) is still served that entry — refusing it there would cost every call a scan.
-    if any(isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
-           for seq in spans for pair in seq for x in pair):
-        raise InputError("mm_spans must hold (start, end) pairs of ints, not booleans")
     if any(not _INT32_MIN <= x <= _INT32_MAX for seq in key[0] for pair in seq for x in pair):
         # The kernel reads int32 spans: a value past that failed in torch's copy below (RuntimeError:
         # value cannot be converted to type int32 without overflow). Checked on a miss only: a cached
@@ -595,6 +602,11 @@ def attention(
     calls torch.ops.omnitune.attention (spans as a tensor)."""
     if type(causal) is not bool:
         causal = flag(causal, "causal")  # InputError for a string, an int, a tensor, None
+    if check is not None:
+        # Validated on every call, not only where spans use it: check="no" or check=2 was otherwise
+        # taken without a word. Identity checks for True and False; None's environment read waits
+        # until spans need it.
+        check = _dispatch.checking(check)
     if _dispatch.compiling():
         spans = None if mm_spans is None else span_tensor(mm_spans, q.shape[0], q.device)
         return torch.ops.omnitune.attention(q, k, v, spans, bool(causal), -1.0 if sm_scale is None else float(sm_scale),
