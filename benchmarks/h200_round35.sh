@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Thirty-fifth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round35.sh [T]
+# On an H200 this call is round 29's S (issue 16) with both fp8 loop variants applied on the device:
+# the transposed dots (benchmarks/variants/decode_fp8_swap_ab.patch) and the PV dot's 16-bit operand
+# layout on top (decode_fp8_pv16.patch; round 34 part F on an H100: 1-11% faster than the transposed
+# dots alone at all nine fp8 configs, bf16 unchanged, the fp8 gpu tests passing). S runs the decode
+# gpu tests with them, the 16k few-warps sweep, `verify --fix` of the paged-decode table for the
+# changed source, the batch-64 fp8 entries searched again, and the public fp8 ops beside bf16.
+# ON_H200_TOO=1 runs the part asked for there instead. On any other card, the part asked for
+# (none asked for: exit 3):
+# T: the gpu-marked tests of the ops whose host checks changed this round (attention's check= and
+#    span-list cache), the production ops and the layer.
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
+nvidia-smi -L
+if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
+  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch || exit 2
+  exec bash "$(dirname "$0")/h200_round29.sh" S
+fi
+case ${1:-} in
+  T)
+    step "$(left 560)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_production_ops.py \
+      tests/test_production_ops_gpu.py tests/test_cross_attention_layer.py tests/test_attention_call_checks.py
+    ;;
+  *) echo "not an H200 and none of T asked for: nothing run"; exit 3 ;;
+esac
