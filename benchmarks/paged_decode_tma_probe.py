@@ -40,12 +40,38 @@ except ImportError:  # pragma: no cover — older Triton
 
 
 @triton.jit
+def _attend(q, k, v, n, ctx, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr):
+    """One page's keys into the running softmax. MASKED for a page the context ends in: its
+    slots past the context hold whatever the engine left there (inf or NaN in the tests' caches),
+    and a masked score's p = 0 still makes 0 · inf = NaN in P·V, so V is zeroed too."""
+    if MASKED:
+        v = tl.where((n < ctx)[:, None], v, 0.0)
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        qk = tl.where((n < ctx)[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    prob = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    return m_new, l_i * alpha + tl.sum(prob, 1), tl.dot(prob.to(v.dtype), v, acc * alpha[:, None])
+
+
+@triton.jit
+def _load_page(k_desc, v_desc, page, hk, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr):
+    k = k_desc.load([page, 0, hk, 0]).reshape(PAGE, HEAD_DIM)
+    v = v_desc.load([page, 0, hk, 0]).reshape(PAGE, HEAD_DIM)
+    if KV_FP8:
+        k = k.to(tl.float16)
+        v = v.to(tl.float16)
+    return k, v
+
+
+@triton.jit
 def _split_tma(
     Q, k_desc, v_desc, BlockTables, ContextLens, PartM, PartL, PartAcc, KScale, VScale,
     stride_qb, stride_qh, stride_btb,
     H, MAX_PAGES, qk_scale,
     PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr, PAIRS: tl.constexpr,
 ):
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -57,6 +83,10 @@ def _split_tma(
     pages = tl.cdiv(ctx, PAGE)
     p_start = tl.cdiv(split * pages, NUM_SPLITS)
     p_end = tl.cdiv((split + 1) * pages, NUM_SPLITS)
+    # Pages wholly inside the context go through the unmasked loop, PAIRS + 1 a step; the rest
+    # (at most PAIRS whole pages and the page the context ends in) through the masked one.
+    steps = tl.maximum(tl.minimum(p_end, ctx // PAGE) - p_start, 0) // (PAIRS + 1)
+    main_stop = p_start + steps * (PAIRS + 1)
 
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + head.to(tl.int64)[:, None] * stride_qh + offs_d[None, :],
@@ -71,30 +101,34 @@ def _split_tma(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # The page number one step ahead, as the library's loop loads it, so that the TMA loads of a
-    # step do not wait on a load of the same step (the pipeliner would then keep one in flight).
-    page_next = tl.load(table + p_start, mask=p_start < p_end, other=0)
-    for p in range(p_start, p_end):
-        page = page_next
-        page_next = tl.load(table + p + 1, mask=p + 1 < p_end, other=0)
-        k = k_desc.load([page, 0, hk, 0]).reshape(PAGE, HEAD_DIM)
-        v = v_desc.load([page, 0, hk, 0]).reshape(PAGE, HEAD_DIM)
-        if KV_FP8:
-            k = k.to(tl.float16)
-            v = v.to(tl.float16)
-        n = p * PAGE + offs_n
-        # A page's slots past the context hold whatever the engine left there (inf or NaN in the
-        # tests' caches): a masked score gives p = 0, but 0 · inf is NaN in P·V, so V is zeroed.
-        v = tl.where((n < ctx)[:, None], v, 0.0)
-        qk = tl.dot(q, tl.trans(k))
-        qk = tl.where((n < ctx)[None, :], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        prob = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(prob, 1)
-        acc = tl.dot(prob.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+    # Page numbers one step ahead, as the library's loop loads them, so that a step's TMA loads
+    # do not wait on a load of the same step (the pipeliner would then keep one in flight).
+    next_a = tl.load(table + p_start, mask=p_start < main_stop, other=0)
+    next_b = tl.load(table + p_start + 1, mask=p_start + 1 < main_stop, other=0)
+    for p in range(p_start, main_stop, PAIRS + 1):
+        page_a = next_a
+        page_b = next_b
+        ahead = p + PAIRS + 1
+        next_a = tl.load(table + ahead, mask=ahead < main_stop, other=0)
+        if PAIRS:
+            next_b = tl.load(table + ahead + 1, mask=ahead + 1 < main_stop, other=0)
+            k0, v0 = _load_page(k_desc, v_desc, page_a, hk, PAGE, HEAD_DIM, KV_FP8)
+            k1, v1 = _load_page(k_desc, v_desc, page_b, hk, PAGE, HEAD_DIM, KV_FP8)
+            qk0 = tl.dot(q, tl.trans(k0)) * qk_scale
+            qk1 = tl.dot(q, tl.trans(k1)) * qk_scale
+            m_new = tl.maximum(m_i, tl.maximum(tl.max(qk0, 1), tl.max(qk1, 1)))
+            p0 = tl.math.exp2(qk0 - m_new[:, None])
+            p1 = tl.math.exp2(qk1 - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p0, 1) + tl.sum(p1, 1)
+            acc = tl.dot(p1.to(v1.dtype), v1, tl.dot(p0.to(v0.dtype), v0, acc * alpha[:, None]))
+            m_i = m_new
+        else:
+            k, v = _load_page(k_desc, v_desc, page_a, hk, PAGE, HEAD_DIM, KV_FP8)
+            m_i, l_i, acc = _attend(q, k, v, p * PAGE + offs_n, ctx, m_i, l_i, acc, qk_scale, False)
+    for p in range(main_stop, p_end):
+        k, v = _load_page(k_desc, v_desc, tl.load(table + p), hk, PAGE, HEAD_DIM, KV_FP8)
+        m_i, l_i, acc = _attend(q, k, v, p * PAGE + offs_n, ctx, m_i, l_i, acc, qk_scale, True)
     if KV_FP8:
         acc = acc * v_scale
     # The library's partials layout: [B, H, 1, NUM_SPLITS] and [B, H, 1, NUM_SPLITS, HEAD_DIM].
@@ -107,11 +141,11 @@ def _split_tma(
 class TmaDecode:
     """One call's launch of the probe: descriptors and partials made once (as a plan would)."""
 
-    def __init__(self, inputs: pda.PagedDecodeInputs, splits: int, warps: int, stages: int):
+    def __init__(self, inputs: pda.PagedDecodeInputs, splits: int, warps: int, stages: int, pairs: bool = False):
         q, kc = inputs.q, inputs.key_cache
         b, h, lq, d = q.shape
         assert lq == 1, "the probe decodes one token"
-        self.inputs, self.splits, self.warps, self.stages = inputs, splits, warps, stages
+        self.inputs, self.splits, self.warps, self.stages, self.pairs = inputs, splits, warps, stages, pairs
         self.hkv, self.page = kc.shape[2], kc.shape[1]
         self.group = h // self.hkv
         block = [1, self.page, 1, d]
@@ -136,7 +170,7 @@ class TmaDecode:
             q.stride(0), q.stride(1), x.block_tables.stride(0),
             h, x.block_tables.shape[1], x.sm_scale * 1.4426950408889634,
             PAGE=self.page, HEAD_DIM=d, GROUP=self.group, BLOCK_M=max(16, triton.next_power_of_2(self.group)),
-            NUM_SPLITS=self.splits, KV_FP8=self.fp8, num_warps=self.warps, num_stages=self.stages)
+            NUM_SPLITS=self.splits, KV_FP8=self.fp8, PAIRS=self.pairs, num_warps=self.warps, num_stages=self.stages)
         pda._paged_decode_combine[(b * h,)](
             self.part_m, self.part_l, self.part_acc, out, *out.stride(), h, 1,
             HEAD_DIM=d, BLOCK_D=d, NUM_SPLITS=self.splits, BLOCK_S=triton.next_power_of_2(self.splits))
@@ -156,15 +190,18 @@ def _inputs(b: int, ctx: int, fp8: bool, device, h=28, hkv=4, d=128) -> tuple:
 
 
 def check_only() -> int:
-    """Small shapes under the interpreter: the probe against the float64 reference."""
+    """Small shapes under the interpreter: the probe against the float64 reference, single pages
+    and pairs, contexts ending inside a page and on its edge, one sequence shorter than its table."""
     device = torch.device("cpu")
     worst = 0.0
-    for b, ctx, splits in ((1, 40, 2), (2, 100, 3), (1, 16, 4)):
+    for (b, ctx, splits), pairs in itertools.product(((1, 40, 2), (2, 100, 3), (1, 16, 4), (3, 96, 2)), (False, True)):
         _, inputs = _inputs(b, ctx, False, device, h=8, hkv=2, d=32)
+        if b > 1:  # the first sequence's context cut short: pages of its table past it are never read
+            inputs.context_lens[0] = ctx - 37
         out = pda.new_output(inputs)
-        TmaDecode(inputs, splits, 1, 2)(out)
+        TmaDecode(inputs, splits, 1, 2, pairs)(out)
         err = _rel(out, pda.reference(inputs))
-        print(f"b{b} ctx{ctx} splits{splits}: rel error {err:.2e}")
+        print(f"b{b} ctx{inputs.context_lens.tolist()} splits{splits} pairs={pairs}: rel error {err:.2e}")
         worst = max(worst, err)
     return 0 if worst < 2e-3 else 1
 
@@ -181,12 +218,13 @@ def probe(out_path: Path, quick: bool) -> int:
     copy_tbps, report = copy_bandwidth_report(device, cases=[])
     bf16_shapes = ((1, 32768), (1, 65536), (2, 32768), (4, 32768), (1, 131072))
     fp8_shapes = ((64, 4096), (64, 16384))
+    # (splits, warps, stages, pairs): one page (16 keys) or two a loop step
     grids = {
-        False: list(itertools.product((32, 64, 128), (1, 2, 4), (3, 4, 6, 8))),
-        True: list(itertools.product((2, 4, 8), (1, 2), (3, 4, 6))),
+        False: [*itertools.product((64, 128), (1, 2, 4), (4, 6), (False, True)), (32, 4, 4, False), (32, 2, 6, True)],
+        True: list(itertools.product((2, 4), (1, 2), (4, 6), (False, True))),
     }
     if quick:
-        grids = {False: [(64, 1, 4), (64, 4, 4), (128, 2, 6)], True: [(4, 1, 4), (2, 1, 6)]}
+        grids = {False: [(64, 1, 4, False), (64, 4, 4, True)], True: [(4, 1, 4, False), (2, 1, 6, True)]}
     for fp8, shapes in ((False, bf16_shapes), (True, fp8_shapes)):
         for b, ctx in shapes:
             problem, inputs = _inputs(b, ctx, fp8, device)
@@ -206,10 +244,10 @@ def probe(out_path: Path, quick: bool) -> int:
                                 "rel_to_reference": _rel(lib_out, ref)}, "tma": []}
             case["library"]["pct_of_copy"] = 100 * moved / (case["library"]["graph_us"] * 1e-6) / (copy_tbps * 1e12)
             print(f"== {case['cache']} b{b} {ctx}: library {case['library']}", flush=True)
-            for splits, warps, stages in grids[fp8]:
-                row = {"splits": splits, "warps": warps, "stages": stages}
+            for splits, warps, stages, pairs in grids[fp8]:
+                row = {"splits": splits, "warps": warps, "stages": stages, "pairs": pairs}
                 try:
-                    call = TmaDecode(inputs, splits, warps, stages)
+                    call = TmaDecode(inputs, splits, warps, stages, pairs)
                     out = pda.new_output(inputs)
                     call(out)
                     torch.cuda.synchronize()
@@ -230,6 +268,7 @@ def probe(out_path: Path, quick: bool) -> int:
         print(f"{case['cache']} b{case['b']} {case['ctx']}: library {case['library']['graph_us']:.1f} µs "
               f"({case['library']['pct_of_copy']:.0f}%), TMA best "
               + (f"{best['graph_us']:.1f} µs ({best['pct_of_copy']:.0f}%) {best['splits']}/{best['warps']}/{best['stages']}"
+                 f"{' pairs' if best['pairs'] else ''}"
                  if best else "none right"))
     return 0
 
