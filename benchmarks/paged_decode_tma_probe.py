@@ -16,6 +16,11 @@ with the library's (relative RMS) and with a float64 reference of the cache.
 
     PYTHONPATH=$PWD python benchmarks/paged_decode_tma_probe.py --out $OUT/paged_decode_tma.json
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python benchmarks/paged_decode_tma_probe.py --check-only  # CPU, small
+    PYTHONPATH=$PWD python benchmarks/paged_decode_tma_probe.py --offline --out benchmarks/results/decode_loop_offline_tma.json
+
+--offline compiles the probe's split kernel for sm_90 without a GPU (as decode_registers_offline.py
+--loop does the library's) and counts its key loop's instructions a key, registers and shared
+memory, over bf16 and fp8 caches, one and two pages a step, 1-4 warps.
 """
 
 from __future__ import annotations
@@ -206,6 +211,36 @@ def check_only() -> int:
     return 0 if worst < 2e-3 else 1
 
 
+def offline_rows() -> list[dict]:
+    """Static counts of the probe's key loop compiled for sm_90 (b×28 query heads over 4 kv
+    heads, d=128, pages of 16, 4 stages), one row a (cache, warps, pages a step)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import cubin
+    from decode_registers_offline import LOOP_FAMILIES
+
+    rows = []
+    for kv, warps, pairs in itertools.product(("bf16", "fp8e4nv"), (1, 2, 4), (False, True)):
+        tile = f"tensordesc<{kv}[1,16,1,128]>"
+        pointers = {"Q": "*bf16", "k_desc": tile, "v_desc": tile, "BlockTables": "*i32", "ContextLens": "*i32",
+                    "PartM": "*fp32", "PartL": "*fp32", "PartAcc": "*fp32", "KScale": "*fp32", "VScale": "*fp32"}
+        constexprs = {"PAGE": 16, "HEAD_DIM": 128, "GROUP": 7, "BLOCK_M": 16, "NUM_SPLITS": 64,
+                      "KV_FP8": kv != "bf16", "PAIRS": pairs}
+        kernel = cubin.compile_sm90(_split_tma, pointers, constexprs, warps, 4, aligned=("MAX_PAGES",),
+                                    floats=("qk_scale",))
+        loop = cubin.loop_counts(kernel)
+        per_key = warps / (16 * (2 if pairs else 1))  # one step per warp covers its pages' keys with the others
+        rows.append({"cache": "fp8" if kv != "bf16" else "bf16", "pages_a_step": 2 if pairs else 1,
+                     "num_warps": warps, "num_stages": 4, **cubin.cubin_resources(kernel),
+                     "shared_bytes": kernel.metadata.shared,
+                     "instructions_per_key": round(loop["instructions"] * per_key, 2),
+                     "per_key": {f: round(loop["opcodes"].get(f, 0) * per_key, 2) for f in (*LOOP_FAMILIES, "UTMALDG")},
+                     "opcodes": loop["opcodes"]})
+        r = rows[-1]
+        print(f"{r['cache']:4s} {r['pages_a_step']} page(s) a step, {warps} warp(s): {r['registers']} registers, "
+              f"{r['shared_bytes'] // 1024} KiB shared, {r['instructions_per_key']} instructions a key", flush=True)
+    return rows
+
+
 def _graph_us(fn) -> float:
     from ops_bench import capture, graph_call_us
     graph = capture(fn)
@@ -278,12 +313,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--quick", action="store_true", help="three configs a shape")
     parser.add_argument("--check-only", action="store_true", help="small shapes against the reference, no timing")
+    parser.add_argument("--offline", action="store_true", help="static loop counts for sm_90, no GPU (needs --out)")
     args = parser.parse_args(argv)
     if TensorDescriptor is None:
         print("this Triton has no host tensor descriptors", file=sys.stderr)
         return 2
     if args.check_only:
         return check_only()
+    if args.offline and args.out is not None:
+        rows = offline_rows()
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "triton": triton.__version__, "rows": rows},
+                                       indent=1))
+        return 0
     if args.out is None or not torch.cuda.is_available():
         print("timing needs --out and a CUDA GPU", file=sys.stderr)
         return 2
