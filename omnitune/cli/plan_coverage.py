@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,9 @@ def print_coverage(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.d
     console.print(f"[bold]coverage of {escape(preset.name)}[/] ({escape(preset.description)}) in {dtype_name(dtype)} "
                   f"on {escape(device_name)}: {len(rows)} problems — "
                   + ", ".join(f"{counts[r]} {r.value}" for r in _RUNGS), soft_wrap=True)
+    if not rows:  # one of several presets, that sends none of the kernels asked any problem
+        console.print(f"{escape(preset.name)} sends none of these kernels any problem: nothing to tune", soft_wrap=True)
+        return
     lent = Counter(r.tuned_on for r in rows if r.tuned_on is not None)
     for twin, count in lent.items():
         console.print(f"{count} answered from {escape(twin)}'s tables, a GPU of the same chip: to tune them on this "
@@ -80,8 +83,20 @@ def print_coverage(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.d
                       + ", ".join(f"{k} {n}" for k, n in tuned.items()), soft_wrap=True)
 
 
-def coverage_json(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dtype, device_name: str,
-                  budgets: Mapping[tuple[str, str], Any], top: int | None) -> str:
+def coverage_json(presets: Sequence[ModelPreset], kernels: tuple[str, ...], dtypes: Sequence[torch.dtype],
+                  device_name: str, budgets: Mapping[torch.dtype, Mapping[tuple[str, str], Any]],
+                  top: int | None) -> str:
+    """The coverage of each preset in each dtype as JSON: one preset in one dtype is one object
+    (coverage_record), as it always was; several are a list of those objects, presets in the order
+    named and each one's dtypes in turn, every object naming its own model and dtype. `budgets`
+    holds, per dtype, print_coverage's budgets."""
+    records = [coverage_record(preset, kernels, dtype, device_name, budgets[dtype], top)
+               for preset in presets for dtype in dtypes]
+    return json.dumps(records[0] if len(records) == 1 else records, allow_nan=False)
+
+
+def coverage_record(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dtype, device_name: str,
+                    budgets: Mapping[tuple[str, str], Any], top: int | None) -> dict:
     """The coverage as one JSON object: the counts per rung, then every problem largest gap first
     (with --top, the N largest gaps and no exact ones), each with the search that tunes it."""
     from omnitune.predict import coverage
@@ -100,9 +115,9 @@ def coverage_json(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dt
                 "trials": budget.trials if budget else None,
                 "estimate_s": json_number(budget.estimate_s) if budget else None}
 
-    return json.dumps({"model": preset.name, "dtype": dtype_name(dtype), "device": device_name,
-                       "problems": len(rows), "rungs": {r.value: counts[r] for r in _RUNGS},
-                       "listed": [problem(r) for r in listed]}, allow_nan=False)
+    return {"model": preset.name, "dtype": dtype_name(dtype), "device": device_name,
+            "problems": len(rows), "rungs": {r.value: counts[r] for r in _RUNGS},
+            "listed": [problem(r) for r in listed]}
 
 
 def _minutes(seconds: float) -> str:

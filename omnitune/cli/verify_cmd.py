@@ -25,8 +25,10 @@ def verify(
         "omnitune.runtime reads: $OMNITUNE_CONFIG_DIR, then the shipped tuned_configs/]", show_default=False,
     ),
     model: str = typer.Option(
-        None, "--model", help="One model preset, e.g. qwen2.5-omni-7b (see `omnitune plan`): its largest shapes for "
-        "the memory check, its traffic for the soak. Without it, those parts are skipped.", show_default=False,
+        None, "--model", help="A model preset, e.g. qwen2.5-omni-7b (see `omnitune plan`): its largest shapes for "
+        "the memory check, its traffic for the soak. Several, comma-separated, as search takes them: the tables "
+        "are checked once, the memory and soak parts run for each preset in turn (--soak MINUTES each), each "
+        "of their checks named by its preset. Without it, those parts are skipped.", show_default=False,
     ),
     kernels: str = typer.Option(
         None, "--kernels", metavar="K1,K2", help="Only these kernels, comma-separated: built-in names, or a module or "
@@ -58,9 +60,10 @@ def verify(
     speed (GPU): each entry re-timed interleaved against its fallback and PyTorch; --fix replaces a slower one,
     and revalidates a table whose kernel source changed when its entries pass.
 
-    memory (GPU, --model): each kernel at the preset's largest shape.
+    memory (GPU, --model): each kernel at the preset's largest shape (each preset's, given several).
 
-    soak (GPU, --model, --soak): mixed production calls, CUDA graphs for decode steps, sampled checks.
+    soak (GPU, --model, --soak): mixed production calls, CUDA graphs for decode steps, sampled checks (each
+    preset's in turn, given several).
 
     Prints a table of every check and the verdict; progress goes to stderr.
 
@@ -75,10 +78,10 @@ def verify(
         raise OmnituneError(f"--soak {soak:g}: give a positive number of minutes, and a finite one")
     if soak is not None and model is None:
         raise OmnituneError("--soak needs --model NAME: the soak's traffic comes from a preset (see omnitune plan)")
-    if model is not None:
-        from omnitune.presets import get_preset
+    from omnitune.presets import get_presets
 
-        get_preset(model)  # an unknown preset is a usage error, before anything runs
+    # an unknown preset is a usage error, before anything runs
+    presets = tuple(p.name for p in get_presets(model)) if model is not None else ()
     if interpret:
         from omnitune.cli._app import enable_interpreter
 
@@ -100,7 +103,7 @@ def verify(
     from omnitune.verify.pipeline import VerifyOptions, run_verify
     from omnitune.verify.verdict import render_table
 
-    options = VerifyOptions(tables=tuple(folders), model=model, kernels=tuple(specs) if specs else None,
+    options = VerifyOptions(tables=tuple(folders), models=presets, kernels=tuple(specs) if specs else None,
                             soak_minutes=soak, fix=fix, interpret=interpret)
     report = run_verify(options, specs, progress=lambda line: err_console.print(line, style="dim"))
     # Piped into a log (a CI job, a GPU host's run), Rich's 80 columns would fold every entry key.

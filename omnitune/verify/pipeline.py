@@ -12,6 +12,7 @@ OMNITUNE_CONFIG_DIR points at them for the duration.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
@@ -38,7 +39,8 @@ PRESET_DTYPE = torch.bfloat16
 @dataclass(frozen=True)
 class VerifyOptions:
     tables: tuple[Path, ...]
-    model: str | None = None
+    models: tuple[str, ...] = ()
+    """Presets whose largest shapes (memory) and traffic (soak) the GPU parts use, each in turn."""
     kernels: tuple[str, ...] | None = None
     """Spec names to check (None: every kernel with a table, and the preset's)."""
     soak_minutes: float | None = None
@@ -47,7 +49,8 @@ class VerifyOptions:
     seed: int = numerics.VERIFY_SEED
 
     def as_record(self) -> dict[str, Any]:
-        return {"tables": [str(t) for t in self.tables], "model": self.model,
+        # "model": the presets comma-joined (None without one), the key reports have always had
+        return {"tables": [str(t) for t in self.tables], "model": ",".join(self.models) or None,
                 "kernels": list(self.kernels) if self.kernels is not None else None,
                 "soak_minutes": self.soak_minutes, "fix": self.fix, "interpret": self.interpret, "seed": self.seed}
 
@@ -90,7 +93,7 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
     if compile_ahead is None:
         compile_ahead = not options.interpret and torch.cuda.is_available()
     tables = find_tables(options.tables, options.kernels, specs)
-    if not tables and options.model is None:
+    if not tables and not options.models:
         where = ", ".join(str(t) for t in options.tables) or "(no folder)"
         only = f" for {', '.join(options.kernels)}" if options.kernels else ""
         raise OmnituneError(f"no tables{only} under {where}; give --tables DIR, or --model NAME to check a preset")
@@ -117,10 +120,19 @@ def run_verify(options: VerifyOptions, specs: dict[str, KernelSpec] | None = Non
             state.report.add(skipped(part, "no table entries to check"))
     gpu = not options.interpret and torch.cuda.is_available()
     with _tables_for_runtime(options.tables):
-        _memory(options, gpu, state)
-        _soak(options, gpu, state)
+        for model in options.models or (None,):
+            start = len(state.report.checks)
+            _memory(options, model, gpu, state)
+            _soak(options, model, gpu, state)
+            if len(options.models) > 1:  # two presets' checks of one kernel would otherwise read alike
+                state.report.checks[start:] = [_named_by(model, c) for c in state.report.checks[start:]]
     state.report.finished_at = _now()
     return state.report
+
+
+def _named_by(model: str, check: Check) -> Check:
+    """A preset's memory or soak check, its subject prefixed by the preset and its details naming it."""
+    return dataclasses.replace(check, subject=f"{model}: {check.subject}", details={**check.details, "model": model})
 
 
 def _entries(tables: Sequence[TableFile], options: VerifyOptions, timer, state: _State, machine,
@@ -282,32 +294,32 @@ def _preset_kernels(options: VerifyOptions) -> list[str]:
     return [k for k in KERNELS if options.kernels is None or k in options.kernels]
 
 
-def _memory(options: VerifyOptions, gpu: bool, state: _State) -> None:
+def _memory(options: VerifyOptions, model: str | None, gpu: bool, state: _State) -> None:
     if not gpu:
         state.report.add(skipped(memory.PART, "no GPU"))
         return
-    if options.model is None:
+    if model is None:
         state.report.add(skipped(memory.PART, "needs --model: the largest shapes come from a preset"))
         return
     from omnitune.presets import get_preset, preset_problems
 
-    preset = get_preset(options.model)
+    preset = get_preset(model)
     kernels = [k for k in _preset_kernels(options) if preset_problems(preset, k)]
     if not kernels:
-        state.report.add(skipped(memory.PART, f"{options.model} has no traffic for the kernels named"))
+        state.report.add(skipped(memory.PART, f"{model} has no traffic for the kernels named"))
     for kernel in kernels:
         problems = preset_problems(preset, kernel)
         if state.lost is not None:
             state.report.add(Check(memory.PART, kernel, Status.FAIL, f"not run: {state.lost}", kernel))
             continue
-        state.progress(f"memory: {kernel}")
+        state.progress(f"memory: {kernel} ({model})")
         check = memory.check_memory(memory.largest(problems), PRESET_DTYPE, seed=options.seed)
         state.report.add(check)
         if check.details.get("context_lost"):
             state.lost = f"the CUDA context was lost at {kernel}'s largest shape"
 
 
-def _soak(options: VerifyOptions, gpu: bool, state: _State) -> None:
+def _soak(options: VerifyOptions, model: str | None, gpu: bool, state: _State) -> None:
     if not options.soak_minutes:
         state.report.add(skipped("soak", "no --soak MINUTES given"))
         return
@@ -321,10 +333,10 @@ def _soak(options: VerifyOptions, gpu: bool, state: _State) -> None:
     from omnitune.verify import traffic
     from omnitune.verify.soak import run_soak
 
-    preset = get_preset(options.model)
+    preset = get_preset(model)
     problems = [p for kernel in _preset_kernels(options) for p in preset_problems(preset, kernel)]
     if not problems:
-        state.report.add(skipped("soak", f"{options.model} has no traffic for the kernels named"))
+        state.report.add(skipped("soak", f"{model} has no traffic for the kernels named"))
         return
     calls, shares = [], []
     for p, share in zip(problems, traffic.weights(problems)):
@@ -334,7 +346,7 @@ def _soak(options: VerifyOptions, gpu: bool, state: _State) -> None:
         except Exception as exc:  # noqa: BLE001 — its inputs could not be made: that op fails
             state.report.add(Check("soak", f"{p.role}", Status.FAIL, f"inputs failed: {type(exc).__name__}: {exc}",
                                    p.kernel))
-    state.progress(f"soak: {len(calls)} ops for {options.soak_minutes:g} min")
+    state.progress(f"soak: {model}'s {len(calls)} ops for {options.soak_minutes:g} min")
     state.report.add(run_soak(calls, shares, options.soak_minutes, seed=options.seed))
 
 
