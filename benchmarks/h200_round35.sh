@@ -9,7 +9,7 @@
 # ON_H200_TOO=1 runs the part asked for there instead. On any other card, the part asked for
 # (none asked for: exit 3):
 # T: the gpu-marked tests of the ops whose host checks changed this round (attention's check= and
-#    span-list cache), the production ops and the layer.
+#    span-list cache), the production ops and the layer; verify over several presets.
 # D (issues 15 and 16): benchmarks/paged_decode_tma_probe.py — each page's K and V fetched by TMA, one
 #    page a loop step, beside the library's split kernel, whole calls as CUDA graphs: bf16 at batch
 #    1-4 over 32k-128k (issue 15) and fp8 at batch 64, 4k and 16k (issue 16).
@@ -28,5 +28,5 @@ if [[ $1 == *D* ]]; then
 fi
 if [[ $1 == T* ]]; then
   step "$(left 580)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_production_ops.py \
-    tests/test_production_ops_gpu.py tests/test_cross_attention_layer.py tests/test_attention_call_checks.py
+    tests/test_production_ops_gpu.py tests/test_cross_attention_layer.py tests/test_attention_call_checks.py tests/test_cli_verify_many.py
 fi
