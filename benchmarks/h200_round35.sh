@@ -24,7 +24,7 @@ case ${1:-} in
   *) echo "not an H200 and none of T, D, TD asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *D* ]]; then
-  step 330 python benchmarks/paged_decode_tma_probe.py --out "$OUT/paged_decode_tma_${card}_round35_D.json"
+  step "$(left 300)" python benchmarks/paged_decode_tma_probe.py --out "$OUT/paged_decode_tma_${card}_round35_D.json"
 fi
 if [[ $1 == T* ]]; then
   step "$(left 580)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_production_ops.py \
