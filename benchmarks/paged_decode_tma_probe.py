@@ -29,6 +29,7 @@ import argparse
 import itertools
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -165,7 +166,19 @@ class TmaDecode:
         self.k_scale = inputs.k_scale if self.fp8 else one
         self.v_scale = inputs.v_scale if self.fp8 else one
 
-    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+    def __call__(self, out: torch.Tensor, split: bool = True, combine: bool = True) -> torch.Tensor:
+        x = self.inputs
+        q = x.q
+        b, h, _, d = q.shape
+        if split:
+            self.split()
+        if combine:
+            pda._paged_decode_combine[(b * h,)](
+                self.part_m, self.part_l, self.part_acc, out, *out.stride(), h, 1,
+                HEAD_DIM=d, BLOCK_D=d, NUM_SPLITS=self.splits, BLOCK_S=triton.next_power_of_2(self.splits))
+        return out
+
+    def split(self) -> None:
         x = self.inputs
         q = x.q
         b, h, _, d = q.shape
@@ -176,10 +189,6 @@ class TmaDecode:
             h, x.block_tables.shape[1], x.sm_scale * 1.4426950408889634,
             PAGE=self.page, HEAD_DIM=d, GROUP=self.group, BLOCK_M=max(16, triton.next_power_of_2(self.group)),
             NUM_SPLITS=self.splits, KV_FP8=self.fp8, PAIRS=self.pairs, num_warps=self.warps, num_stages=self.stages)
-        pda._paged_decode_combine[(b * h,)](
-            self.part_m, self.part_l, self.part_acc, out, *out.stride(), h, 1,
-            HEAD_DIM=d, BLOCK_D=d, NUM_SPLITS=self.splits, BLOCK_S=triton.next_power_of_2(self.splits))
-        return out
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -258,6 +267,32 @@ def _summary(case: dict) -> str:
             f"({lib['pct_of_copy']:.0f}%), TMA best {tma}")
 
 
+def parts(out_path: Path) -> int:
+    """Where a long-context call's time goes, TMA form, bf16 b1: the whole call, the split kernel
+    alone, the combine alone, and the whole call over empty contexts (every program started, its
+    partials written, no key read: the launch-and-wave cost no read can hide), beside a copy."""
+    from ops_bench import copy_bandwidth_report
+    device = torch.device("cuda")
+    copy_tbps, report = copy_bandwidth_report(device, cases=[])
+    for ctx, splits in ((32768, 128), (32768, 64), (65536, 64)):
+        problem, inputs = _inputs(1, ctx, False, device)
+        moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
+        call, out = TmaDecode(inputs, splits, 1, 4), pda.new_output(inputs)
+        row = {"b": 1, "ctx": ctx, "splits": splits, "warps": 1, "stages": 4, "bytes_moved": moved}
+        row["call_us"] = _graph_us(partial(call, out))
+        row["split_us"] = _graph_us(partial(call, out, combine=False))
+        row["combine_us"] = _graph_us(partial(call, out, split=False))
+        lens = inputs.context_lens.clone()
+        inputs.context_lens.zero_()
+        row["empty_call_us"] = _graph_us(partial(call, out))
+        inputs.context_lens.copy_(lens)
+        row["read_at_copy_us"] = moved / (copy_tbps * 1e12) * 1e6
+        print(row, flush=True)
+        report["cases"].append(row)
+    out_path.write_text(json.dumps(report, indent=1))
+    return 0
+
+
 def probe(out_path: Path, quick: bool) -> int:
     from ops_bench import copy_bandwidth_report
     device = torch.device("cuda")
@@ -321,6 +356,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="three configs a shape")
     parser.add_argument("--check-only", action="store_true", help="small shapes against the reference, no timing")
     parser.add_argument("--offline", action="store_true", help="static loop counts for sm_90, no GPU (needs --out)")
+    parser.add_argument("--parts", action="store_true", help="where a batch-1 long-context call's time goes")
     args = parser.parse_args(argv)
     if TensorDescriptor is None:
         print("this Triton has no host tensor descriptors", file=sys.stderr)
@@ -336,7 +372,7 @@ def main(argv=None) -> int:
         print("timing needs --out and a CUDA GPU", file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    return probe(args.out, args.quick)
+    return parts(args.out) if args.parts else probe(args.out, args.quick)
 
 
 if __name__ == "__main__":
