@@ -38,6 +38,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from omnitune.kernels import paged_decode_attention as pda
+from omnitune.kernels._host import LOG2E
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -167,9 +168,7 @@ class TmaDecode:
         self.v_scale = inputs.v_scale if self.fp8 else one
 
     def __call__(self, out: torch.Tensor, split: bool = True, combine: bool = True) -> torch.Tensor:
-        x = self.inputs
-        q = x.q
-        b, h, _, d = q.shape
+        b, h, _, d = self.inputs.q.shape
         if split:
             self.split()
         if combine:
@@ -186,7 +185,7 @@ class TmaDecode:
             q, self.k_desc, self.v_desc, x.block_tables, x.context_lens,
             self.part_m, self.part_l, self.part_acc, self.k_scale, self.v_scale,
             q.stride(0), q.stride(1), x.block_tables.stride(0),
-            h, x.block_tables.shape[1], x.sm_scale * 1.4426950408889634,
+            h, x.block_tables.shape[1], x.sm_scale * LOG2E,
             PAGE=self.page, HEAD_DIM=d, GROUP=self.group, BLOCK_M=max(16, triton.next_power_of_2(self.group)),
             NUM_SPLITS=self.splits, KV_FP8=self.fp8, PAIRS=self.pairs, num_warps=self.warps, num_stages=self.stages)
 
