@@ -40,6 +40,11 @@ from cubin import cubin_resources, loop_counts  # noqa: E402
 _UNIT = ("stride_qd", "stride_kcd", "stride_vcd", "stride_od", "stride_btp", "LQ")
 
 
+# Extra constexprs for every compiled kernel (--set NAME=VALUE): the switches of a kernel variant of
+# benchmarks/variants applied to the working tree.
+EXTRA_CONSTEXPRS: dict[str, int] = {}
+
+
 def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int = 2, splits: int = 2,
                   block_m: int = 16):
     """The split kernel for b×28 query heads over 4 kv heads (GQA 7, packed), d=128, pages of 16."""
@@ -50,7 +55,8 @@ def compile_split(kv_fp8: bool, block_n: int = 64, warps: int = 4, stages: int =
                 "Tickets": "*i32", "KScale": "*fp32", "VScale": "*fp32"}
     constexprs = dict(PAGE_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP=7, BLOCK_M=block_m, BLOCK_N=block_n,
                       NUM_SPLITS=splits, PACK_GQA=True, FUSED_REDUCE=False, BLOCK_S=triton.next_power_of_2(splits),
-                      IEEE_DOT=False, PAGE_GUARD=2, KV_FP8=kv_fp8, ROWS_32=True, **{name: 1 for name in _UNIT})
+                      IEEE_DOT=False, PAGE_GUARD=2, KV_FP8=kv_fp8, ROWS_32=True, **{name: 1 for name in _UNIT},
+                      **EXTRA_CONSTEXPRS)
     return compile_sm90(fn, pointers, constexprs, warps, stages)
 
 
@@ -132,7 +138,15 @@ def main(argv=None) -> int:
     parser.add_argument("--block-m", type=int, default=16,
                         help="with --loop: the tile's query rows (the 7 of GQA 7 padded to this; 8 for a kernel "
                              "variant whose dots run transposed below 16 rows)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=INT",
+                        help="an extra constexpr for every kernel compiled (a variant's switch, e.g. Q_FP8=1 with "
+                             "benchmarks/variants/decode_fp8_query_e4m3.patch applied)")
     args = parser.parse_args(argv)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not name.isidentifier() or not value.lstrip("-").isdigit():
+            parser.error(f"--set takes NAME=INT, got {item!r}")
+        EXTRA_CONSTEXPRS[name] = int(value)
     if args.rows:
         rows = default_tile_rows()
         if args.out:
@@ -144,7 +158,7 @@ def main(argv=None) -> int:
     if args.loop:
         rows = loop_rows(args.block_m)
         if args.out:
-            args.out.write_text(json.dumps({"command": "python benchmarks/decode_registers_offline.py --loop",
+            args.out.write_text(json.dumps({"command": "python " + " ".join(sys.argv),
                                             "triton": triton.__version__, "target": "sm_90",
                                             "problem": "b x 28 query heads over 4 kv heads, d=128, pages of 16, "
                                                        "one query token, 2 splits", "block_m": args.block_m,

@@ -13,6 +13,7 @@
 # D (issues 15 and 16): benchmarks/paged_decode_tma_probe.py — each page's K and V fetched by TMA, one
 #    page a loop step, beside the library's split kernel, whole calls as CUDA graphs: bf16 at batch
 #    1-4 over 32k-128k (issue 15) and fp8 at batch 64, 4k and 16k (issue 16).
+# V: the gpu-marked tests of omnitune verify (tests/test_verify.py), after verify took several presets.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
@@ -20,8 +21,8 @@ if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
 case ${1:-} in
-  T|D|TD) ;;
-  *) echo "not an H200 and none of T, D, TD asked for: nothing run"; exit 3 ;;
+  T|D|TD|V) ;;
+  *) echo "not an H200 and none of T, D, TD, V asked for: nothing run"; exit 3 ;;
 esac
 if [[ $1 == *D* ]]; then
   step "$(left 300)" python benchmarks/paged_decode_tma_probe.py --out "$OUT/paged_decode_tma_${card}_round35_D.json"
@@ -29,4 +30,7 @@ fi
 if [[ $1 == T* ]]; then
   step "$(left 580)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_production_ops.py \
     tests/test_production_ops_gpu.py tests/test_cross_attention_layer.py tests/test_attention_call_checks.py tests/test_cli_verify_many.py
+fi
+if [[ $1 == V ]]; then
+  step "$(left 580)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py
 fi

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from omnitune import runtime
-from omnitune.coerce import describe
-from omnitune.errors import ConfigError, InputError
+from omnitune.errors import ConfigError
+from omnitune.kernels._host import flag
 from omnitune.kernels._launch import bounded_put
 from omnitune.runtime._buckets import bucket_bound
 from omnitune.spec import Config, KernelSpec
@@ -66,13 +66,8 @@ def checking(check: bool | None) -> bool:
     """Whether this call validates tensor values up front (a sync) before launching."""
     if check is None:
         return _check_env() not in (None, "", "0")
-    # Identity checks for the common values (no per-call cost); not bool(check), which read
-    # check="no" (any non-empty string, any object) as True.
-    if check is True or check is False:
-        return check
-    if type(check) is int and (check == 0 or check == 1):
-        return check == 1
-    raise InputError(f"check must be None, True or False, got {describe(check)} ({type(check).__name__})")
+    # Not bool(check), which read check="no" (any non-empty string, any object) as True.
+    return flag(check, "check", "None, True or False")
 
 
 # Length → its bucket, remembered: the ops bucket a length on every call, a serving loop's

@@ -37,11 +37,11 @@ def softmax_scale(sm_scale, d: int) -> float:
     return 1.0 / math.sqrt(d) if sm_scale < 0 else float(sm_scale)
 
 
-def flag(value, name: str) -> bool:
+def flag(value, name: str, allowed: str = "a bool (True or False)") -> bool:
     """A caller's boolean argument (causal=...) as a bool: a Python bool, a numpy bool, or the int 0
-    or 1 (as a shape string writes it). Anything else is an InputError: bool("no") is True, so a
-    string, another number or a tensor (whose truth value is a hidden sync) was taken without a
-    word. A plain bool costs one type check."""
+    or 1 (as a shape string writes it). Anything else is an InputError saying `name` must be
+    `allowed`: bool("no") is True, so a string, another number or a tensor (whose truth value is a
+    hidden sync) was taken without a word. A plain bool costs one type check."""
     if type(value) is bool:
         return value
     if type(value) is int and value in (0, 1):
@@ -49,7 +49,7 @@ def flag(value, name: str) -> bool:
     kind = type(value)
     if kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"):
         return bool(value)
-    raise InputError(f"{name} must be a bool (True or False), got {type(value).__name__} {describe(value)}")
+    raise InputError(f"{name} must be {allowed}, got {describe(value)} ({type(value).__name__})")
 
 
 def require_head_groups(h: int, hkv: int, q_name: str = "q", kv_name: str = "k/v") -> None:
