@@ -67,9 +67,19 @@ def probe(m: int, n: int, warps: int, q_transposed: bool, fp8_dot: bool) -> dict
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="the results JSON")
+    parser.add_argument("--shape", action="append", default=[], metavar="MxNxWARPS",
+                        help="only these dots (keys x query columns x warps, e.g. 64x16x4); default: all of SHAPES")
     args = parser.parse_args(argv)
+    shapes = SHAPES
+    if args.shape:
+        try:
+            shapes = [tuple(int(x) for x in text.split("x")) for text in args.shape]
+        except ValueError:
+            parser.error(f"--shape takes MxNxWARPS, got {args.shape}")
+        if any(len(shape) != 3 for shape in shapes):
+            parser.error(f"--shape takes MxNxWARPS, got {args.shape}")
     rows = []
-    for m, n, warps in SHAPES:
+    for m, n, warps in shapes:
         for fp8_dot in (True, False):
             for q_transposed in (True, False):
                 rows.append(probe(m, n, warps, q_transposed, fp8_dot))

@@ -38,3 +38,20 @@ def test_the_probe_of_omnitunes_attention_kernel_compiles_it_as_its_launcher_cal
     (row,) = _probe_rows("omnitune_attention_tma_m64_w4_s3", tmp_path)
     assert row["compiled"], row.get("diagnostic") or row.get("error")
     assert row["registers"] > 0 and row["shared_bytes"] > 0
+
+
+def test_an_fp8_dot_runs_in_fp8_from_16_columns_on_a_warpgroup_and_widened_at_8(tmp_path):
+    """docs/hopper.md's fp8 finding, for the Triton installed: an e4m3 x e4m3 dot of 64 keys by 16
+    query columns over 4 warps compiles to wgmma in fp8 (QGMMA, no unpacks); 32 keys by 8 columns
+    over one warp (the decode loop's transposed dots) to mma.sync with both operands widened —
+    the same instructions as widening them by hand."""
+    out = tmp_path / "fp8_dots.json"
+    done = compile_for_sm90([str(ROOT / "benchmarks" / "fp8_dot_forms_offline.py"), "--shape", "64x16x4",
+                             "--shape", "32x8x1", "--out", str(out)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {(r["M"], r["N"], r["operands"], r["q_transposed"]): r for r in json.loads(out.read_text())["rows"]}
+    wide = rows[(64, 16, "e4m3", True)]
+    assert wide["native_fp8"] and wide["f2fp"] == 0 and any(op.startswith("QGMMA") for op in wide["mma"])
+    narrow, widened = rows[(32, 8, "e4m3", True)], rows[(32, 8, "widened to fp16", True)]
+    assert not narrow["native_fp8"] and narrow["f2fp"] > 0
+    assert (narrow["mma"], narrow["mma_count"], narrow["f2fp"]) == (widened["mma"], widened["mma_count"], widened["f2fp"])
