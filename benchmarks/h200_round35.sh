@@ -13,10 +13,17 @@
 # D (issues 15 and 16): benchmarks/paged_decode_tma_probe.py — each page's K and V fetched by TMA, one
 #    page a loop step, beside the library's split kernel, whole calls as CUDA graphs: bf16 at batch
 #    1-4 over 32k-128k (issue 15) and fp8 at batch 64, 4k and 16k (issue 16).
-# V: the gpu-marked tests of omnitune verify (tests/test_verify.py), after verify took several presets.
+# V: benchmarks/graph_launch_floor.py (the fixed cost of a graph-replayed call, issue 15; run first on
+#    an H200 too), then the gpu-marked tests of omnitune verify (tests/test_verify.py), after verify
+#    took several presets.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
+launch_floor() {  # issue 15: the fixed cost of a graph-replayed call, beside b1 32k's call (about 30 s)
+  step 90 python benchmarks/graph_launch_floor.py --out "$OUT/graph_launch_floor_${card}_round36.json"
+}
 if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
+  launch_floor
+  export started  # S's budgets count this call's time from its start
   variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch || exit 2
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
@@ -32,5 +39,6 @@ if [[ $1 == T* ]]; then
     tests/test_production_ops_gpu.py tests/test_cross_attention_layer.py tests/test_attention_call_checks.py tests/test_cli_verify_many.py
 fi
 if [[ $1 == V ]]; then
+  launch_floor
   step "$(left 580)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py
 fi
