@@ -35,8 +35,9 @@ import triton
 from omnitune.kernels import paged_decode_attention as pda
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cubin  # noqa: E402
-from cubin import cubin_resources, loop_counts  # noqa: E402
+import cubin
+from cubin import cubin_resources, loop_counts
+
 _UNIT = ("stride_qd", "stride_kcd", "stride_vcd", "stride_od", "stride_btp", "LQ")
 
 
