@@ -55,6 +55,12 @@ def sass_instructions(kernel) -> list[tuple[int, str]]:
     return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
 
 
+def opcode(instruction: str) -> str:
+    """An SASS instruction's opcode with its modifiers (QGMMA.64x16x32.F32.E4M3.E4M3), its guard
+    predicate (@P0, @!UP1) dropped."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0]
+
+
 def loop_counts(kernel) -> dict:
     """The first backward branch's body in kernel's SASS (a decode split kernel's key loop): its
     instructions, CTA barriers, shuffles, shared loads and stores, and the instructions by opcode
@@ -64,7 +70,7 @@ def loop_counts(kernel) -> dict:
         target = re.search(r"BRA\s+(?:\S+\s+)?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < address:
             body = [t for a, t in instructions if int(target.group(1), 16) <= a <= address]
-            opcodes = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+            opcodes = Counter(opcode(t).split(".")[0] for t in body)
             return {"instructions": len(body), "barriers": sum("BAR.SYNC" in t for t in body),
                     "shuffles": sum("SHFL" in t for t in body),
                     "shared_loads": sum(re.search(r"\bLDS", t) is not None for t in body),

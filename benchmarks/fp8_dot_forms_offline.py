@@ -53,8 +53,7 @@ def _keys_by_query(K, Q, O, M: tl.constexpr, N: tl.constexpr, D: tl.constexpr, Q
 def probe(m: int, n: int, warps: int, q_transposed: bool, fp8_dot: bool) -> dict:
     kernel = cubin.compile_sm90(_keys_by_query, {"K": "*fp8e4nv", "Q": "*fp8e4nv", "O": "*fp32"},
                                 {"M": m, "N": n, "D": HEAD_DIM, "Q_TRANSPOSED": q_transposed, "FP8_DOT": fp8_dot}, warps, 1)
-    sass = [text for _, text in cubin.sass_instructions(kernel)]
-    opcodes = Counter(t.split()[1 if t.startswith("@") else 0] for t in sass)
+    opcodes = Counter(cubin.opcode(text) for _, text in cubin.sass_instructions(kernel))
     mma = sorted({op for op in opcodes if "MMA" in op})
     return {"M": m, "N": n, "K": HEAD_DIM, "num_warps": warps, "q_transposed": q_transposed,
             "operands": "e4m3" if fp8_dot else "widened to fp16", "mma": mma,

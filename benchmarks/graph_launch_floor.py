@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ops_bench import capture, copy_bandwidth_report, graph_call_us
+from ops_bench import best_graph_us, copy_bandwidth_report
 
 ROUNDS = 7
 HEADS, KV_HEADS, HEAD_DIM, PAGE, CONTEXT = 28, 4, 128, 16, 32768
@@ -39,8 +39,7 @@ def _one_store_a_program(X):
 
 
 def _best_graph_us(fn) -> float:
-    graph = capture(fn)
-    return min(graph_call_us(graph) for _ in range(ROUNDS))
+    return best_graph_us(fn, ROUNDS)
 
 
 def floors(device: torch.device) -> dict:

@@ -106,6 +106,12 @@ def graph_call_us(graph, calls: int = GRAPH_CALLS, replays: int = GRAPH_REPLAYS)
     return start.elapsed_time(end) / (replays * calls) * 1e3
 
 
+def best_graph_us(fn, rounds: int) -> float:
+    """µs per call of fn captured (capture) and timed by graph_call_us, the best of `rounds`."""
+    graph = capture(fn)
+    return min(graph_call_us(graph) for _ in range(rounds))
+
+
 def copy_bandwidth_report(device: torch.device, **fields) -> tuple[float, dict]:
     """This device's copy bandwidth (TB/s, omnitune.profile.calibrate), and the head of a results
     file that reports against it: device, command, the bandwidth and how it was measured, `fields`."""

@@ -250,9 +250,8 @@ def offline_rows() -> list[dict]:
 
 
 def _graph_us(fn) -> float:
-    from ops_bench import capture, graph_call_us
-    graph = capture(fn)
-    return min(graph_call_us(graph) for _ in range(5))
+    from ops_bench import best_graph_us
+    return best_graph_us(fn, 5)
 
 
 def _summary(case: dict) -> str:
