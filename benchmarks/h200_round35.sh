@@ -13,11 +13,15 @@
 # D (issues 15 and 16): benchmarks/paged_decode_tma_probe.py — each page's K and V fetched by TMA, one
 #    page a loop step, beside the library's split kernel, whole calls as CUDA graphs: bf16 at batch
 #    1-4 over 32k-128k (issue 15) and fp8 at batch 64, 4k and 16k (issue 16).
-# L (an H200, little time left): see below. V: benchmarks/graph_launch_floor.py (the fixed cost of a graph-replayed call, issue 15; run first on
-#    an H200 too), then the gpu-marked tests of omnitune verify (tests/test_verify.py), after verify
-#    took several presets.
+# L (an H200, little time left): see below; on another card, V.
+# V: benchmarks/graph_launch_floor.py (the fixed cost of a graph-replayed call, issue 15; run first
+#    on an H200 too), then the gpu-marked tests of omnitune verify (tests/test_verify.py), after
+#    verify took several presets.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
+fp8_variants_applied() {  # the transposed dots, then the 16-bit PV operand on top (issue 16)
+  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch
+}
 launch_floor() {  # issue 15: the fixed cost of a graph-replayed call, beside b1 32k's call (about 30 s)
   step 90 python benchmarks/graph_launch_floor.py --out "$OUT/graph_launch_floor_${card}_round36.json"
 }
@@ -25,7 +29,7 @@ if [ "$card" = h200 ] && [ "${1:-}" = L ]; then
   # L, on an H200 with little device time left (about 400 s): both fp8 variants applied, the decode
   # gpu tests, the public fp8 ops beside bf16 with the tables as shipped (issue 16's figures; no
   # table rewritten), the few-warps sweeps at 4k and 16k, the launch floor last.
-  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch || exit 2
+  fp8_variants_applied || exit 2
   step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py tests/test_fp8_kv_cache.py
   step 90 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_round35_L.json"
   few_warps_sweeps round35_L 90
@@ -35,7 +39,7 @@ fi
 if [ "$card" = h200 ] && [ -z "${ON_H200_TOO:-}" ]; then
   launch_floor
   export started  # S's budgets count this call's time from its start
-  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch || exit 2
+  fp8_variants_applied || exit 2
   exec bash "$(dirname "$0")/h200_round29.sh" S
 fi
 [ "${1:-}" = L ] && set -- V  # L given to another card: V's steps
