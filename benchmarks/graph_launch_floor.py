@@ -12,7 +12,17 @@ grid of b1 32k (64 splits × 4 kv heads = 256 programs) and 1,024 programs; two 
 after the other (a split and its combine: 256 then 28 programs); and PagedDecodePlan.run at b1 over
 contexts of length 0 and 32k, beside a copy of the same 67 MB.
 
+Round 36 on an H100 put two empty launches at 2.4 µs and the library's empty-context call at 5.6:
+the launches alone leave 1.5 µs of the 3.9 allowed. What a call that reads its bytes pays on top —
+the memory stream's ramp and drain — the read floors say (--read): one Triton kernel that reads the
+decode's K and V bytes and nothing else (each program sums its share of 16-bit blocks, the blocks
+dealt out grid-stride; the best of programs per SM, block size, warps and stages), at every batch ×
+context of issue 15's grid, beside PagedDecodePlan.run at that shape with the config the tables
+give. A call that reads B bytes can be no faster than that kernel plus a second launch, so the
+floor's share of copy speed is the ceiling of any one- or two-launch decode on the card.
+
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --out $OUT/graph_launch_floor_h200.json
+    PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --read --out $OUT/read_floor_h200.json
 """
 
 from __future__ import annotations
@@ -38,6 +48,26 @@ def _one_store_a_program(X):
     tl.store(X + tl.program_id(0), 1.0)
 
 
+@triton.jit
+def _read_blocks(X, Out, n_blocks, BLOCK: tl.constexpr):
+    """Sum of blocks pid, pid + programs, … of X (BLOCK elements each): every byte read once."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    block = X + pid * BLOCK + tl.arange(0, BLOCK)  # pointers advance: no 32-bit element offset overflows
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for _ in range(pid, n_blocks, programs):
+        acc += tl.load(block).to(tl.float32)
+        block += programs * BLOCK
+    tl.store(Out + pid, tl.sum(acc, 0))
+
+
+# The read kernel's configurations: programs per SM, elements a block, warps, stages.
+READ_PROGRAMS_PER_SM = (1, 2, 4, 8, 16)
+READ_TILES = tuple((block, warps, stages) for block in (2048, 8192) for warps in (4, 8) for stages in (1, 3))
+# Issue 15's batch-1 grid: (batch, context).
+DECODE_GRID = tuple((b, ctx) for b in (1, 2, 4) for ctx in (32768, 65536, 131072))
+
+
 def _best_graph_us(fn) -> float:
     return best_graph_us(fn, ROUNDS)
 
@@ -56,17 +86,27 @@ def floors(device: torch.device) -> dict:
     return rows
 
 
-def decode_calls(device: torch.device, copy_tbps: float) -> dict:
+def decode_call(batch: int, context: int, device: torch.device):
+    """Issue 15's problem at batch × context (bf16, h28/4, d=128, pages of 16): the problem, its
+    inputs, a plan as users make one (the config the tables give) and a call of it."""
     from omnitune.kernels import paged_decode_attention as pda
 
-    problem = pda.PagedDecodeProblem(b=1, h=HEADS, hkv=KV_HEADS, lq=1, ctx=CONTEXT, d=HEAD_DIM, block_size=PAGE)
+    problem = pda.PagedDecodeProblem(b=batch, h=HEADS, hkv=KV_HEADS, lq=1, ctx=context, d=HEAD_DIM, block_size=PAGE)
     x = pda.SPEC.make_inputs(problem, torch.bfloat16, device, seed=0)
-    plan = pda.PagedDecodePlan(batch=1, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=PAGE,
-                               max_blocks=x.block_tables.shape[1], max_context_len=CONTEXT, dtype=torch.bfloat16,
-                               device=device)
+    plan = pda.PagedDecodePlan(batch=batch, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                               block_size=PAGE, max_blocks=x.block_tables.shape[1], max_context_len=context,
+                               dtype=torch.bfloat16, device=device)
 
     def call():
         return plan.run(x.q, x.key_cache, x.value_cache, x.block_tables, x.context_lens, check=False)
+
+    return problem, x, plan, call
+
+
+def decode_calls(device: torch.device, copy_tbps: float) -> dict:
+    from omnitune.kernels import paged_decode_attention as pda
+
+    problem, x, plan, call = decode_call(1, CONTEXT, device)
 
     moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
     at_copy_us = moved / (copy_tbps * 1e12) * 1e6
@@ -83,9 +123,69 @@ def decode_calls(device: torch.device, copy_tbps: float) -> dict:
             "fixed_cost_allowed_for_85pct_us": at_copy_us / 0.85 - at_copy_us}
 
 
+def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, stages: int):
+    """A call that reads every element of flat once (its length a multiple of block) with the read
+    kernel, and that call's result checked against torch's sum: a reader that skipped bytes would
+    set a floor no decode has."""
+    partial = torch.empty(programs, device=flat.device, dtype=torch.float32)
+    n_blocks = flat.numel() // block
+
+    def call():
+        _read_blocks[(programs,)](flat, partial, n_blocks, BLOCK=block, num_warps=warps, num_stages=stages)
+
+    call()
+    want = flat.float().sum()
+    got = partial.sum()
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3 * flat.numel() ** 0.5):
+        raise AssertionError(f"read kernel sums {got.item()} where torch sums {want.item()}")
+    return call
+
+
+def read_floor(flat: torch.Tensor, sms: int) -> dict:
+    """The fastest graph-replayed read of flat over READ_PROGRAMS_PER_SM × READ_TILES."""
+    best = None
+    for per_sm in READ_PROGRAMS_PER_SM:
+        for block, warps, stages in READ_TILES:
+            us = _best_graph_us(read_sum_checked(flat, per_sm * sms, block, warps, stages))
+            if best is None or us < best["us"]:
+                best = {"us": us, "programs": per_sm * sms, "BLOCK": block, "num_warps": warps, "num_stages": stages}
+    return best
+
+
+def read_floors(device: torch.device, copy_tbps: float, second_launch_us: float) -> list[dict]:
+    """Per shape of DECODE_GRID: the read floor of its K and V bytes and the library's call."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = []
+    for batch, context in DECODE_GRID:
+        problem, x, plan, call = decode_call(batch, context, device)
+        moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
+        at_copy_us = moved / (copy_tbps * 1e12) * 1e6
+        call_us = _best_graph_us(call)
+        del x, call
+        kv_elements = 2 * batch * KV_HEADS * context * HEAD_DIM
+        flat = torch.randn(kv_elements, device=device, dtype=torch.bfloat16)
+        floor = read_floor(flat, sms)
+        del flat
+        row = {"batch": batch, "context": context, "bytes": moved, "bytes_at_copy_us": at_copy_us,
+               "library_call_us": call_us, "library_pct_of_copy": 100 * at_copy_us / call_us,
+               "library_config": dict(plan.config), "read_floor": floor,
+               "read_floor_pct_of_copy": 100 * at_copy_us / floor["us"],
+               "two_launch_ceiling_pct_of_copy": 100 * at_copy_us / (floor["us"] + second_launch_us)}
+        rows.append(row)
+        print(f"b{batch} {context // 1024}k: library {call_us:.1f} µs ({row['library_pct_of_copy']:.0f}% of copy), "
+              f"a read of its K and V {floor['us']:.1f} µs ({row['read_floor_pct_of_copy']:.0f}%; {floor}), "
+              f"with a second launch at most {row['two_launch_ceiling_pct_of_copy']:.0f}%", flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--read", action="store_true",
+                        help="also the read floors and the library's call over issue 15's batch × context grid")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     copy_tbps, report = copy_bandwidth_report(device)
@@ -97,6 +197,11 @@ def main(argv=None) -> int:
           f"{decode['empty_context_call_us']:.1f}, the bytes at copy speed {decode['bytes_at_copy_us']:.1f}, a copy "
           f"of them {decode['copy_same_bytes_us']:.1f}; 85% allows {decode['fixed_cost_allowed_for_85pct_us']:.1f} µs "
           "of fixed cost", flush=True)
+    if args.read:
+        floors_us = report["floors_us"]
+        second_launch_us = floors_us["two launches, 256 then 28 programs"] - floors_us["256 programs"]
+        report["second_launch_us"] = second_launch_us
+        report["read_floors"] = read_floors(device, copy_tbps, second_launch_us)
     report["triton"] = triton.__version__
     args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Thirty-sixth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round36.sh
+# On an H200: round 35's H200 call (the launch floor, then round 29's S with both fp8 loop variants,
+# issue 16). On any other card, R (issue 15): benchmarks/graph_launch_floor.py --read — the launch
+# floors, then per batch 1/2/4 × context 32k/64k/128k (bf16, h28/4, d=128, pages of 16) the fastest
+# Triton kernel that only reads the decode's K and V bytes, beside PagedDecodePlan.run at that shape
+# with the config the tables give, all as CUDA-graph replays: the ceiling of any one- or two-launch
+# decode there. Then the read kernel's gpu test (bf16).
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
+nvidia-smi -L
+if [ "$card" = h200 ]; then
+  exec bash "$(dirname "$0")/h200_round35.sh" V
+fi
+step 300 python benchmarks/graph_launch_floor.py --read --out "$OUT/read_floor_${card}_round36.json"
+step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py
