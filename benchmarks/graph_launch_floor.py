@@ -19,10 +19,13 @@ decode's K and V bytes and nothing else (each program sums its share of 16-bit b
 dealt out grid-stride; the best of programs per SM, block size, warps and stages), at every batch ×
 context of issue 15's grid, beside PagedDecodePlan.run at that shape with the config the tables
 give. A call that reads B bytes can be no faster than that kernel plus a second launch, so the
-floor's share of copy speed is the ceiling of any one- or two-launch decode on the card.
+floor's share of copy speed is the ceiling of any one- or two-launch decode on the card. --forms:
+the b1 32k call over full and empty contexts at other split counts and with the splits combined in
+the same launch (FUSED_REDUCE), each output checked against the table config's.
 
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --out $OUT/graph_launch_floor_h200.json
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --read --out $OUT/read_floor_h200.json
+    PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --forms --out $OUT/decode_forms_h200.json
 """
 
 from __future__ import annotations
@@ -181,11 +184,52 @@ def read_floors(device: torch.device, copy_tbps: float, second_launch_us: float)
     return rows
 
 
+# The b1 32k call's fixed cost against its form: the table's tile at other split counts, and the
+# splits combined in the same launch (FUSED_REDUCE: one launch, the last split of a head combines).
+FIXED_COST_FORMS = ({"FUSED_REDUCE": True}, {"NUM_SPLITS": 16}, {"NUM_SPLITS": 32}, {"NUM_SPLITS": 128},
+                    {"NUM_SPLITS": 32, "FUSED_REDUCE": True}, {"NUM_SPLITS": 128, "FUSED_REDUCE": True})
+
+
+def fixed_cost_forms(device: torch.device, copy_tbps: float) -> list[dict]:
+    """PagedDecodePlan.run at b1 32k over full and empty contexts, the table's config and each of
+    FIXED_COST_FORMS applied to it; every output checked against the table config's first."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    problem, x, plan, call = decode_call(1, CONTEXT, device)
+    at_copy_us = pda.SPEC.bytes_moved(problem, torch.bfloat16) / (copy_tbps * 1e12) * 1e6
+    want = call().clone()
+    lengths = x.context_lens.clone()
+    rows = []
+    for change in ({}, *FIXED_COST_FORMS):
+        config = {**plan.config, **change}
+        form = pda.PagedDecodePlan(batch=1, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                                   block_size=PAGE, max_blocks=x.block_tables.shape[1], max_context_len=CONTEXT,
+                                   dtype=torch.bfloat16, device=device, config=config)
+
+        def run(form=form):
+            return form.run(x.q, x.key_cache, x.value_cache, x.block_tables, x.context_lens, check=False)
+
+        got = run()
+        error = float((got.float() - want.float()).norm() / want.float().norm())
+        full = _best_graph_us(run)
+        x.context_lens.zero_()
+        empty = _best_graph_us(run)
+        x.context_lens.copy_(lengths)
+        row = {"change": change, "config": config, "rel_diff_to_table_config": error, "call_us": full,
+               "call_pct_of_copy": 100 * at_copy_us / full, "empty_context_call_us": empty}
+        rows.append(row)
+        print(f"b1 32k {change or 'table config'}: {full:.1f} µs ({row['call_pct_of_copy']:.0f}% of copy), "
+              f"over empty contexts {empty:.1f}, rel. diff {error:.1e}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--read", action="store_true",
                         help="also the read floors and the library's call over issue 15's batch × context grid")
+    parser.add_argument("--forms", action="store_true",
+                        help="also the b1 32k call's fixed cost at other split counts and with the in-launch combine")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     copy_tbps, report = copy_bandwidth_report(device)
@@ -202,6 +246,8 @@ def main(argv=None) -> int:
         second_launch_us = floors_us["two launches, 256 then 28 programs"] - floors_us["256 programs"]
         report["second_launch_us"] = second_launch_us
         report["read_floors"] = read_floors(device, copy_tbps, second_launch_us)
+    if args.forms:
+        report["b1_32k_forms"] = fixed_cost_forms(device, copy_tbps)
     report["triton"] = triton.__version__
     args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Thirty-sixth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round36.sh
+# Thirty-sixth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round36.sh R|F
 # On an H200: round 35's H200 call (the launch floor, then round 29's S with both fp8 loop variants,
-# issue 16). On any other card, R (issue 15): benchmarks/graph_launch_floor.py --read — the launch
+# issue 16), whatever the argument. On any other card (issue 15):
+# F: graph_launch_floor.py --forms — the b1 32k call over full and empty contexts at 16-128 splits
+#    and with the in-launch combine (FUSED_REDUCE), beside the table's config.
+# R: benchmarks/graph_launch_floor.py --read — the launch
 # floors, then per batch 1/2/4 × context 32k/64k/128k (bf16, h28/4, d=128, pages of 16) the fastest
 # Triton kernel that only reads the decode's K and V bytes, beside PagedDecodePlan.run at that shape
 # with the config the tables give, all as CUDA-graph replays: the ceiling of any one- or two-launch
@@ -11,5 +14,10 @@ nvidia-smi -L
 if [ "$card" = h200 ]; then
   exec bash "$(dirname "$0")/h200_round35.sh" V
 fi
-step 300 python benchmarks/graph_launch_floor.py --read --out "$OUT/read_floor_${card}_round36.json"
-step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py
+case ${1:-} in
+  R)
+    step 300 python benchmarks/graph_launch_floor.py --read --out "$OUT/read_floor_${card}_round36.json"
+    step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py ;;
+  F) step 200 python benchmarks/graph_launch_floor.py --forms --out "$OUT/decode_forms_${card}_round36.json" ;;
+  *) echo "not an H200 and neither R nor F asked for: nothing run"; exit 3 ;;
+esac
