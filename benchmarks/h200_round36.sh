@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thirty-sixth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round36.sh R|F
 # On an H200: round 35's H200 call (the launch floor, then round 29's S with both fp8 loop variants,
-# issue 16), whatever the argument. On any other card (issue 15):
+# issue 16; with H200_PART=L its short form), whatever the argument. On any other card (issue 15):
 # F: graph_launch_floor.py --forms — the b1 32k call over full and empty contexts at 16-128 splits
 #    and with the in-launch combine (FUSED_REDUCE), beside the table's config; then the same with K and
 #    V loaded evict-first (benchmarks/variants/decode_kv_evict_first.patch: the step's small tensors
@@ -13,8 +13,8 @@
 # decode there. Then the read kernel's gpu test (bf16).
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
-if [ "$card" = h200 ]; then
-  exec bash "$(dirname "$0")/h200_round35.sh" V
+if [ "$card" = h200 ]; then  # H200_PART=L: round 35's short H200 call (about 400 s), when less time is left
+  exec bash "$(dirname "$0")/h200_round35.sh" "${H200_PART:-V}"
 fi
 case ${1:-} in
   R)
