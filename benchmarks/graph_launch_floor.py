@@ -155,31 +155,34 @@ def read_floor(flat: torch.Tensor, sms: int) -> dict:
     return best
 
 
-def read_floors(device: torch.device, copy_tbps: float, second_launch_us: float) -> list[dict]:
-    """Per shape of DECODE_GRID: the read floor of its K and V bytes and the library's call."""
+def read_floors(device: torch.device, copy_tbps: float, second_launch_us: float | None,
+                shapes=DECODE_GRID) -> list[dict]:
+    """Per (batch, context) of shapes: the library's call and, unless second_launch_us is None, the
+    read floor of its K and V bytes."""
     from omnitune.kernels import paged_decode_attention as pda
 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
-    for batch, context in DECODE_GRID:
+    for batch, context in shapes:
         problem, x, plan, call = decode_call(batch, context, device)
         moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
         at_copy_us = moved / (copy_tbps * 1e12) * 1e6
         call_us = _best_graph_us(call)
         del x, call
-        kv_elements = 2 * batch * KV_HEADS * context * HEAD_DIM
-        flat = torch.randn(kv_elements, device=device, dtype=torch.bfloat16)
-        floor = read_floor(flat, sms)
-        del flat
         row = {"batch": batch, "context": context, "bytes": moved, "bytes_at_copy_us": at_copy_us,
                "library_call_us": call_us, "library_pct_of_copy": 100 * at_copy_us / call_us,
-               "library_config": dict(plan.config), "read_floor": floor,
-               "read_floor_pct_of_copy": 100 * at_copy_us / floor["us"],
-               "two_launch_ceiling_pct_of_copy": 100 * at_copy_us / (floor["us"] + second_launch_us)}
+               "library_config": dict(plan.config)}
+        line = f"b{batch} {context // 1024}k: library {call_us:.1f} µs ({row['library_pct_of_copy']:.0f}% of copy)"
+        if second_launch_us is not None:
+            flat = torch.randn(2 * batch * KV_HEADS * context * HEAD_DIM, device=device, dtype=torch.bfloat16)
+            floor = read_floor(flat, sms)
+            del flat
+            row.update(read_floor=floor, read_floor_pct_of_copy=100 * at_copy_us / floor["us"],
+                       two_launch_ceiling_pct_of_copy=100 * at_copy_us / (floor["us"] + second_launch_us))
+            line += (f", a read of its K and V {floor['us']:.1f} µs ({row['read_floor_pct_of_copy']:.0f}%; {floor}), "
+                     f"with a second launch at most {row['two_launch_ceiling_pct_of_copy']:.0f}%")
         rows.append(row)
-        print(f"b{batch} {context // 1024}k: library {call_us:.1f} µs ({row['library_pct_of_copy']:.0f}% of copy), "
-              f"a read of its K and V {floor['us']:.1f} µs ({row['read_floor_pct_of_copy']:.0f}%; {floor}), "
-              f"with a second launch at most {row['two_launch_ceiling_pct_of_copy']:.0f}%", flush=True)
+        print(line, flush=True)
         torch.cuda.empty_cache()
     return rows
 
@@ -228,6 +231,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--read", action="store_true",
                         help="also the read floors and the library's call over issue 15's batch × context grid")
+    parser.add_argument("--grid", action="store_true",
+                        help="also the library's call alone over issue 15's grid and batch 64 × 4k (no read floors)")
     parser.add_argument("--forms", action="store_true",
                         help="also the b1 32k call's fixed cost at other split counts and with the in-launch combine")
     args = parser.parse_args(argv)
@@ -246,6 +251,8 @@ def main(argv=None) -> int:
         second_launch_us = floors_us["two launches, 256 then 28 programs"] - floors_us["256 programs"]
         report["second_launch_us"] = second_launch_us
         report["read_floors"] = read_floors(device, copy_tbps, second_launch_us)
+    if args.grid:
+        report["library_calls"] = read_floors(device, copy_tbps, None, DECODE_GRID + ((64, 4096),))
     if args.forms:
         report["b1_32k_forms"] = fixed_cost_forms(device, copy_tbps)
     report["triton"] = triton.__version__

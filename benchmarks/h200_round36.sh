@@ -2,7 +2,8 @@
 # Thirty-sixth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round36.sh R|F
 # On an H200: round 35's H200 call (the launch floor, then round 29's S with both fp8 loop variants,
 # issue 16; with H200_PART=L its short form), whatever the argument. On any other card (issue 15):
-# F: graph_launch_floor.py --forms — the b1 32k call over full and empty contexts at 16-128 splits
+# F: graph_launch_floor.py --forms --grid — the library call over issue 15's grid and b64 4k, and the
+#    b1 32k call over full and empty contexts at 16-128 splits
 #    and with the in-launch combine (FUSED_REDUCE), beside the table's config; then the same with K and
 #    V loaded evict-first (benchmarks/variants/decode_kv_evict_first.patch: the step's small tensors
 #    stay in the L2 behind the cache's stream), and the decode gpu tests with it.
@@ -21,9 +22,9 @@ case ${1:-} in
     step 300 python benchmarks/graph_launch_floor.py --read --out "$OUT/read_floor_${card}_round36.json"
     step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py ;;
   F)
-    step 150 python benchmarks/graph_launch_floor.py --forms --out "$OUT/decode_forms_${card}_round36.json"
+    step 150 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36.json"
     variant_apply benchmarks/variants/decode_kv_evict_first.patch || exit 2
-    step 150 python benchmarks/graph_launch_floor.py --forms --out "$OUT/decode_forms_${card}_round36_evict_first.json"
+    step 150 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36_evict_first.json"
     step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py ;;
   *) echo "not an H200 and neither R nor F asked for: nothing run"; exit 3 ;;
 esac
