@@ -7,6 +7,7 @@
 #    and with the in-launch combine (FUSED_REDUCE), beside the table's config; then the same with K and
 #    V loaded evict-first (benchmarks/variants/decode_kv_evict_first.patch: the step's small tensors
 #    stay in the L2 behind the cache's stream), and the decode gpu tests with it.
+# G: F's two grids and its forms, not the tests (about 200 s; on an H200 too).
 # R: benchmarks/graph_launch_floor.py --read — the launch
 # floors, then per batch 1/2/4 × context 32k/64k/128k (bf16, h28/4, d=128, pages of 16) the fastest
 # Triton kernel that only reads the decode's K and V bytes, beside PagedDecodePlan.run at that shape
@@ -14,6 +15,14 @@
 # decode there. Then the read kernel's gpu test (bf16).
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
+if [ "${1:-}" = G ]; then  # G, on any card, little time left: F's grids before and after evict-first, then its forms
+  step 70 python benchmarks/graph_launch_floor.py --grid --out "$OUT/decode_grid_${card}_round36.json"
+  variant_apply benchmarks/variants/decode_kv_evict_first.patch || exit 2
+  step 70 python benchmarks/graph_launch_floor.py --grid --out "$OUT/decode_grid_${card}_round36_evict_first.json"
+  variant_restore benchmarks/variants/decode_kv_evict_first.patch
+  step 90 python benchmarks/graph_launch_floor.py --forms --out "$OUT/decode_forms_${card}_round36.json"
+  exit 0
+fi
 if [ "$card" = h200 ]; then  # H200_PART=L: round 35's short H200 call (about 400 s), when less time is left
   exec bash "$(dirname "$0")/h200_round35.sh" "${H200_PART:-V}"
 fi
