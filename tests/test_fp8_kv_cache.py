@@ -192,22 +192,6 @@ def test_decode_over_fp8_matches_the_dequantized_reference(dtype, per_head, conf
     assert relative_error(out, unquantized) < FP8_VS_UNQUANTIZED
 
 
-@pytest.mark.parametrize("h, hkv, lq, rows", [(14, 2, 1, 7), (8, 1, 1, 8), (6, 2, 3, 9), (9, 1, 1, 9)])
-def test_fp8_decode_transposes_its_dots_up_to_8_rows_and_is_right_on_either_side(h, hkv, lq, rows):
-    """Over an fp8 cache a program of ≤ 8 query rows runs the transposed dots (an 8-row tile,
-    SWAP_AB), one of 9 the 16-row tile; a 16-bit cache keeps 16 rows. Both against the reference."""
-    dtype = DTYPES[0]
-    problem, full, quantized = _decode_pair(dtype, b=2, h=h, hkv=hkv, lq=lq, ctx=200, seed=rows)
-    config = pda.SPEC.default_config(problem, dtype).replace(PACK_GQA=True)
-    for cache, expected in ((FP8, 8 if rows <= 8 else 16), (dtype, 16)):
-        plan = pda._launch_plan(config, 2, h, lq, 64, hkv, 16, dtype, cache, pda.PAGE_GUARD[0], True)
-        assert plan.split.constexprs["BLOCK_M"] == expected, cache
-    out = pda.paged_decode_attention(quantized.q, quantized.key_cache, quantized.value_cache, quantized.block_tables,
-                                     quantized.context_lens, k_scale=quantized.k_scale, v_scale=quantized.v_scale,
-                                     config=config)
-    assert relative_error(out, pda.reference(quantized)) < pda.SPEC.tolerance[dtype]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("magnitude", [1e-7, 3e3])
 def test_decode_over_fp8_holds_for_values_outside_fp16s_comfortable_range(magnitude):
