@@ -89,41 +89,64 @@ def floors(device: torch.device) -> dict:
     return rows
 
 
-def decode_call(batch: int, context: int, device: torch.device):
-    """Issue 15's problem at batch × context (bf16, h28/4, d=128, pages of 16): the problem, its
-    inputs, a plan as users make one (the config the tables give) and a call of it."""
+def plan_call(problem, x, device: torch.device, config: dict | None = None):
+    """A plan for problem over its inputs x as users make one (the config the tables give, unless
+    config) and a call of it."""
     from omnitune.kernels import paged_decode_attention as pda
 
-    problem = pda.PagedDecodeProblem(b=batch, h=HEADS, hkv=KV_HEADS, lq=1, ctx=context, d=HEAD_DIM, block_size=PAGE)
-    x = pda.SPEC.make_inputs(problem, torch.bfloat16, device, seed=0)
-    plan = pda.PagedDecodePlan(batch=batch, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
-                               block_size=PAGE, max_blocks=x.block_tables.shape[1], max_context_len=context,
-                               dtype=torch.bfloat16, device=device)
+    plan = pda.PagedDecodePlan(batch=problem.b, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                               block_size=PAGE, max_blocks=x.block_tables.shape[1], max_context_len=problem.ctx,
+                               dtype=torch.bfloat16, device=device, config=config)
 
     def call():
         return plan.run(x.q, x.key_cache, x.value_cache, x.block_tables, x.context_lens, check=False)
 
-    return problem, x, plan, call
+    return plan, call
+
+
+def decode_call(batch: int, context: int, device: torch.device):
+    """Issue 15's problem at batch × context (bf16, h28/4, d=128, pages of 16): the problem, its
+    inputs, and plan_call's plan and call."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    problem = pda.PagedDecodeProblem(b=batch, h=HEADS, hkv=KV_HEADS, lq=1, ctx=context, d=HEAD_DIM, block_size=PAGE)
+    x = pda.SPEC.make_inputs(problem, torch.bfloat16, device, seed=0)
+    return (problem, x, *plan_call(problem, x, device))
+
+
+def bytes_moved(problem) -> float:
+    """The byte model's bytes of a bf16 problem."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    return pda.SPEC.bytes_moved(problem, torch.bfloat16)
+
+
+def at_copy_us(moved: float, copy_tbps: float) -> float:
+    """µs to move `moved` bytes at copy speed."""
+    return moved / (copy_tbps * 1e12) * 1e6
+
+
+def full_and_empty_us(call, context_lens: torch.Tensor) -> tuple[float, float]:
+    """The call's graph µs over its contexts, then over contexts of length 0 (restored after)."""
+    full = _best_graph_us(call)
+    lengths = context_lens.clone()
+    context_lens.zero_()
+    empty = _best_graph_us(call)
+    context_lens.copy_(lengths)
+    return full, empty
 
 
 def decode_calls(device: torch.device, copy_tbps: float) -> dict:
-    from omnitune.kernels import paged_decode_attention as pda
-
     problem, x, plan, call = decode_call(1, CONTEXT, device)
-
-    moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
-    at_copy_us = moved / (copy_tbps * 1e12) * 1e6
-    full = _best_graph_us(call)
-    lengths = x.context_lens.clone()
-    x.context_lens.zero_()
-    empty = _best_graph_us(call)
-    x.context_lens.copy_(lengths)
+    moved = bytes_moved(problem)
+    at_copy = at_copy_us(moved, copy_tbps)
+    full, empty = full_and_empty_us(call, x.context_lens)
     flat = torch.randn(int(moved) // 2, device=device, dtype=torch.bfloat16)
     target = torch.empty_like(flat)
-    return {"config": dict(plan.config), "bytes": moved, "bytes_at_copy_us": at_copy_us, "call_us": full,
-            "call_pct_of_copy": 100 * at_copy_us / full, "empty_context_call_us": empty,
+    return {"config": dict(plan.config), "bytes": moved, "bytes_at_copy_us": at_copy, "call_us": full,
+            "call_pct_of_copy": 100 * at_copy / full, "empty_context_call_us": empty,
             "copy_same_bytes_us": _best_graph_us(lambda: target.copy_(flat)),
-            "fixed_cost_allowed_for_85pct_us": at_copy_us / 0.85 - at_copy_us}
+            "fixed_cost_allowed_for_85pct_us": at_copy / 0.85 - at_copy}
 
 
 def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, stages: int):
@@ -155,30 +178,28 @@ def read_floor(flat: torch.Tensor, sms: int) -> dict:
     return best
 
 
-def read_floors(device: torch.device, copy_tbps: float, second_launch_us: float | None,
-                shapes=DECODE_GRID) -> list[dict]:
+def grid_calls(device: torch.device, copy_tbps: float, second_launch_us: float | None,
+               shapes=DECODE_GRID) -> list[dict]:
     """Per (batch, context) of shapes: the library's call and, unless second_launch_us is None, the
     read floor of its K and V bytes."""
-    from omnitune.kernels import paged_decode_attention as pda
-
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
     for batch, context in shapes:
         problem, x, plan, call = decode_call(batch, context, device)
-        moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
-        at_copy_us = moved / (copy_tbps * 1e12) * 1e6
+        moved = bytes_moved(problem)
+        at_copy = at_copy_us(moved, copy_tbps)
         call_us = _best_graph_us(call)
         del x, call
-        row = {"batch": batch, "context": context, "bytes": moved, "bytes_at_copy_us": at_copy_us,
-               "library_call_us": call_us, "library_pct_of_copy": 100 * at_copy_us / call_us,
+        row = {"batch": batch, "context": context, "bytes": moved, "bytes_at_copy_us": at_copy,
+               "library_call_us": call_us, "library_pct_of_copy": 100 * at_copy / call_us,
                "library_config": dict(plan.config)}
         line = f"b{batch} {context // 1024}k: library {call_us:.1f} µs ({row['library_pct_of_copy']:.0f}% of copy)"
         if second_launch_us is not None:
             flat = torch.randn(2 * batch * KV_HEADS * context * HEAD_DIM, device=device, dtype=torch.bfloat16)
             floor = read_floor(flat, sms)
             del flat
-            row.update(read_floor=floor, read_floor_pct_of_copy=100 * at_copy_us / floor["us"],
-                       two_launch_ceiling_pct_of_copy=100 * at_copy_us / (floor["us"] + second_launch_us))
+            row.update(read_floor=floor, read_floor_pct_of_copy=100 * at_copy / floor["us"],
+                       two_launch_ceiling_pct_of_copy=100 * at_copy / (floor["us"] + second_launch_us))
             line += (f", a read of its K and V {floor['us']:.1f} µs ({row['read_floor_pct_of_copy']:.0f}%; {floor}), "
                      f"with a second launch at most {row['two_launch_ceiling_pct_of_copy']:.0f}%")
         rows.append(row)
@@ -196,30 +217,19 @@ FIXED_COST_FORMS = ({"FUSED_REDUCE": True}, {"NUM_SPLITS": 16}, {"NUM_SPLITS": 3
 def fixed_cost_forms(device: torch.device, copy_tbps: float) -> list[dict]:
     """PagedDecodePlan.run at b1 32k over full and empty contexts, the table's config and each of
     FIXED_COST_FORMS applied to it; every output checked against the table config's first."""
-    from omnitune.kernels import paged_decode_attention as pda
+    from omnitune.tensors import relative_error
 
     problem, x, plan, call = decode_call(1, CONTEXT, device)
-    at_copy_us = pda.SPEC.bytes_moved(problem, torch.bfloat16) / (copy_tbps * 1e12) * 1e6
+    at_copy = at_copy_us(bytes_moved(problem), copy_tbps)
     want = call().clone()
-    lengths = x.context_lens.clone()
     rows = []
     for change in ({}, *FIXED_COST_FORMS):
         config = {**plan.config, **change}
-        form = pda.PagedDecodePlan(batch=1, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
-                                   block_size=PAGE, max_blocks=x.block_tables.shape[1], max_context_len=CONTEXT,
-                                   dtype=torch.bfloat16, device=device, config=config)
-
-        def run(form=form):
-            return form.run(x.q, x.key_cache, x.value_cache, x.block_tables, x.context_lens, check=False)
-
-        got = run()
-        error = float((got.float() - want.float()).norm() / want.float().norm())
-        full = _best_graph_us(run)
-        x.context_lens.zero_()
-        empty = _best_graph_us(run)
-        x.context_lens.copy_(lengths)
+        _, run = plan_call(problem, x, device, config)
+        error = relative_error(run(), want)
+        full, empty = full_and_empty_us(run, x.context_lens)
         row = {"change": change, "config": config, "rel_diff_to_table_config": error, "call_us": full,
-               "call_pct_of_copy": 100 * at_copy_us / full, "empty_context_call_us": empty}
+               "call_pct_of_copy": 100 * at_copy / full, "empty_context_call_us": empty}
         rows.append(row)
         print(f"b1 32k {change or 'table config'}: {full:.1f} µs ({row['call_pct_of_copy']:.0f}% of copy), "
               f"over empty contexts {empty:.1f}, rel. diff {error:.1e}", flush=True)
@@ -250,9 +260,9 @@ def main(argv=None) -> int:
         floors_us = report["floors_us"]
         second_launch_us = floors_us["two launches, 256 then 28 programs"] - floors_us["256 programs"]
         report["second_launch_us"] = second_launch_us
-        report["read_floors"] = read_floors(device, copy_tbps, second_launch_us)
+        report["read_floors"] = grid_calls(device, copy_tbps, second_launch_us)
     if args.grid:
-        report["library_calls"] = read_floors(device, copy_tbps, None, DECODE_GRID + ((64, 4096),))
+        report["library_calls"] = grid_calls(device, copy_tbps, None, DECODE_GRID + ((64, 4096),))
     if args.forms:
         report["b1_32k_forms"] = fixed_cost_forms(device, copy_tbps)
     report["triton"] = triton.__version__
