@@ -210,8 +210,12 @@ def grid_calls(device: torch.device, copy_tbps: float, second_launch_us: float |
 
 # The b1 32k call's fixed cost against its form: the table's tile at other split counts, and the
 # splits combined in the same launch (FUSED_REDUCE: one launch, the last split of a head combines).
+# The last three trade the table tile's pipeline for programs: smaller tiles, more splits, fewer warps,
+# so more programs share an SM (the read floor's fastest reader ran 16 programs an SM).
 FIXED_COST_FORMS = ({"FUSED_REDUCE": True}, {"NUM_SPLITS": 16}, {"NUM_SPLITS": 32}, {"NUM_SPLITS": 128},
-                    {"NUM_SPLITS": 32, "FUSED_REDUCE": True}, {"NUM_SPLITS": 128, "FUSED_REDUCE": True})
+                    {"NUM_SPLITS": 32, "FUSED_REDUCE": True}, {"NUM_SPLITS": 128, "FUSED_REDUCE": True},
+                    {"BLOCK_N": 32, "NUM_SPLITS": 128}, {"BLOCK_N": 32, "num_warps": 2, "NUM_SPLITS": 128},
+                    {"BLOCK_N": 16, "num_warps": 1, "num_stages": 4, "NUM_SPLITS": 256})
 
 
 def fixed_cost_forms(device: torch.device, copy_tbps: float) -> list[dict]:

@@ -31,9 +31,9 @@ case ${1:-} in
     step 300 python benchmarks/graph_launch_floor.py --read --out "$OUT/read_floor_${card}_round36.json"
     step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py ;;
   F)
-    step 150 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36.json"
+    step 200 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36.json"
     variant_apply benchmarks/variants/decode_kv_evict_first.patch || exit 2
-    step 150 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36_evict_first.json"
+    step 200 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36_evict_first.json"
     step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py ;;
   *) echo "not an H200 and neither R nor F asked for: nothing run"; exit 3 ;;
 esac
