@@ -21,11 +21,15 @@ context of issue 15's grid, beside PagedDecodePlan.run at that shape with the co
 give. A call that reads B bytes can be no faster than that kernel plus a second launch, so the
 floor's share of copy speed is the ceiling of any one- or two-launch decode on the card. --forms:
 the b1 32k call over full and empty contexts at other split counts and with the splits combined in
-the same launch (FUSED_REDUCE), each output checked against the table config's.
+the same launch (FUSED_REDUCE), each output checked against the table config's. --paged: at b1 32k,
+the cache read through its block table by a kernel that makes the decode's page lookups and loads and
+no arithmetic (_read_pages, sum-checked), pages as drawn and sorted, beside the library's call each
+way and the contiguous read floor: what reading through pages, and their scatter, cost.
 
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --out $OUT/graph_launch_floor_h200.json
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --read --out $OUT/read_floor_h200.json
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --forms --out $OUT/decode_forms_h200.json
+    PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --paged --out $OUT/decode_paged_reads_h200.json
 """
 
 from __future__ import annotations
@@ -64,9 +68,51 @@ def _read_blocks(X, Out, n_blocks, BLOCK: tl.constexpr):
     tl.store(Out + pid, tl.sum(acc, 0))
 
 
+@triton.jit
+def _read_pages(KeyCache, ValueCache, BlockTables, ContextLens, Out,
+                stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_btb, NUM_SPLITS,
+                PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sum of one (sequence, kv head, split)'s K and V rows, found through the block table as the
+    decode's split kernel finds them (the same split bounds, page numbers one tile ahead): the
+    decode's reads with no arithmetic."""
+    # axis 0: sequence; axis 1: kv head; axis 2: split of the context
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ContextLens + b)
+    tiles = tl.cdiv(ctx, BLOCK_N)
+    k_start = tl.cdiv(split * tiles, NUM_SPLITS) * BLOCK_N
+    k_end = tl.minimum(tl.cdiv((split + 1) * tiles, NUM_SPLITS) * BLOCK_N, ctx)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    table = BlockTables + b.to(tl.int64) * stride_btb
+    k_head = KeyCache + hk.to(tl.int64) * stride_kch
+    v_head = ValueCache + hk.to(tl.int64) * stride_vch
+    first = k_start + offs_n
+    page_next = tl.load(table + first // PAGE_SIZE, mask=first < k_end, other=0)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for start_n in range(k_start, k_end, BLOCK_N):
+        n = start_n + offs_n
+        valid = (n < k_end)[:, None]
+        page = page_next.to(tl.int64)
+        ahead = n + BLOCK_N
+        page_next = tl.load(table + ahead // PAGE_SIZE, mask=ahead < k_end, other=0)
+        in_page = (n % PAGE_SIZE).to(tl.int64)
+        k_rows = (page * stride_kcb + in_page * stride_kcs)[:, None]
+        v_rows = (page * stride_vcb + in_page * stride_vcs)[:, None]
+        k = tl.load(k_head + k_rows + offs_d[None, :], mask=valid, other=0.0)
+        v = tl.load(v_head + v_rows + offs_d[None, :], mask=valid, other=0.0)
+        acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), 0)
+    tl.store(Out + (b * tl.num_programs(1) + hk) * NUM_SPLITS + split, tl.sum(acc, 0))
+
+
 # The read kernel's configurations: programs per SM, elements a block, warps, stages.
 READ_PROGRAMS_PER_SM = (1, 2, 4, 8, 16)
 READ_TILES = tuple((block, warps, stages) for block in (2048, 8192) for warps in (4, 8) for stages in (1, 3))
+# The paged reader's: splits a (sequence, kv head), then keys a tile, warps, stages.
+PAGED_READ_SPLITS = (32, 64, 128, 256)
+PAGED_READ_TILES = tuple((block_n, warps, stages)
+                         for block_n in (32, 64, 128) for warps in (2, 4) for stages in (2, 3, 4))
 # Issue 15's batch-1 grid: (batch, context).
 DECODE_GRID = tuple((b, ctx) for b in (1, 2, 4) for ctx in (32768, 65536, 131072))
 
@@ -178,6 +224,85 @@ def read_floor(flat: torch.Tensor, sms: int) -> dict:
     return best
 
 
+def paged_read_checked(x, splits: int, block_n: int, warps: int, stages: int):
+    """A call that reads the K and V rows of every sequence's context in paged decode inputs x
+    through their block table (_read_pages), checked first against torch's sum of the same rows."""
+    from omnitune.kernels import paged_decode_attention as pda
+
+    kc, vc = x.key_cache, x.value_cache
+    if kc.stride(3) != 1 or vc.stride(3) != 1:
+        raise ValueError("the paged reader takes caches whose head dimension is contiguous")
+    batch, kv_heads, head_dim, page = x.block_tables.shape[0], kc.shape[2], kc.shape[3], kc.shape[1]
+    partial = torch.empty(batch * kv_heads * splits, device=kc.device, dtype=torch.float32)
+
+    def call():
+        _read_pages[(batch, kv_heads, splits)](
+            kc, vc, x.block_tables, x.context_lens, partial, kc.stride(0), kc.stride(1), kc.stride(2),
+            vc.stride(0), vc.stride(1), vc.stride(2), x.block_tables.stride(0), splits,
+            PAGE_SIZE=page, HEAD_DIM=head_dim, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+
+    call()
+    want = torch.zeros((), dtype=torch.float64, device=kc.device)
+    rows = 0
+    for seq in range(batch):
+        ctx = int(x.context_lens[seq])
+        for cache in (kc, vc):
+            want += pda.gather_context(cache, x.block_tables[seq], ctx).double().sum()
+        rows += 2 * ctx * kv_heads
+    got = partial.double().sum()
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3 * (rows * head_dim) ** 0.5):
+        raise AssertionError(f"paged reader sums {got.item()} where torch sums {want.item()}")
+    return call
+
+
+def paged_read_floor(x) -> dict:
+    """The fastest graph-replayed paged read of x over PAGED_READ_SPLITS × PAGED_READ_TILES."""
+    best = None
+    for splits in PAGED_READ_SPLITS:
+        for block_n, warps, stages in PAGED_READ_TILES:
+            us = _best_graph_us(paged_read_checked(x, splits, block_n, warps, stages))
+            if best is None or us < best["us"]:
+                best = {"us": us, "NUM_SPLITS": splits, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+    return best
+
+
+def paged_reads(device: torch.device, copy_tbps: float) -> dict:
+    """At b1 32k: what reading the cache through its pages costs, and what the pages' scatter costs.
+    The library's call and the paged reader's floor over the inputs as drawn (each sequence's pages
+    at random in the cache) and with each table row sorted (its pages in ascending order, so
+    consecutive tiles lie mostly at consecutive addresses), beside the read floor of as many
+    contiguous bytes."""
+    problem, x, plan, call = decode_call(1, CONTEXT, device)
+    at_copy = at_copy_us(bytes_moved(problem), copy_tbps)
+    out = {"config": dict(plan.config), "bytes_at_copy_us": at_copy}
+    random_table = x.block_tables.clone()
+    for order in ("random", "sorted"):
+        if order == "sorted":
+            want = call().clone()
+            # The same pages in ascending order: the cache's rows move with them, so the output stays.
+            sorted_table, _ = random_table.sort(dim=1)
+            for cache in (x.key_cache, x.value_cache):
+                cache[sorted_table[0].long()] = cache[random_table[0].long()].clone()
+            x.block_tables.copy_(sorted_table)
+            got = call()
+            if not torch.equal(got, want):
+                raise AssertionError("the library's output changed when the pages were sorted")
+        library = _best_graph_us(call)
+        floor = paged_read_floor(x)
+        out[order] = {"library_call_us": library, "library_pct_of_copy": 100 * at_copy / library,
+                      "paged_read_floor": floor, "paged_read_pct_of_copy": 100 * at_copy / floor["us"]}
+        print(f"b1 32k, pages {order}: library {library:.1f} µs ({100 * at_copy / library:.0f}% of copy), "
+              f"paged read {floor['us']:.1f} µs ({100 * at_copy / floor['us']:.0f}%; {floor})", flush=True)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    flat = torch.randn(int(bytes_moved(problem)) // 2, device=device, dtype=torch.bfloat16)
+    contiguous = read_floor(flat, sms)
+    out["contiguous_read_floor"] = contiguous
+    out["contiguous_read_pct_of_copy"] = 100 * at_copy / contiguous["us"]
+    print(f"b1 32k, the same bytes contiguous: read {contiguous['us']:.1f} µs "
+          f"({out['contiguous_read_pct_of_copy']:.0f}%)", flush=True)
+    return out
+
+
 def grid_calls(device: torch.device, copy_tbps: float, second_launch_us: float | None,
                shapes=DECODE_GRID) -> list[dict]:
     """Per (batch, context) of shapes: the library's call and, unless second_launch_us is None, the
@@ -215,7 +340,7 @@ def grid_calls(device: torch.device, copy_tbps: float, second_launch_us: float |
 FIXED_COST_FORMS = ({"FUSED_REDUCE": True}, {"NUM_SPLITS": 16}, {"NUM_SPLITS": 32}, {"NUM_SPLITS": 128},
                     {"NUM_SPLITS": 32, "FUSED_REDUCE": True}, {"NUM_SPLITS": 128, "FUSED_REDUCE": True},
                     {"BLOCK_N": 32, "NUM_SPLITS": 128}, {"BLOCK_N": 32, "num_warps": 2, "NUM_SPLITS": 128},
-                    {"BLOCK_N": 16, "num_warps": 1, "num_stages": 4, "NUM_SPLITS": 256})
+                    {"BLOCK_N": 16, "num_warps": 1, "num_stages": 4, "NUM_SPLITS": 128})
 
 
 def fixed_cost_forms(device: torch.device, copy_tbps: float) -> list[dict]:
@@ -247,6 +372,8 @@ def main(argv=None) -> int:
                         help="also the read floors and the library's call over issue 15's batch × context grid")
     parser.add_argument("--grid", action="store_true",
                         help="also the library's call alone over issue 15's grid and batch 64 × 4k (no read floors)")
+    parser.add_argument("--paged", action="store_true",
+                        help="also the b1 32k cache read through its block table, pages as drawn and sorted")
     parser.add_argument("--forms", action="store_true",
                         help="also the b1 32k call's fixed cost at other split counts and with the in-launch combine")
     args = parser.parse_args(argv)
@@ -269,6 +396,8 @@ def main(argv=None) -> int:
         report["library_calls"] = grid_calls(device, copy_tbps, None, DECODE_GRID + ((64, 4096),))
     if args.forms:
         report["b1_32k_forms"] = fixed_cost_forms(device, copy_tbps)
+    if args.paged:
+        report["b1_32k_paged_reads"] = paged_reads(device, copy_tbps)
     report["triton"] = triton.__version__
     args.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-sixth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round36.sh R|F
+# Thirty-sixth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round36.sh R|F|G|P
 # On an H200: round 35's H200 call (the launch floor, then round 29's S with both fp8 loop variants,
 # issue 16; with H200_PART=L its short form), whatever the argument. On any other card (issue 15):
 # F: graph_launch_floor.py --forms --grid — the library call over issue 15's grid and b64 4k, and the
@@ -8,6 +8,10 @@
 #    V loaded evict-first (benchmarks/variants/decode_kv_evict_first.patch: the step's small tensors
 #    stay in the L2 behind the cache's stream), and the decode gpu tests with it.
 # G: F's two grids and its forms, not the tests (about 200 s; on an H200 too).
+# P: graph_launch_floor.py --paged — at b1 32k the cache read through its block table (a Triton kernel
+#    that makes the decode's page lookups and reads and nothing else; the best of 72 configs), with the
+#    pages as drawn and sorted, beside the library's call each way and a contiguous read of as many
+#    bytes: what the paging and the pages' scatter cost. Then the read kernels' gpu tests.
 # R: benchmarks/graph_launch_floor.py --read — the launch
 # floors, then per batch 1/2/4 × context 32k/64k/128k (bf16, h28/4, d=128, pages of 16) the fastest
 # Triton kernel that only reads the decode's K and V bytes, beside PagedDecodePlan.run at that shape
@@ -30,10 +34,13 @@ case ${1:-} in
   R)
     step 300 python benchmarks/graph_launch_floor.py --read --out "$OUT/read_floor_${card}_round36.json"
     step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py ;;
+  P)
+    step 200 python benchmarks/graph_launch_floor.py --paged --out "$OUT/decode_paged_reads_${card}_round37.json"
+    step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py ;;
   F)
     step 200 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36.json"
     variant_apply benchmarks/variants/decode_kv_evict_first.patch || exit 2
     step 200 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36_evict_first.json"
     step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py ;;
-  *) echo "not an H200 and neither R nor F asked for: nothing run"; exit 3 ;;
+  *) echo "not an H200 and none of R, F, P asked for: nothing run"; exit 3 ;;
 esac

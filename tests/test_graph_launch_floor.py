@@ -35,3 +35,36 @@ def test_a_reader_that_skips_a_block_fails_the_check(device, monkeypatch):
     monkeypatch.setattr(probe, "_read_blocks", SkipsLastBlock())
     with pytest.raises(AssertionError, match="read kernel sums"):
         probe.read_sum_checked(flat, 2, 64, 4, 1)
+
+
+def _small_paged_inputs(device):
+    from omnitune.kernels import paged_decode_attention as pda
+
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    # 100 keys over pages of 16: the last page is partial, and its tail (like the spare blocks)
+    # holds +inf, so a reader that strays past a context sums to inf.
+    problem = pda.PagedDecodeProblem(b=2, h=4, hkv=2, lq=1, ctx=100, d=32, block_size=16)
+    return pda.SPEC.make_inputs(problem, dtype, device, seed=3)
+
+
+@pytest.mark.parametrize("splits, block_n", [(1, 32), (3, 16), (8, 64)])
+def test_the_paged_reader_reads_every_context_row_once(device, splits, block_n):
+    x = _small_paged_inputs(device)
+    x.context_lens[1] = 77  # sequences of different lengths
+    probe.paged_read_checked(x, splits, block_n, 4, 2)()
+
+
+def test_a_paged_reader_that_stops_short_fails_the_check(device, monkeypatch):
+    x = _small_paged_inputs(device)
+    x.key_cache.abs_()  # all finite values positive: the rows left out show in the sum
+    x.value_cache.abs_()
+    real = probe._read_pages
+
+    class StopsShort:  # launches the real kernel with every context 16 keys shorter
+        def __getitem__(self, grid):
+            launch = real[grid]
+            return lambda kc, vc, tables, lengths, *args, **kw: launch(kc, vc, tables, lengths - 16, *args, **kw)
+
+    monkeypatch.setattr(probe, "_read_pages", StopsShort())
+    with pytest.raises(AssertionError, match="paged reader sums"):
+        probe.paged_read_checked(x, 2, 16, 4, 2)
