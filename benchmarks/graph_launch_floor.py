@@ -23,8 +23,9 @@ floor's share of copy speed is the ceiling of any one- or two-launch decode on t
 the b1 32k call over full and empty contexts at other split counts and with the splits combined in
 the same launch (FUSED_REDUCE), each output checked against the table config's. --paged: at b1 32k,
 the cache read through its block table by a kernel that makes the decode's page lookups and loads and
-no arithmetic (_read_pages, sum-checked), pages as drawn and sorted, beside the library's call each
-way and the contiguous read floor: what reading through pages, and their scatter, cost.
+no arithmetic (_read_pages, sum-checked; one kv head a program as the decode reads, and every kv head
+a program, whole cache slots), pages as drawn and sorted, beside the library's call each way and the
+contiguous read floor: what reading through pages, their scatter and the pieces a head reads cost.
 
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --out $OUT/graph_launch_floor_h200.json
     PYTHONPATH=$PWD python benchmarks/graph_launch_floor.py --read --out $OUT/read_floor_h200.json
@@ -71,26 +72,28 @@ def _read_blocks(X, Out, n_blocks, BLOCK: tl.constexpr):
 @triton.jit
 def _read_pages(KeyCache, ValueCache, BlockTables, ContextLens, Out,
                 stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_btb, NUM_SPLITS,
-                PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Sum of one (sequence, kv head, split)'s K and V rows, found through the block table as the
-    decode's split kernel finds them (the same split bounds, page numbers one tile ahead): the
-    decode's reads with no arithmetic."""
-    # axis 0: sequence; axis 1: kv head; axis 2: split of the context
+                PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sum of one (sequence, HEADS kv heads, split)'s K and V rows, found through the block table
+    as the decode's split kernel finds them (the same split bounds, page numbers one tile ahead):
+    the decode's reads with no arithmetic. HEADS = 1 reads as the decode does, one kv head a program
+    (256-byte pieces of each slot at bf16, d=128); HEADS = every kv head reads whole slots."""
+    # axis 0: sequence; axis 1: group of HEADS kv heads; axis 2: split of the context
     b = tl.program_id(0)
-    hk = tl.program_id(1)
+    group = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(ContextLens + b)
     tiles = tl.cdiv(ctx, BLOCK_N)
     k_start = tl.cdiv(split * tiles, NUM_SPLITS) * BLOCK_N
     k_end = tl.minimum(tl.cdiv((split + 1) * tiles, NUM_SPLITS) * BLOCK_N, ctx)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    cols = tl.arange(0, HEADS * HEAD_DIM)  # column c: kv head group·HEADS + c // HEAD_DIM, dim c % HEAD_DIM
+    head = (group * HEADS + cols // HEAD_DIM).to(tl.int64)
+    k_cols = (head * stride_kch + cols % HEAD_DIM)[None, :]
+    v_cols = (head * stride_vch + cols % HEAD_DIM)[None, :]
     table = BlockTables + b.to(tl.int64) * stride_btb
-    k_head = KeyCache + hk.to(tl.int64) * stride_kch
-    v_head = ValueCache + hk.to(tl.int64) * stride_vch
     first = k_start + offs_n
     page_next = tl.load(table + first // PAGE_SIZE, mask=first < k_end, other=0)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([HEADS * HEAD_DIM], dtype=tl.float32)
     for start_n in range(k_start, k_end, BLOCK_N):
         n = start_n + offs_n
         valid = (n < k_end)[:, None]
@@ -98,21 +101,24 @@ def _read_pages(KeyCache, ValueCache, BlockTables, ContextLens, Out,
         ahead = n + BLOCK_N
         page_next = tl.load(table + ahead // PAGE_SIZE, mask=ahead < k_end, other=0)
         in_page = (n % PAGE_SIZE).to(tl.int64)
-        k_rows = (page * stride_kcb + in_page * stride_kcs)[:, None]
-        v_rows = (page * stride_vcb + in_page * stride_vcs)[:, None]
-        k = tl.load(k_head + k_rows + offs_d[None, :], mask=valid, other=0.0)
-        v = tl.load(v_head + v_rows + offs_d[None, :], mask=valid, other=0.0)
+        k = tl.load(KeyCache + (page * stride_kcb + in_page * stride_kcs)[:, None] + k_cols, mask=valid, other=0.0)
+        v = tl.load(ValueCache + (page * stride_vcb + in_page * stride_vcs)[:, None] + v_cols, mask=valid, other=0.0)
         acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), 0)
-    tl.store(Out + (b * tl.num_programs(1) + hk) * NUM_SPLITS + split, tl.sum(acc, 0))
+    tl.store(Out + (b * tl.num_programs(1) + group) * NUM_SPLITS + split, tl.sum(acc, 0))
 
 
 # The read kernel's configurations: programs per SM, elements a block, warps, stages.
 READ_PROGRAMS_PER_SM = (1, 2, 4, 8, 16)
 READ_TILES = tuple((block, warps, stages) for block in (2048, 8192) for warps in (4, 8) for stages in (1, 3))
-# The paged reader's: splits a (sequence, kv head), then keys a tile, warps, stages.
-PAGED_READ_SPLITS = (32, 64, 128, 256)
-PAGED_READ_TILES = tuple((block_n, warps, stages)
-                         for block_n in (32, 64, 128) for warps in (2, 4) for stages in (2, 3, 4))
+# The paged reader's: (kv heads a program, splits a sequence, keys a tile, warps, stages). One kv
+# head a program as the decode reads; every kv head (4 at issue 15's h28/4) in smaller tiles, whose
+# loads are 4x as wide.
+PAGED_READ_CONFIGS = (
+    tuple((1, splits, block_n, warps, stages) for splits in (32, 64, 128, 256) for block_n in (32, 64, 128)
+          for warps in (2, 4) for stages in (2, 3, 4))
+    + tuple((4, splits, block_n, warps, stages) for splits in (64, 128, 256, 512) for block_n in (16, 32)
+            for warps in (4, 8) for stages in (2, 3))
+)
 # Issue 15's batch-1 grid: (batch, context).
 DECODE_GRID = tuple((b, ctx) for b in (1, 2, 4) for ctx in (32768, 65536, 131072))
 
@@ -224,22 +230,26 @@ def read_floor(flat: torch.Tensor, sms: int) -> dict:
     return best
 
 
-def paged_read_checked(x, splits: int, block_n: int, warps: int, stages: int):
+def paged_read_checked(x, heads: int, splits: int, block_n: int, warps: int, stages: int):
     """A call that reads the K and V rows of every sequence's context in paged decode inputs x
-    through their block table (_read_pages), checked first against torch's sum of the same rows."""
+    through their block table (_read_pages, `heads` kv heads a program), checked first against
+    torch's sum of the same rows."""
     from omnitune.kernels import paged_decode_attention as pda
 
     kc, vc = x.key_cache, x.value_cache
     if kc.stride(3) != 1 or vc.stride(3) != 1:
         raise ValueError("the paged reader takes caches whose head dimension is contiguous")
-    batch, kv_heads, head_dim, page = x.block_tables.shape[0], kc.shape[2], kc.shape[3], kc.shape[1]
-    partial = torch.empty(batch * kv_heads * splits, device=kc.device, dtype=torch.float32)
+    batch, page, kv_heads, head_dim = x.block_tables.shape[0], kc.shape[1], kc.shape[2], kc.shape[3]
+    if kv_heads % heads:
+        raise ValueError(f"{heads} kv heads a program do not divide {kv_heads}")
+    groups = kv_heads // heads
+    partial = torch.empty(batch * groups * splits, device=kc.device, dtype=torch.float32)
 
     def call():
-        _read_pages[(batch, kv_heads, splits)](
+        _read_pages[(batch, groups, splits)](
             kc, vc, x.block_tables, x.context_lens, partial, kc.stride(0), kc.stride(1), kc.stride(2),
             vc.stride(0), vc.stride(1), vc.stride(2), x.block_tables.stride(0), splits,
-            PAGE_SIZE=page, HEAD_DIM=head_dim, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+            PAGE_SIZE=page, HEAD_DIM=head_dim, HEADS=heads, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
     call()
     want = torch.zeros((), dtype=torch.float64, device=kc.device)
@@ -255,14 +265,14 @@ def paged_read_checked(x, splits: int, block_n: int, warps: int, stages: int):
     return call
 
 
-def paged_read_floor(x) -> dict:
-    """The fastest graph-replayed paged read of x over PAGED_READ_SPLITS × PAGED_READ_TILES."""
-    best = None
-    for splits in PAGED_READ_SPLITS:
-        for block_n, warps, stages in PAGED_READ_TILES:
-            us = _best_graph_us(paged_read_checked(x, splits, block_n, warps, stages))
-            if best is None or us < best["us"]:
-                best = {"us": us, "NUM_SPLITS": splits, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+def paged_read_floors(x) -> dict:
+    """The fastest graph-replayed paged read of x over PAGED_READ_CONFIGS, per kv heads a program."""
+    best = {}
+    for heads, splits, block_n, warps, stages in PAGED_READ_CONFIGS:
+        us = _best_graph_us(paged_read_checked(x, heads, splits, block_n, warps, stages))
+        key = f"{heads} kv head{'s' if heads > 1 else ''} a program"
+        if key not in best or us < best[key]["us"]:
+            best[key] = {"us": us, "NUM_SPLITS": splits, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
     return best
 
 
@@ -288,11 +298,14 @@ def paged_reads(device: torch.device, copy_tbps: float) -> dict:
             if not torch.equal(got, want):
                 raise AssertionError("the library's output changed when the pages were sorted")
         library = _best_graph_us(call)
-        floor = paged_read_floor(x)
+        floors_us = paged_read_floors(x)
+        for floor in floors_us.values():
+            floor["pct_of_copy"] = 100 * at_copy / floor["us"]
         out[order] = {"library_call_us": library, "library_pct_of_copy": 100 * at_copy / library,
-                      "paged_read_floor": floor, "paged_read_pct_of_copy": 100 * at_copy / floor["us"]}
-        print(f"b1 32k, pages {order}: library {library:.1f} µs ({100 * at_copy / library:.0f}% of copy), "
-              f"paged read {floor['us']:.1f} µs ({100 * at_copy / floor['us']:.0f}%; {floor})", flush=True)
+                      "paged_read_floors": floors_us}
+        print(f"b1 32k, pages {order}: library {library:.1f} µs ({100 * at_copy / library:.0f}% of copy); paged read, "
+              + "; ".join(f"{key}: {f['us']:.1f} µs ({f['pct_of_copy']:.0f}%, {f})" for key, f in floors_us.items()),
+              flush=True)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     flat = torch.randn(int(bytes_moved(problem)) // 2, device=device, dtype=torch.bfloat16)
     contiguous = read_floor(flat, sms)

@@ -9,9 +9,11 @@
 #    stay in the L2 behind the cache's stream), and the decode gpu tests with it.
 # G: F's two grids and its forms, not the tests (about 200 s; on an H200 too).
 # P: graph_launch_floor.py --paged — at b1 32k the cache read through its block table (a Triton kernel
-#    that makes the decode's page lookups and reads and nothing else; the best of 72 configs), with the
+#    that makes the decode's page lookups and reads and nothing else: the best of 72 configs reading one
+#    kv head a program, as the decode does, and of 32 reading all four, whole cache slots), with the
 #    pages as drawn and sorted, beside the library's call each way and a contiguous read of as many
-#    bytes: what the paging and the pages' scatter cost. Then the read kernels' gpu tests.
+#    bytes: what the paging, the pages' scatter and a head's 256-byte pieces cost. Then the read
+#    kernels' gpu tests.
 # R: benchmarks/graph_launch_floor.py --read — the launch
 # floors, then per batch 1/2/4 × context 32k/64k/128k (bf16, h28/4, d=128, pages of 16) the fastest
 # Triton kernel that only reads the decode's K and V bytes, beside PagedDecodePlan.run at that shape

@@ -47,11 +47,11 @@ def _small_paged_inputs(device):
     return pda.SPEC.make_inputs(problem, dtype, device, seed=3)
 
 
-@pytest.mark.parametrize("splits, block_n", [(1, 32), (3, 16), (8, 64)])
-def test_the_paged_reader_reads_every_context_row_once(device, splits, block_n):
+@pytest.mark.parametrize("heads, splits, block_n", [(1, 1, 32), (1, 3, 16), (1, 8, 64), (2, 3, 16), (2, 1, 32)])
+def test_the_paged_reader_reads_every_context_row_once(device, heads, splits, block_n):
     x = _small_paged_inputs(device)
     x.context_lens[1] = 77  # sequences of different lengths
-    probe.paged_read_checked(x, splits, block_n, 4, 2)()
+    probe.paged_read_checked(x, heads, splits, block_n, 4, 2)()  # checks its own sum first; a second call reads again
 
 
 def test_a_paged_reader_that_stops_short_fails_the_check(device, monkeypatch):
@@ -67,4 +67,4 @@ def test_a_paged_reader_that_stops_short_fails_the_check(device, monkeypatch):
 
     monkeypatch.setattr(probe, "_read_pages", StopsShort())
     with pytest.raises(AssertionError, match="paged reader sums"):
-        probe.paged_read_checked(x, 2, 16, 4, 2)
+        probe.paged_read_checked(x, 2, 2, 16, 4, 2)
