@@ -12,8 +12,10 @@
 #    that makes the decode's page lookups and reads and nothing else: the best of 72 configs reading one
 #    kv head a program, as the decode does, and of 32 reading all four, whole cache slots), with the
 #    pages as drawn and sorted, beside the library's call each way and a contiguous read of as many
-#    bytes: what the paging, the pages' scatter and a head's 256-byte pieces cost. Then the read
-#    kernels' gpu tests.
+#    bytes: what the paging, the pages' scatter and a head's 256-byte pieces cost. Then
+#    benchmarks/decode_all_heads_probe.py: a split kernel whose program takes every kv head of a
+#    sequence (whole slots a tile), beside the library's call at b1 32k/64k/128k, b2 and b4 32k (36
+#    configs each, every output checked). Then both probes' tests on the GPU.
 # R: benchmarks/graph_launch_floor.py --read — the launch
 # floors, then per batch 1/2/4 × context 32k/64k/128k (bf16, h28/4, d=128, pages of 16) the fastest
 # Triton kernel that only reads the decode's K and V bytes, beside PagedDecodePlan.run at that shape
@@ -38,7 +40,8 @@ case ${1:-} in
     step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py ;;
   P)
     step 200 python benchmarks/graph_launch_floor.py --paged --out "$OUT/decode_paged_reads_${card}_round37.json"
-    step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py ;;
+    step 200 python benchmarks/decode_all_heads_probe.py --out "$OUT/decode_all_heads_${card}_round38.json"
+    step 120 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py tests/test_decode_all_heads_probe.py ;;
   F)
     step 200 python benchmarks/graph_launch_floor.py --forms --grid --out "$OUT/decode_forms_${card}_round36.json"
     variant_apply benchmarks/variants/decode_kv_evict_first.patch || exit 2
