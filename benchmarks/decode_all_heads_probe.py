@@ -28,6 +28,7 @@ import argparse
 import itertools
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paged_decode_tma_probe import _graph_us, _inputs, _rel  # noqa: E402
+from paged_decode_tma_probe import _inputs, _rel, checked_and_timed, library_case  # noqa: E402
 
 from omnitune.kernels import paged_decode_attention as pda  # noqa: E402
 from omnitune.kernels._host import LOG2E  # noqa: E402
@@ -164,60 +165,33 @@ def probe(out_path: Path) -> int:
     device = torch.device("cuda")
     copy_tbps, report = copy_bandwidth_report(device, cases=[])
     for b, ctx in SHAPES:
-        problem, inputs = _inputs(b, ctx, False, device)
-        moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
-        ref = pda.reference(inputs)
-        plan = pda.PagedDecodePlan(batch=b, num_heads=28, num_kv_heads=4, head_dim=128, block_size=16,
-                                   max_blocks=inputs.block_tables.shape[1], max_context_len=ctx,
-                                   dtype=torch.bfloat16, device=device)
-
-        def lib_call(plan=plan, x=inputs):
-            return plan.run(x.q, x.key_cache, x.value_cache, x.block_tables, x.context_lens)
-
-        lib_out = lib_call().clone()
-        lib_us = _graph_us(lib_call)
-        case = {"b": b, "ctx": ctx, "bytes_moved": moved,
-                "library": {"config": plan.config.label(), "graph_us": lib_us, "rel_to_reference": _rel(lib_out, ref),
-                            "pct_of_copy": 100 * moved / (lib_us * 1e-6) / (copy_tbps * 1e12)},
-                "all_heads": []}
-        print(f"== b{b} {ctx}: library {case['library']}", flush=True)
+        inputs, moved, ref, lib_out, case = library_case(b, ctx, False, device, copy_tbps)
+        case["all_heads"] = []
         for splits, block_n, warps, stages in CONFIGS:
             row = {"splits": splits, "BLOCK_N": block_n, "warps": warps, "stages": stages}
-            try:
-                call = AllHeadsDecode(inputs, splits, block_n, warps, stages)
-                out = call(pda.new_output(inputs))
-                torch.cuda.synchronize()
-                row["rel_to_library"] = _rel(out, lib_out)
-                row["rel_to_reference"] = _rel(out, ref)
-                row["graph_us"] = _graph_us(lambda call=call, out=out: call(out))
-                row["pct_of_copy"] = 100 * moved / (row["graph_us"] * 1e-6) / (copy_tbps * 1e12)
-            except Exception as exc:  # noqa: BLE001 — a config that fails is a result
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            print("  ", row, flush=True)
-            case["all_heads"].append(row)
+            build = partial(AllHeadsDecode, inputs, splits, block_n, warps, stages)
+            case["all_heads"].append(checked_and_timed(row, build, inputs, lib_out, ref, moved, copy_tbps))
         good = [r for r in case["all_heads"] if "graph_us" in r and r["rel_to_reference"] < 2e-2]
         best = min(good, key=lambda r: r["graph_us"]) if good else None
         case["best"] = best
         found = "none right" if best is None else f"{best['graph_us']:.1f} µs ({best['pct_of_copy']:.0f}%), {best}"
-        print(f"SUMMARY b{b} {ctx}: library {lib_us:.1f} µs ({case['library']['pct_of_copy']:.0f}%), "
+        library = case["library"]
+        print(f"SUMMARY b{b} {ctx}: library {library['graph_us']:.1f} µs ({library['pct_of_copy']:.0f}%), "
               f"all heads a program {found}", flush=True)
         report["cases"].append(case)
         out_path.write_text(json.dumps(report, indent=1))  # kept as it goes: a timeout loses nothing
-        del inputs, ref, plan, lib_out
+        del inputs, ref, lib_out
         torch.cuda.empty_cache()
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--check-only", action="store_true", help="small shapes against the reference (CPU)")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--out", type=Path, help="time the probe beside the library on a GPU, results to this JSON")
+    mode.add_argument("--check-only", action="store_true", help="small shapes against the reference (CPU)")
     args = parser.parse_args(argv)
-    if args.check_only:
-        return check_only()
-    if args.out is None:
-        parser.error("--out is required unless --check-only")
-    return probe(args.out)
+    return check_only() if args.check_only else probe(args.out)
 
 
 if __name__ == "__main__":

@@ -254,6 +254,51 @@ def _graph_us(fn) -> float:
     return best_graph_us(fn, 5)
 
 
+def library_case(b: int, ctx: int, fp8: bool, device: torch.device, copy_tbps: float) -> tuple:
+    """A study's shape (h28/4, d=128, pages of 16, one token): its inputs, the bytes the byte model
+    moves, the reference, and PagedDecodePlan.run over them with the tables' config — its output
+    and a case dict holding its graph-replayed µs, % of copy and error."""
+    problem, inputs = _inputs(b, ctx, fp8, device)
+    dtype = inputs.q.dtype  # bf16 on a GPU
+    moved = pda.SPEC.bytes_moved(problem, dtype)
+    ref = pda.reference(inputs)
+    plan = pda.PagedDecodePlan(batch=b, num_heads=28, num_kv_heads=4, head_dim=128, block_size=16,
+                               max_blocks=inputs.block_tables.shape[1], max_context_len=ctx,
+                               dtype=dtype, device=device, cache_dtype=torch.float8_e4m3fn if fp8 else None)
+
+    def lib_call():
+        x = inputs
+        return plan.run(x.q, x.key_cache, x.value_cache, x.block_tables, x.context_lens,
+                        k_scale=x.k_scale, v_scale=x.v_scale)
+
+    lib_out = lib_call().clone()
+    us = _graph_us(lib_call)
+    case = {"b": b, "ctx": ctx, "cache": "fp8_e4m3" if fp8 else "bf16", "bytes_moved": moved,
+            "library": {"config": plan.config.label(), "graph_us": us, "rel_to_reference": _rel(lib_out, ref),
+                        "pct_of_copy": 100 * moved / (us * 1e-6) / (copy_tbps * 1e12)}}
+    print(f"== {case['cache']} b{b} {ctx}: library {case['library']}", flush=True)
+    return inputs, moved, ref, lib_out, case
+
+
+def checked_and_timed(row: dict, build, inputs, lib_out: torch.Tensor, ref: torch.Tensor, moved: float,
+                      copy_tbps: float) -> dict:
+    """row completed with a study call's relative error against the library's output and the
+    reference, and its graph-replayed µs and % of copy (build() makes the call; call(out) fills
+    out, NaN-poisoned first). A config that fails to build, compile or run is recorded, not raised."""
+    try:
+        call = build()
+        out = call(pda.new_output(inputs))
+        torch.cuda.synchronize()
+        row["rel_to_library"] = _rel(out, lib_out)
+        row["rel_to_reference"] = _rel(out, ref)
+        row["graph_us"] = _graph_us(lambda: call(out))
+        row["pct_of_copy"] = 100 * moved / (row["graph_us"] * 1e-6) / (copy_tbps * 1e12)
+    except Exception as exc:  # noqa: BLE001 — a config that fails is a result
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    print("  ", row, flush=True)
+    return row
+
+
 def _summary(case: dict) -> str:
     """One line: the library's call and the fastest right TMA config, µs and % of copy."""
     good = [r for r in case["tma"] if "graph_us" in r and r["rel_to_library"] < 2e-2]
@@ -308,39 +353,12 @@ def probe(out_path: Path, quick: bool) -> int:
     if quick:
         grids = {False: [(64, 1, 4, False), (64, 4, 4, True)], True: [(4, 1, 4, False), (2, 1, 6, True)]}
     for fp8, b, ctx in shapes:
-        problem, inputs = _inputs(b, ctx, fp8, device)
-        moved = pda.SPEC.bytes_moved(problem, torch.bfloat16)
-        ref = pda.reference(inputs)
-        plan = pda.PagedDecodePlan(batch=b, num_heads=28, num_kv_heads=4, head_dim=128, block_size=16,
-                                   max_blocks=inputs.block_tables.shape[1], max_context_len=ctx,
-                                   dtype=torch.bfloat16, device=device,
-                                   cache_dtype=torch.float8_e4m3fn if fp8 else None)
-
-        def lib_call(plan=plan, x=inputs):
-            return plan.run(x.q, x.key_cache, x.value_cache, x.block_tables, x.context_lens,
-                            k_scale=x.k_scale, v_scale=x.v_scale)
-
-        lib_out = lib_call().clone()
-        case = {"b": b, "ctx": ctx, "cache": "fp8_e4m3" if fp8 else "bf16", "bytes_moved": moved,
-                "library": {"config": plan.config.label(), "graph_us": _graph_us(lib_call),
-                            "rel_to_reference": _rel(lib_out, ref)}, "tma": []}
-        case["library"]["pct_of_copy"] = 100 * moved / (case["library"]["graph_us"] * 1e-6) / (copy_tbps * 1e12)
-        print(f"== {case['cache']} b{b} {ctx}: library {case['library']}", flush=True)
+        inputs, moved, ref, lib_out, case = library_case(b, ctx, fp8, device, copy_tbps)
+        case["tma"] = []
         for splits, warps, stages, pairs in grids[fp8]:
             row = {"splits": splits, "warps": warps, "stages": stages, "pairs": pairs}
-            try:
-                call = TmaDecode(inputs, splits, warps, stages, pairs)
-                out = pda.new_output(inputs)
-                call(out)
-                torch.cuda.synchronize()
-                row["rel_to_library"] = _rel(out, lib_out)
-                row["rel_to_reference"] = _rel(out, ref)
-                row["graph_us"] = _graph_us(lambda call=call, out=out: call(out))
-                row["pct_of_copy"] = 100 * moved / (row["graph_us"] * 1e-6) / (copy_tbps * 1e12)
-            except Exception as exc:  # noqa: BLE001 — a config that fails is a result
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            print("  ", row, flush=True)
-            case["tma"].append(row)
+            build = partial(TmaDecode, inputs, splits, warps, stages, pairs)
+            case["tma"].append(checked_and_timed(row, build, inputs, lib_out, ref, moved, copy_tbps))
         report["cases"].append(case)
         out_path.write_text(json.dumps(report, indent=1))  # kept as it goes: a timeout loses nothing
         print(_summary(case), flush=True)
