@@ -201,10 +201,11 @@ def decode_calls(device: torch.device, copy_tbps: float) -> dict:
             "fixed_cost_allowed_for_85pct_us": at_copy / 0.85 - at_copy}
 
 
-def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, stages: int):
+def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, stages: int,
+                     want: torch.Tensor | None = None):
     """A call that reads every element of flat once (its length a multiple of block) with the read
-    kernel, and that call's result checked against torch's sum: a reader that skipped bytes would
-    set a floor no decode has."""
+    kernel, and that call's result checked against torch's sum (want, when the caller has it for
+    many configs): a reader that skipped bytes would set a floor no decode has."""
     partial = torch.empty(programs, device=flat.device, dtype=torch.float32)
     n_blocks = flat.numel() // block
 
@@ -212,7 +213,8 @@ def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, 
         _read_blocks[(programs,)](flat, partial, n_blocks, BLOCK=block, num_warps=warps, num_stages=stages)
 
     call()
-    want = flat.float().sum()
+    if want is None:
+        want = flat.sum(dtype=torch.float32)
     got = partial.sum()
     if not torch.allclose(got, want, rtol=1e-3, atol=1e-3 * flat.numel() ** 0.5):
         raise AssertionError(f"read kernel sums {got.item()} where torch sums {want.item()}")
@@ -222,20 +224,36 @@ def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, 
 def read_floor(flat: torch.Tensor, sms: int) -> dict:
     """The fastest graph-replayed read of flat over READ_PROGRAMS_PER_SM × READ_TILES."""
     best = None
+    want = flat.sum(dtype=torch.float32)  # once, not per config
     for per_sm in READ_PROGRAMS_PER_SM:
         for block, warps, stages in READ_TILES:
-            us = _best_graph_us(read_sum_checked(flat, per_sm * sms, block, warps, stages))
+            us = _best_graph_us(read_sum_checked(flat, per_sm * sms, block, warps, stages, want))
             if best is None or us < best["us"]:
                 best = {"us": us, "programs": per_sm * sms, "BLOCK": block, "num_warps": warps, "num_stages": stages}
     return best
 
 
-def paged_read_checked(x, heads: int, splits: int, block_n: int, warps: int, stages: int):
-    """A call that reads the K and V rows of every sequence's context in paged decode inputs x
-    through their block table (_read_pages, `heads` kv heads a program), checked first against
-    torch's sum of the same rows."""
+def paged_context_sum(x) -> tuple[torch.Tensor, int]:
+    """torch's float64 sum of the K and V elements of every sequence's context in paged decode
+    inputs x, and how many elements that is."""
     from omnitune.kernels import paged_decode_attention as pda
 
+    want = torch.zeros((), dtype=torch.float64, device=x.key_cache.device)
+    elements = 0
+    for seq in range(x.block_tables.shape[0]):
+        ctx = int(x.context_lens[seq])
+        for cache in (x.key_cache, x.value_cache):
+            rows = pda.gather_context(cache, x.block_tables[seq], ctx)
+            want += rows.double().sum()
+            elements += rows.numel()
+    return want, elements
+
+
+def paged_read_checked(x, heads: int, splits: int, block_n: int, warps: int, stages: int,
+                       want: tuple[torch.Tensor, int] | None = None):
+    """A call that reads the K and V rows of every sequence's context in paged decode inputs x
+    through their block table (_read_pages, `heads` kv heads a program), checked first against
+    torch's sum of the same rows (paged_context_sum(x), or want when the caller has it)."""
     kc, vc = x.key_cache, x.value_cache
     if kc.stride(3) != 1 or vc.stride(3) != 1:
         raise ValueError("the paged reader takes caches whose head dimension is contiguous")
@@ -252,24 +270,19 @@ def paged_read_checked(x, heads: int, splits: int, block_n: int, warps: int, sta
             PAGE_SIZE=page, HEAD_DIM=head_dim, HEADS=heads, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
     call()
-    want = torch.zeros((), dtype=torch.float64, device=kc.device)
-    rows = 0
-    for seq in range(batch):
-        ctx = int(x.context_lens[seq])
-        for cache in (kc, vc):
-            want += pda.gather_context(cache, x.block_tables[seq], ctx).double().sum()
-        rows += 2 * ctx * kv_heads
+    total, elements = paged_context_sum(x) if want is None else want
     got = partial.double().sum()
-    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3 * (rows * head_dim) ** 0.5):
-        raise AssertionError(f"paged reader sums {got.item()} where torch sums {want.item()}")
+    if not torch.allclose(got, total, rtol=1e-3, atol=1e-3 * elements ** 0.5):
+        raise AssertionError(f"paged reader sums {got.item()} where torch sums {total.item()}")
     return call
 
 
 def paged_read_floors(x) -> dict:
     """The fastest graph-replayed paged read of x over PAGED_READ_CONFIGS, per kv heads a program."""
     best = {}
+    want = paged_context_sum(x)  # once, not per config
     for heads, splits, block_n, warps, stages in PAGED_READ_CONFIGS:
-        us = _best_graph_us(paged_read_checked(x, heads, splits, block_n, warps, stages))
+        us = _best_graph_us(paged_read_checked(x, heads, splits, block_n, warps, stages, want))
         key = f"{heads} kv head{'s' if heads > 1 else ''} a program"
         if key not in best or us < best[key]["us"]:
             best[key] = {"us": us, "NUM_SPLITS": splits, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
@@ -285,18 +298,8 @@ def paged_reads(device: torch.device, copy_tbps: float) -> dict:
     problem, x, plan, call = decode_call(1, CONTEXT, device)
     at_copy = at_copy_us(bytes_moved(problem), copy_tbps)
     out = {"config": dict(plan.config), "bytes_at_copy_us": at_copy}
-    random_table = x.block_tables.clone()
-    for order in ("random", "sorted"):
-        if order == "sorted":
-            want = call().clone()
-            # The same pages in ascending order: the cache's rows move with them, so the output stays.
-            sorted_table, _ = random_table.sort(dim=1)
-            for cache in (x.key_cache, x.value_cache):
-                cache[sorted_table[0].long()] = cache[random_table[0].long()].clone()
-            x.block_tables.copy_(sorted_table)
-            got = call()
-            if not torch.equal(got, want):
-                raise AssertionError("the library's output changed when the pages were sorted")
+
+    def timed(order: str) -> None:
         library = _best_graph_us(call)
         floors_us = paged_read_floors(x)
         for floor in floors_us.values():
@@ -306,6 +309,18 @@ def paged_reads(device: torch.device, copy_tbps: float) -> dict:
         print(f"b1 32k, pages {order}: library {library:.1f} µs ({100 * at_copy / library:.0f}% of copy); paged read, "
               + "; ".join(f"{key}: {f['us']:.1f} µs ({f['pct_of_copy']:.0f}%, {f})" for key, f in floors_us.items()),
               flush=True)
+
+    timed("random")
+    want = call().clone()
+    # The same pages in ascending order: the cache's rows move with them, so the output stays.
+    random_table = x.block_tables[0].long()
+    sorted_table = random_table.sort().values
+    for cache in (x.key_cache, x.value_cache):
+        cache[sorted_table] = cache[random_table].clone()
+    x.block_tables[0] = sorted_table
+    if not torch.equal(call(), want):
+        raise AssertionError("the library's output changed when the pages were sorted")
+    timed("sorted")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     flat = torch.randn(int(bytes_moved(problem)) // 2, device=device, dtype=torch.bfloat16)
     contiguous = read_floor(flat, sms)
