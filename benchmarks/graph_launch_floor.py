@@ -206,6 +206,8 @@ def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, 
     """A call that reads every element of flat once (its length a multiple of block) with the read
     kernel, and that call's result checked against torch's sum (want, when the caller has it for
     many configs): a reader that skipped bytes would set a floor no decode has."""
+    if flat.numel() % block:
+        raise ValueError(f"the read kernel takes whole tiles: {flat.numel()} elements is not a multiple of {block}")
     partial = torch.empty(programs, device=flat.device, dtype=torch.float32)
     n_blocks = flat.numel() // block
 
@@ -322,7 +324,9 @@ def paged_reads(device: torch.device, copy_tbps: float) -> dict:
         raise AssertionError("the library's output changed when the pages were sorted")
     timed("sorted")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    flat = torch.randn(int(bytes_moved(problem)) // 2, device=device, dtype=torch.bfloat16)
+    # The K and V elements alone: the byte model also counts the query, output and block table,
+    # whose few thousand elements would leave the reader a tail that no tile covers.
+    flat = torch.randn(2 * KV_HEADS * CONTEXT * HEAD_DIM, device=device, dtype=torch.bfloat16)
     contiguous = read_floor(flat, sms)
     out["contiguous_read_floor"] = contiguous
     out["contiguous_read_pct_of_copy"] = 100 * at_copy / contiguous["us"]

@@ -37,6 +37,12 @@ def test_a_reader_that_skips_a_block_fails_the_check(device, monkeypatch):
         probe.read_sum_checked(flat, 2, 64, 4, 1)
 
 
+def test_a_length_that_leaves_a_partial_tile_is_refused(device):
+    flat = torch.randn(64 * 9 + 5, device=device)  # five elements no whole tile covers
+    with pytest.raises(ValueError, match="not a multiple of 64"):
+        probe.read_sum_checked(flat, 2, 64, 4, 1)
+
+
 def _small_paged_inputs(device):
     from omnitune.kernels import paged_decode_attention as pda
 

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Thirty-ninth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round39.sh [P]
+# First, on any card (issue 15, about 25 s): graph_launch_floor.py --paged — the launch floors, the b1 32k
+# call over full and empty contexts, and at b1 32k the cache read through its block table (pages as
+# drawn and sorted) beside the library's call and a contiguous read of the same K and V bytes: the
+# floor any one-launch paged decode stands on there. Round 38 (H100) stopped at the contiguous read,
+# whose tensor held the byte model's query and output elements too, a tail no tile covered.
+# Then, on an H200 (issue 16): round 35's call without its launch floor (taken above) — V by default,
+# H200_PART=L its short form (about 400 s) when less device time is left. On another card, with P:
+# the probe's tests.
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
+nvidia-smi -L
+step 90 python benchmarks/graph_launch_floor.py --paged --out "$OUT/decode_paged_reads_${card}_round39.json"
+if [ "$card" = h200 ]; then
+  export started LAUNCH_FLOOR_TAKEN=1  # round 35's budgets count from this call's start
+  exec bash "$(dirname "$0")/h200_round35.sh" "${H200_PART:-V}"
+fi
+[ "${1:-}" = P ] && step 60 python -m pytest -q -p no:cacheprovider tests/test_graph_launch_floor.py
+exit 0
