@@ -7,9 +7,10 @@
 # whose tensor held the byte model's query and output elements too, a tail no tile covered.
 # Then, on an H200 (issue 16): round 35's call without its launch floor (taken above) — V by default,
 # H200_PART=L its short form (about 400 s) when less device time is left. On another card, with P:
-# the probe's tests.
+# the probe's tests. ONLY_H200=1: nothing at all on another card (the paged step is taken there).
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
+if [ "$card" != h200 ] && [ -n "${ONLY_H200:-}" ]; then echo "not an H200: nothing run"; exit 3; fi
 step 90 python benchmarks/graph_launch_floor.py --paged --out "$OUT/decode_paged_reads_${card}_round39.json"
 if [ "$card" = h200 ]; then
   export started LAUNCH_FLOOR_TAKEN=1  # round 35's budgets count from this call's start
