@@ -335,10 +335,22 @@ def paged_reads(device: torch.device, copy_tbps: float) -> dict:
     return out
 
 
+def same_output_as_before(out: torch.Tensor, path: Path) -> bool | None:
+    """Whether out equals, bit for bit, the output an earlier run saved at path (None: there was
+    none, and out is saved there for a later run). A kernel variant that changes no arithmetic,
+    timed against the kernel as committed in another process, must give the same bits."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(out.cpu(), path)
+        return None
+    return torch.equal(torch.load(path), out.cpu())
+
+
 def grid_calls(device: torch.device, copy_tbps: float, second_launch_us: float | None,
-               shapes=DECODE_GRID) -> list[dict]:
+               shapes=DECODE_GRID, outputs: Path | None = None) -> list[dict]:
     """Per (batch, context) of shapes: the library's call and, unless second_launch_us is None, the
-    read floor of its K and V bytes."""
+    read floor of its K and V bytes. With outputs, each call's output is saved there, or compared
+    bit for bit with what an earlier run saved (same_output_as_before)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
     for batch, context in shapes:
@@ -346,11 +358,15 @@ def grid_calls(device: torch.device, copy_tbps: float, second_launch_us: float |
         moved = bytes_moved(problem)
         at_copy = at_copy_us(moved, copy_tbps)
         call_us = _best_graph_us(call)
-        del x, call
         row = {"batch": batch, "context": context, "bytes": moved, "bytes_at_copy_us": at_copy,
                "library_call_us": call_us, "library_pct_of_copy": 100 * at_copy / call_us,
                "library_config": dict(plan.config)}
         line = f"b{batch} {context // 1024}k: library {call_us:.1f} µs ({row['library_pct_of_copy']:.0f}% of copy)"
+        if outputs is not None:
+            same = same_output_as_before(call(), outputs / f"b{batch}_{context}.pt")
+            row["output_same_as_before"] = same
+            line += {None: ", output saved", True: ", output as before", False: ", OUTPUT DIFFERS FROM BEFORE"}[same]
+        del x, call
         if second_launch_us is not None:
             flat = torch.randn(2 * batch * KV_HEADS * context * HEAD_DIM, device=device, dtype=torch.bfloat16)
             floor = read_floor(flat, sms)
@@ -400,6 +416,9 @@ def fixed_cost_forms(device: torch.device, copy_tbps: float) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--outputs", type=Path,
+                        help="with --grid: save each call's output in this folder, or, where an earlier run "
+                             "saved one, check the new one is the same bit for bit (a kernel variant's check)")
     parser.add_argument("--read", action="store_true",
                         help="also the read floors and the library's call over issue 15's batch × context grid")
     parser.add_argument("--grid", action="store_true",
@@ -425,7 +444,7 @@ def main(argv=None) -> int:
         report["second_launch_us"] = second_launch_us
         report["read_floors"] = grid_calls(device, copy_tbps, second_launch_us)
     if args.grid:
-        report["library_calls"] = grid_calls(device, copy_tbps, None, DECODE_GRID + ((64, 4096),))
+        report["library_calls"] = grid_calls(device, copy_tbps, None, DECODE_GRID + ((64, 4096),), args.outputs)
     if args.forms:
         report["b1_32k_forms"] = fixed_cost_forms(device, copy_tbps)
     if args.paged:

@@ -7,15 +7,17 @@
 # the key loop (benchmarks/variants/decode_hoisted_rows.patch) and the combine launched as a
 # programmatic dependent of the split kernel (decode_combine_pdl.patch, switched on by
 # OMNITUNE_DECODE_PDL=1); then the decode gpu tests with both. The same card and run for both grids.
-# DS: the two grids alone (about 170 s). ONLY_H200=1: nothing at all on another card.
+# Each output of the second grid must equal the first's bit for bit (--outputs: neither variant changes
+# the arithmetic). DS: the two grids alone (about 170 s). ONLY_H200=1: nothing at all on another card.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 case ${1:-} in D|DS) ;; *) echo "none of D, DS asked for: nothing run"; exit 3 ;; esac
 if [ "$card" != h200 ] && [ -n "${ONLY_H200:-}" ]; then echo "not an H200: nothing run"; exit 3; fi
 [ "$1" = D ] && step 90 python benchmarks/graph_launch_floor.py --paged --out "$OUT/decode_paged_reads_${card}_round40.json"
-step 80 python benchmarks/graph_launch_floor.py --grid --out "$OUT/decode_grid_${card}_round40.json"
+rm -rf /tmp/round40_outputs
+step 80 python benchmarks/graph_launch_floor.py --grid --outputs /tmp/round40_outputs --out "$OUT/decode_grid_${card}_round40.json"
 variant_apply benchmarks/variants/decode_hoisted_rows.patch && variant_apply benchmarks/variants/decode_combine_pdl.patch || exit 2
 export OMNITUNE_DECODE_PDL=1
-step 80 python benchmarks/graph_launch_floor.py --grid --out "$OUT/decode_grid_${card}_round40_hoisted_pdl.json"
+step 80 python benchmarks/graph_launch_floor.py --grid --outputs /tmp/round40_outputs --out "$OUT/decode_grid_${card}_round40_hoisted_pdl.json"
 [ "$1" = D ] && step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py
 git checkout -- omnitune/kernels/paged_decode_attention.py

@@ -74,3 +74,13 @@ def test_a_paged_reader_that_stops_short_fails_the_check(device, monkeypatch):
     monkeypatch.setattr(probe, "_read_pages", StopsShort())
     with pytest.raises(AssertionError, match="paged reader sums"):
         probe.paged_read_checked(x, 2, 2, 16, 4, 2)
+
+
+def test_a_variant_output_is_saved_first_then_checked_bit_for_bit(tmp_path):
+    out = torch.randn(2, 28, 1, 128).to(torch.bfloat16)
+    path = tmp_path / "outputs" / "b2_32768.pt"
+    assert probe.same_output_as_before(out, path) is None and path.exists()
+    assert probe.same_output_as_before(out.clone(), path) is True
+    nudged = out.clone()
+    nudged[1, 3, 0, 7] += 1  # one element of 7,168 off
+    assert probe.same_output_as_before(nudged, path) is False
