@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Thirty-ninth round, one call that branches on the card it is given: OUT=dir bash benchmarks/h200_round39.sh [P]
-# First, on any card (issue 15, about 25 s): graph_launch_floor.py --paged — the launch floors, the b1 32k
+# First, on any card (issue 15, about 40 s): graph_launch_floor.py --paged — the launch floors, the b1 32k
 # call over full and empty contexts, and at b1 32k the cache read through its block table (pages as
 # drawn and sorted) beside the library's call and a contiguous read of the same K and V bytes: the
 # floor any one-launch paged decode stands on there. Round 38 (H100) stopped at the contiguous read,
