@@ -7,7 +7,8 @@
 # of paged decode's split kernel, appended to $OUT/ncu_decode_stalls_${card}.txt. few_warps_sweeps NAME
 # [LIMIT]: fp8_decode_probe.py's few-warps sweep at 4k and 16k into
 # $OUT/fp8_decode_few_warps_${card}_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
-# PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them.
+# PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them;
+# fp8_variants_applied: issue 16's two fp8 loop variants, one on the other.
 # fp8_b64_entries_searched: the b64 fp8 table entries searched again and exported into $OUT/tc.
 # gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
 # what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s),
@@ -77,6 +78,9 @@ fp8_b64_entries_searched() {  # fp8_b64_entries_searched TRIALS LIMIT TIMEOUT [S
 
 variant_apply() { git apply "$1" || patch -p1 < "$1"; }
 variant_restore() { git checkout -- $(git apply --numstat "$1" | cut -f3) 2>/dev/null || patch -R -p1 < "$1"; }
+fp8_variants_applied() {  # the transposed dots, then the 16-bit PV operand on top (issue 16)
+  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch
+}
 
 revalidated_decode_ops() {  # revalidated_decode_ops ROUND: paged decode's table re-verified (--fix), then the public ops
   mkdir -p "$OUT/tc" && cp -r tuned_configs/paged_decode_attention tuned_configs/kv_cache_write "$OUT/tc/"

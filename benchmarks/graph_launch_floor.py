@@ -201,6 +201,13 @@ def decode_calls(device: torch.device, copy_tbps: float) -> dict:
             "fixed_cost_allowed_for_85pct_us": at_copy / 0.85 - at_copy}
 
 
+def kv_elements(batch: int, context: int, device: torch.device) -> torch.Tensor:
+    """Random bf16 elements, as many as the K and V of issue 15's problem at batch × context: the
+    contiguous read's input. Not the byte model's count, which also holds the query, the output and
+    the block table, a few thousand elements that would leave the reader a tail no tile covers."""
+    return torch.randn(2 * batch * KV_HEADS * context * HEAD_DIM, device=device, dtype=torch.bfloat16)
+
+
 def read_sum_checked(flat: torch.Tensor, programs: int, block: int, warps: int, stages: int,
                      want: torch.Tensor | None = None):
     """A call that reads every element of flat once (its length a multiple of block) with the read
@@ -324,10 +331,7 @@ def paged_reads(device: torch.device, copy_tbps: float) -> dict:
         raise AssertionError("the library's output changed when the pages were sorted")
     timed("sorted")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    # The K and V elements alone: the byte model also counts the query, output and block table,
-    # whose few thousand elements would leave the reader a tail that no tile covers.
-    flat = torch.randn(2 * KV_HEADS * CONTEXT * HEAD_DIM, device=device, dtype=torch.bfloat16)
-    contiguous = read_floor(flat, sms)
+    contiguous = read_floor(kv_elements(1, CONTEXT, device), sms)
     out["contiguous_read_floor"] = contiguous
     out["contiguous_read_pct_of_copy"] = 100 * at_copy / contiguous["us"]
     print(f"b1 32k, the same bytes contiguous: read {contiguous['us']:.1f} µs "
@@ -368,7 +372,7 @@ def grid_calls(device: torch.device, copy_tbps: float, second_launch_us: float |
             line += {None: ", output saved", True: ", output as before", False: ", OUTPUT DIFFERS FROM BEFORE"}[same]
         del x, call
         if second_launch_us is not None:
-            flat = torch.randn(2 * batch * KV_HEADS * context * HEAD_DIM, device=device, dtype=torch.bfloat16)
+            flat = kv_elements(batch, context, device)
             floor = read_floor(flat, sms)
             del flat
             row.update(read_floor=floor, read_floor_pct_of_copy=100 * at_copy / floor["us"],

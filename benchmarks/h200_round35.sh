@@ -19,9 +19,6 @@
 #    verify took several presets.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
-fp8_variants_applied() {  # the transposed dots, then the 16-bit PV operand on top (issue 16)
-  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch
-}
 launch_floor() {  # issue 15: the fixed cost of a graph-replayed call, beside b1 32k's call (about 30 s)
   [ -n "${LAUNCH_FLOOR_TAKEN:-}" ] && return 0  # a later round's call took it already
   step 90 python benchmarks/graph_launch_floor.py --out "$OUT/graph_launch_floor_${card}_round36.json"

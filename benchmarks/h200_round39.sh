@@ -16,7 +16,7 @@ step 90 python benchmarks/graph_launch_floor.py --paged --out "$OUT/decode_paged
 if [ "$card" = h200 ] && [ "${H200_PART:-}" = M ]; then
   # M, on an H200 with under 300 s of device time left: round 35's L without its sweeps — both fp8
   # variants applied, the decode gpu tests, the public fp8 ops beside bf16 (issue 16's ratio).
-  variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch || exit 2
+  fp8_variants_applied || exit 2
   step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py tests/test_fp8_kv_cache.py
   step 90 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_round39_M.json"
   exit 0

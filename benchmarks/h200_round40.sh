@@ -20,4 +20,5 @@ variant_apply benchmarks/variants/decode_hoisted_rows.patch && variant_apply ben
 export OMNITUNE_DECODE_PDL=1
 step 80 python benchmarks/graph_launch_floor.py --grid --outputs /tmp/round40_outputs --out "$OUT/decode_grid_${card}_round40_hoisted_pdl.json"
 [ "$1" = D ] && step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py
-git checkout -- omnitune/kernels/paged_decode_attention.py
+variant_restore benchmarks/variants/decode_combine_pdl.patch
+variant_restore benchmarks/variants/decode_hoisted_rows.patch
