@@ -37,7 +37,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paged_decode_tma_probe import _inputs, _rel, checked_and_timed, library_case  # noqa: E402
+from paged_decode_tma_probe import _rel, checked_and_timed, library_case  # noqa: E402
 
 from omnitune.kernels import paged_decode_attention as pda  # noqa: E402
 from omnitune.kernels._host import LOG2E  # noqa: E402
@@ -136,22 +136,33 @@ class AllHeadsDecode:
         return out
 
 
+# (batch, context, splits, keys a tile): contexts ending inside a page and on its edge, more splits
+# than tiles, one sequence shorter than its table, one empty. --check-only and the tests both run these.
+CHECK_CASES = ((1, 40, 2, 16), (2, 100, 3, 16), (1, 16, 4, 32), (3, 96, 8, 32))
+
+
+def checked_case(b: int, ctx: int, splits: int, block_n: int, device: torch.device, dtype: torch.dtype):
+    """One small ragged case (h8/2, d=32, pages of 16): the probe's output poisoned first, and the
+    float64 reference of the same cache."""
+    problem = pda.PagedDecodeProblem(b=b, h=8, hkv=2, lq=1, ctx=ctx, d=32, block_size=16)
+    inputs = pda.SPEC.make_inputs(problem, dtype, device, seed=b)
+    if b > 1:  # the first sequence's context cut short: pages of its table past it are never read
+        inputs.context_lens[0] = ctx - 37
+    if b > 2:
+        inputs.context_lens[2] = 0
+    out = pda.new_output(inputs).fill_(float("nan"))
+    return AllHeadsDecode(inputs, splits, block_n, 4, 2)(out), pda.reference(inputs), inputs
+
+
 def check_only() -> int:
-    """Small shapes under the interpreter against the float64 reference: contexts ending inside a
-    page and on its edge, more splits than tiles, one sequence shorter than its table, one empty."""
-    device = torch.device("cpu")
+    """CHECK_CASES under the interpreter, fp16, against the float64 reference."""
     worst = 0.0
-    for b, ctx, splits, block_n in ((1, 40, 2, 16), (2, 100, 3, 16), (1, 16, 4, 32), (3, 96, 2, 32)):
-        _, inputs = _inputs(b, ctx, False, device, h=8, hkv=2, d=32)
-        if b > 1:  # the first sequence's context cut short: pages of its table past it are never read
-            inputs.context_lens[0] = ctx - 37
-        if b > 2:
-            inputs.context_lens[2] = 0
-        out = AllHeadsDecode(inputs, splits, block_n, 4, 2)(pda.new_output(inputs))
-        err = _rel(out, pda.reference(inputs))
+    for b, ctx, splits, block_n in CHECK_CASES:
+        out, want, inputs = checked_case(b, ctx, splits, block_n, torch.device("cpu"), torch.float16)
+        err = _rel(out, want) if torch.isfinite(out).all() else float("inf")
         print(f"b{b} ctx{inputs.context_lens.tolist()} splits{splits} BLOCK_N {block_n}: rel error {err:.2e}")
         worst = max(worst, err)
-    return 0 if worst < 2e-3 else 1
+    return 0 if worst < 5e-3 else 1  # the spec's fp16 tolerance
 
 
 # (splits, keys a tile per kv head, warps, stages)

@@ -17,17 +17,10 @@ probe = pytest.importorskip("decode_all_heads_probe")
 from omnitune.kernels import paged_decode_attention as pda  # noqa: E402
 
 
-@pytest.mark.parametrize("b, ctx, splits, block_n", [(1, 40, 2, 16), (2, 100, 3, 16), (3, 96, 8, 32)])
+@pytest.mark.parametrize("b, ctx, splits, block_n", probe.CHECK_CASES)
 def test_the_probe_matches_the_reference(device, b, ctx, splits, block_n):
     dtype = torch.float16 if device == "cpu" else torch.bfloat16
-    problem = pda.PagedDecodeProblem(b=b, h=8, hkv=2, lq=1, ctx=ctx, d=32, block_size=16)
-    inputs = pda.SPEC.make_inputs(problem, dtype, torch.device(device), seed=b)
-    if b > 1:  # contexts of different lengths, one ending mid-page, one empty
-        inputs.context_lens[0] = ctx - 37
-    if b > 2:
-        inputs.context_lens[2] = 0
-    out = probe.AllHeadsDecode(inputs, splits, block_n, 4, 2)(pda.new_output(inputs))
-    want = pda.reference(inputs)
+    out, want, _ = probe.checked_case(b, ctx, splits, block_n, torch.device(device), dtype)
     tolerance = 5e-3 if dtype == torch.float16 else 2e-2  # the spec's per-dtype tolerance
     assert torch.isfinite(out).all()
     assert probe._rel(out, want) < tolerance
