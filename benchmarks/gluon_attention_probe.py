@@ -39,7 +39,8 @@ b. "pingpong", warp-specialized (gl.warp_specialize): a producer (the default pa
 The GPU run, per shape (b1, h32/hkv4 and h24/24, L 8192 and 16384, causal and not; --quick: h32/4
 L8192 only): each variant checked on two fresh random inputs against SDPA in fp32 math (output
 poisoned with NaN first; pass: all finite and relative RMS error < 1e-2; max abs error recorded),
-then every passing variant and SDPA cuDNN timed as CUDA-graph replays interleaved in rounds
+then every passing variant, SDPA cuDNN and omnitune's own attention kernel (its tables' nearest Triton
+config, `library_call`) timed as CUDA-graph replays interleaved in rounds
 (median): TFLOP/s (4·b·h·L²·d, halved when causal) and the ratio to cuDNN. A failing variant is
 one line in its row. The JSON is rewritten after every shape. There is no hang guard: a variant
 that never completes stops the run (leave it out with --variants).
@@ -747,6 +748,22 @@ def cudnn_call(q, k, v, causal: bool):
         return call_with(k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)), "K/V expanded"
 
 
+def library_call(q, k, v, causal: bool):
+    """(call, config) for omnitune's own attention kernel as the search would give it this shape:
+    the nearest tuned Triton config in the tables for this card (the default where none), so the
+    Gluon forms are timed beside the kernel they would join as well as beside cuDNN."""
+    from omnitune.kernels import attention as att
+
+    b, h, L, d = q.shape
+    problem = att.AttentionProblem(b=b, h=h, hkv=k.shape[1], lq=L, lk=L, d=d, causal=causal)
+    config = dict(att._triton_config(problem, q.dtype))
+    return (lambda: att.attention(q, k, v, causal=causal, config=config)), config
+
+
+# Timed beside the variants: (call maker, the row field its detail goes in)
+BASELINES = {"sdpa_cudnn": (cudnn_call, "gqa"), "omnitune_kernel": (library_call, "config")}
+
+
 def _row(shape: Shape, name: str, **fields) -> dict:
     return dict(shape=shape.name, b=shape.b, h=shape.h, hkv=shape.hkv, L=shape.L, d=HEAD_DIM, causal=shape.causal,
                 variant=name, **fields)
@@ -758,7 +775,7 @@ def run_shape(shape: Shape, variants: list[Variant], rounds: int) -> list[dict]:
     from hopper_probe_timing import _one_line, launches_for, time_rounds, timed_graph
 
     rows = {v.name: _row(shape, v.name, kind="gluon", **asdict(v), checks=[]) for v in variants}
-    rows["sdpa_cudnn"] = _row(shape, "sdpa_cudnn", kind="sdpa", checks=[])
+    rows.update({name: _row(shape, name, kind="baseline", checks=[]) for name in BASELINES})
     failed: set[str] = set()
     for seed in SEEDS:
         q, k, v = make_inputs(shape, seed)
@@ -776,16 +793,17 @@ def run_shape(shape: Shape, variants: list[Variant], rounds: int) -> list[dict]:
                 failed.add(variant.name)
                 continue
             rows[variant.name]["checks"].append(dict(seed=seed, **check(out, ref)))
-        try:
-            call, how = cudnn_call(q, k, v, shape.causal)
-            got = call()
-            torch.cuda.synchronize()
-            rows["sdpa_cudnn"].update(gqa=how)
-            rows["sdpa_cudnn"]["checks"].append(dict(seed=seed, **check(got, ref)))
-            del got
-        except Exception as exc:
-            rows["sdpa_cudnn"]["status"] = f"failed: {_one_line(exc)}"
-            failed.add("sdpa_cudnn")
+        for name, (make_call, field) in BASELINES.items():  # checked as the variants are
+            try:
+                call, detail = make_call(q, k, v, shape.causal)
+                got = call()
+                torch.cuda.synchronize()
+                rows[name][field] = detail
+                rows[name]["checks"].append(dict(seed=seed, **check(got, ref)))
+                del got
+            except Exception as exc:
+                rows[name]["status"] = f"failed: {_one_line(exc)}"
+                failed.add(name)
         del q, k, v, ref, out
         torch.cuda.empty_cache()
 
@@ -797,8 +815,8 @@ def run_shape(shape: Shape, variants: list[Variant], rounds: int) -> list[dict]:
             continue
         ok = len(row["checks"]) == len(SEEDS) and all(c["correct"] for c in row["checks"])
         row["status"] = "ok" if ok else "wrong"
-        if name == "sdpa_cudnn":
-            calls[name] = cudnn_call(q, k, v, shape.causal)[0]  # timed even if outside the tolerance
+        if name in BASELINES:  # timed even if outside the tolerance
+            calls[name] = BASELINES[name][0](q, k, v, shape.causal)[0]
         elif ok:
             variant = next(v_ for v_ in variants if v_.name == name)
             calls[name] = (lambda variant=variant: run_variant(variant, q, k, v, out, shape.causal))
