@@ -9,16 +9,16 @@
 # cuDNN as CUDA-graph replays. The warp-specialized variants (tests and timings) run in steps of their own: a form
 # that hangs (as Triton's own warp specialization did over host descriptors in round 9) stops only
 # its step, and each step's JSON is rewritten after every shape. GQ: the quick shapes only (b1
-# h32/4 8k, causal and not; about 200 s).
+# h32/4 8k, causal and not; under 370 s).
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 case ${1:-} in G|GQ) ;; *) echo "none of G, GQ asked for: nothing run"; exit 3 ;; esac
-quick=""; [ "$1" = GQ ] && quick=--quick
+quick="" long=240 ws=150; [ "$1" = GQ ] && quick=--quick long=120 ws=90
 step 100 python -m pytest -q -p no:cacheprovider -m gpu -k "not pingpong" tests/test_gluon_attention_probe.py
-step 240 python benchmarks/gluon_attention_probe.py $quick \
+step $long python benchmarks/gluon_attention_probe.py $quick \
   --variants serial_m128_n64_s2,pipelined_m128_n64_s2,pipelined_m128_n64_s3,pipelined_m128_n128_s2,pipelined_m128_n128_s3,pipelined_m64_n64_s2 \
   --out "$OUT/gluon_attention_${card}_round41_pipelined.json"
 step 60 python -m pytest -q -p no:cacheprovider -m gpu -k pingpong tests/test_gluon_attention_probe.py
-step 150 python benchmarks/gluon_attention_probe.py $quick \
+step $ws python benchmarks/gluon_attention_probe.py $quick \
   --variants pingpong_m128_n64_s2,pingpong_m128_n64_s3,pingpong_m128_n128_s2 \
   --out "$OUT/gluon_attention_${card}_round41_pingpong.json"
