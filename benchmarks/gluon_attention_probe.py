@@ -567,6 +567,7 @@ VARIANTS = [
     Variant("pingpong", 128, 64, 2),
     Variant("pingpong", 128, 64, 3),
     Variant("pingpong", 128, 128, 2),
+    Variant("pingpong", 128, 128, 3),
 ]
 SMEM_LIMIT = 232448  # sm_90's shared memory per block
 
