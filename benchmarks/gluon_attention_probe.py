@@ -30,7 +30,9 @@ b. "pingpong", warp-specialized (gl.warp_specialize): a producer (the default pa
    cores through two "turn" mbarriers: a consumer waits for its turn, issues its S and P·V
    wgmma, hands the turn over, and runs its softmax while the other's GEMMs run (FA3's ping-pong,
    with the intra-warpgroup overlap inside each consumer). O goes out through shared memory
-   (Q's buffer) and TMA in both forms.
+   (Q's buffer) and TMA in both forms. This form is the library's now
+   (omnitune/kernels/attention_gluon.py, the attention op's BACKEND=gluon_pingpong), as are the
+   pieces both forms share; the probe launches it through that module's pingpong_launch_args.
 
     python benchmarks/gluon_attention_probe.py --offline-compile --out /tmp/gluon_offline.json   # no GPU
     python benchmarks/gluon_attention_probe.py --out $OUT/gluon_attention_probe.json              # the GPU run
@@ -95,34 +97,24 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from omnitune.kernels._host import LOG2E
+from omnitune.kernels.attention_gluon import (  # what both forms share lives once, in the library
+    HEAD_DIM,
+    _online_softmax,
+    _tile_coords,
+    descriptor,
+    pingpong_launch_args,
+    shape_refusal,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-HEAD_DIM = 128
-LOG2E = 1.4426950408889634
-
 
 # ------------------------------------------------------------------------------------------------
-# Pieces both forms share
+# Form (a)'s own piece (the pieces both forms share, _online_softmax and _tile_coords, are the
+# library's: omnitune/kernels/attention_gluon.py)
 # ------------------------------------------------------------------------------------------------
-
-
-@gluon.jit
-def _online_softmax(s, m_i, l_i, qk_scale, q_rows, start_n, MASKED: gl.constexpr):
-    """One K/V tile's step of the online softmax, in the exp2 domain (m is kept scaled by
-    qk_scale = log2(e)/sqrt(d)). Returns P (fp32, S's layout), the new row max, the new row sum and
-    alpha, the factor the running O must be multiplied by (exp2(m_old - m_new)). The first tile of
-    every row holds key 0, visible under the causal mask too, so m is finite from the first tile
-    on and a fully masked later tile only adds zeros (no -inf - -inf)."""
-    if MASKED:
-        k_cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
-        s = gl.where(q_rows[:, None] >= k_cols[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, m_new, l_i, alpha
 
 
 @gluon.jit
@@ -134,29 +126,6 @@ def _load_tile(desc, smem, bars, kv_row, tile, n_tiles, BLOCK_N: gl.constexpr, S
     pred = tile < n_tiles
     mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(desc, [kv_row + tile * BLOCK_N, 0], bars.index(slot), smem.index(slot), pred=pred)
-
-
-@gluon.jit
-def _tile_coords(L, H, HKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """This program's (batch·head, query block) and what it reads. Grid (b·h, L / BLOCK_M): the
-    heads vary fastest, so the first wave holds every head's last (under a causal mask, heaviest)
-    query block, and the heads of one kv group run side by side (their K/V shared through L2).
-    Q/O are [b·h·L, d] and K/V [b·hkv·L, d] 2-D views: the rows of (batch, head) start at
-    (batch·h + head)·L, those of its kv head at (batch·hkv + head // (h / hkv))·L."""
-    pid_bh = gl.program_id(0)
-    off_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
-    batch = pid_bh // H
-    kv_head = (pid_bh % H) // (H // HKV)
-    q_row = pid_bh * L + off_m
-    kv_row = (batch * HKV + kv_head) * L
-    if CAUSAL:
-        # keys [0, off_m + BLOCK_M): tiles wholly below the diagonal need no mask
-        n_tiles = gl.cdiv(off_m + BLOCK_M, BLOCK_N)
-        n_full = off_m // BLOCK_N
-    else:
-        n_tiles = L // BLOCK_N
-        n_full = n_tiles
-    return off_m, q_row, kv_row, n_tiles, n_full
 
 
 # ------------------------------------------------------------------------------------------------
@@ -307,155 +276,9 @@ def _attn_fwd_pipelined(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
 
 
 # ------------------------------------------------------------------------------------------------
-# Form (b): warp-specialized ping-pong
+# Form (b): warp-specialized ping-pong, the library's (omnitune/kernels/attention_gluon.py:
+# _attn_fwd_pingpong, attention's BACKEND=gluon_pingpong), launched here through its host helper
 # ------------------------------------------------------------------------------------------------
-
-
-@gluon.jit
-def _pingpong_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                       turn, q_row, kv_row, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The default partition (4 warps, one thread issuing): gives consumer 0 the first turn, loads
-    both 64-row halves of Q, then streams K/V tiles into the ring, each slot once both consumers
-    have released it (a fresh barrier passes a wait for parity 1: the first STAGES waits don't block)."""
-    HALF: gl.constexpr = q_desc.block_type.shape[0]
-    mbarrier.arrive(turn.index(0))
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + HALF, 0], q_bar, q_smem.index(1))
-    for j in range(n_tiles):
-        slot = j % STAGES
-        empty_phase = ((j // STAGES) & 1) ^ 1
-        row = kv_row + j * BLOCK_N
-        mbarrier.wait(k_empty.index(slot), empty_phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), empty_phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, 0], v_ready.index(slot), v_smem.index(slot))
-
-
-@gluon.jit
-def _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p_op, m_i, l_i, qk_scale,
-                   q_rows, s_zero, ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   MASKED: gl.constexpr):
-    """A consumer's tile j ≥ 1: _overlap_step's order, its two GEMMs issued only in this
-    consumer's turn (then handed to the other, whose softmax ran meanwhile), its ring slots
-    released by an arrive on their empty barriers instead of a CTA-wide barrier."""
-    o_layout: gl.constexpr = acc.type.layout
-    p_layout: gl.constexpr = p_op.type.layout
-    slot = j % STAGES
-    prev = (j - 1) % STAGES
-    mbarrier.wait(turn.index(ME), j & 1)
-    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-    s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-    o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    mbarrier.arrive(turn.index(1 - ME))
-    s = warpgroup_mma_wait(1, deps=(s_tok,))
-    mbarrier.arrive(k_empty.index(slot))
-    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, j * BLOCK_N, MASKED)
-    p_next = gl.convert_layout(p.to(q.dtype), p_layout)
-    acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
-    mbarrier.arrive(v_empty.index(prev))
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
-    return acc, p_next, m_i, l_i
-
-
-@gluon.jit
-def _pingpong_consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                       q_row, off_m, n_tiles, n_full, qk_scale,
-                       ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """Consumer ME (a worker partition of 4 warps): query rows off_m + 64·ME .. + 63. Both
-    consumers walk the same tiles (the CTA's; consumer 0 may mask one tile wholly), so they take
-    the same number of turns: turn j of consumer ME waits on turn[ME] for parity j & 1."""
-    HALF: gl.constexpr = q_smem.shape[1]
-    HEAD_D: gl.constexpr = q_smem.shape[2]
-    dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    q = q_smem.index(ME)
-    q_rows = off_m + ME * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
-    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
-    mbarrier.wait(q_bar, 0)
-
-    # turn 0: tile 0's S (masked whenever causal: harmless below the diagonal)
-    mbarrier.wait(turn.index(ME), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.arrive(turn.index(1 - ME))
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    mbarrier.arrive(k_empty.index(0))
-    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, 0, CAUSAL)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    for j in range(1, n_full):
-        acc, p_op, m_i, l_i = _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
-                                             p_op, m_i, l_i, qk_scale, q_rows, s_zero, ME, BLOCK_N, STAGES, False)
-    for j in range(gl.maximum(n_full, 1), n_tiles):
-        acc, p_op, m_i, l_i = _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
-                                             p_op, m_i, l_i, qk_scale, q_rows, s_zero, ME, BLOCK_N, STAGES, True)
-    # turn n_tiles: the last tile's P·V (the other consumer's last arrive on turn[0] goes unwaited)
-    last = n_tiles - 1
-    mbarrier.wait(turn.index(ME), n_tiles & 1)
-    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-    o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
-    mbarrier.arrive(turn.index(1 - ME))
-    acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
-
-    # O = acc / l through this consumer's half of Q's buffer (its last reader has retired) and TMA
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout), assert_trivial=True)
-    q.store((acc / l_o[:, None]).to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [q_row + ME * HALF, 0], q)
-    tma.store_wait(0)
-
-
-@gluon.jit
-def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """A 128-row output tile per program over 12 warps: a producer (the default partition, 4
-    warps) and two consumers of 4 warps and 64 rows each that take turns on the tensor cores.
-    Q/O descriptors are 64-row blocks (a consumer's half); launch with num_warps=4."""
-    HALF: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
-    gl.static_assert(HALF == 64, "each consumer owns 64 query rows")
-    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(L, H, HKV, 2 * HALF, BLOCK_N, CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer
-        mbarrier.init(v_empty.index(i), count=2)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
-    fence_async_shared()
-    gl.thread_barrier()
-
-    gl.warp_specialize([
-        (_pingpong_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                              v_empty, turn, q_row, kv_row, n_tiles, BLOCK_N, STAGES)),
-        (_pingpong_consumer, (o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                              q_row, off_m, n_tiles, n_full, qk_scale, 0, BLOCK_N, STAGES, CAUSAL)),
-        (_pingpong_consumer, (o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                              q_row, off_m, n_tiles, n_full, qk_scale, 1, BLOCK_N, STAGES, CAUSAL)),
-    ], [4, 4], [232, 232])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -463,7 +286,6 @@ def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
 # ------------------------------------------------------------------------------------------------
 
 FORMS = ("pipelined", "pingpong")
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 @dataclass(frozen=True)
@@ -487,24 +309,13 @@ class Variant:
 
 
 def _validate(q, k, v, block_m: int, block_n: int, stages: int, form: str) -> None:
-    """Everything gluon_attention refuses, checked before any GPU work (it runs on CPU tensors)."""
+    """Everything gluon_attention refuses, checked before any GPU work (it runs on CPU tensors):
+    the problem's limits are the library's (shape_refusal), the tiles each form's."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, not {form!r}")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [b, heads, L, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    b, h, L, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[2] != L or k.shape[3] != d:
-        raise ValueError(f"k and v must be [b, hkv, L, d] as q [b, h, L, d]; got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if d != HEAD_DIM:
-        raise ValueError(f"head dim must be {HEAD_DIM}, got {d}")
-    hkv = k.shape[1]
-    if hkv == 0 or h % hkv:
-        raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({hkv})")
-    if L % 128 or L == 0:
-        raise ValueError(f"sequence length must be a positive multiple of 128 (no tail masking), got {L}")
-    if q.dtype not in _GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must all be bf16 or all fp16; got {q.dtype}, {k.dtype}, {v.dtype}")
+    why = shape_refusal(q, k, v)
+    if why is not None:
+        raise ValueError(why)
     if block_m not in (64, 128) or block_n not in (64, 128) or stages < 1:
         raise ValueError(f"block_m and block_n must be 64 or 128 and stages ≥ 1; got {block_m}, {block_n}, {stages}")
     if form == "pingpong" and (block_m != 128 or stages < 2):
@@ -513,27 +324,17 @@ def _validate(q, k, v, block_m: int, block_n: int, stages: int, form: str) -> No
 
 def _launch_args(q, k, v, out, causal: bool, variant: Variant):
     """(kernel, grid, positional args, keyword args) of one launch: q/k/v/out as 2-D [rows, d]
-    views under TMA descriptors."""
+    views under TMA descriptors; softmax scale 1/sqrt(d). Ping-pong's are the library's."""
     b, h, L, d = q.shape
-    hkv = k.shape[1]
-    dtype = _GL_DTYPES[q.dtype]
-    q_block = 64 if variant.form == "pingpong" else variant.block_m
-
-    def descriptor(t, rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
-        return TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], layout)
-
-    descs = (descriptor(q, q_block), descriptor(k, variant.block_n), descriptor(v, variant.block_n),
-             descriptor(out, q_block))
-    qk_scale = LOG2E / math.sqrt(d)
-    grid = (b * h, L // variant.block_m)
-    constexprs = dict(BLOCK_N=variant.block_n, STAGES=variant.stages, CAUSAL=bool(causal))
+    sm_scale = 1.0 / math.sqrt(d)
     if variant.form == "pingpong":
-        kernel = _attn_fwd_pingpong
-    else:
-        kernel = _attn_fwd_pipelined
-        constexprs["OVERLAP"] = variant.overlap
-    return kernel, grid, (*descs, L, h, hkv, qk_scale), dict(constexprs, num_warps=variant.num_warps)
+        return pingpong_launch_args(q, k, v, out, causal, sm_scale, variant.block_n, variant.stages)
+    descs = (descriptor(q, variant.block_m), descriptor(k, variant.block_n), descriptor(v, variant.block_n),
+             descriptor(out, variant.block_m))
+    grid = (b * h, L // variant.block_m)
+    constexprs = dict(BLOCK_N=variant.block_n, STAGES=variant.stages, CAUSAL=bool(causal), OVERLAP=variant.overlap)
+    return (_attn_fwd_pipelined, grid, (*descs, L, h, k.shape[1], sm_scale * LOG2E),
+            dict(constexprs, num_warps=variant.num_warps))
 
 
 def run_variant(variant: Variant, q, k, v, out, causal: bool) -> None:

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as _F
@@ -530,7 +530,7 @@ class _SdpFlags:
         if self.flags is None:
             saved.__exit__(None, None, None)
             return
-        for (_, set_flag, _), was in zip(self.flags, saved):
+        for (_, set_flag, _), was in zip(self.flags, saved, strict=True):
             set_flag(was)
 
 
@@ -538,12 +538,50 @@ _SDP_FLAGS = _SdpFlags()
 
 
 def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> torch.Tensor | None:
-    """Run the config's backend: the kernel writes into `out` [B, H, Lq, D]; an SDPA backend
-    returns its own output (copying it into `out` would charge the search a copy the op never
-    makes)."""
-    if config.get("BACKEND", "triton") != "triton":
-        return sdpa(inputs.q, inputs.k, inputs.v, inputs.causal, inputs.sm_scale, config.get("BACKEND", "triton"))
+    """Run the config's backend: the kernel (or the Gluon one) writes into `out` [B, H, Lq, D]; an
+    SDPA backend returns its own output (copying it into `out` would charge the search a copy the
+    op never makes). A call the Gluon kernel cannot take raises (the search's trial fails): the
+    search measures the backend its config names, never a stand-in."""
+    backend = config.get("BACKEND", "triton")
+    if backend == GLUON_PINGPONG:
+        # ValueErrors, not InputErrors: the trial's failure, not the search's
+        if inputs.spans is not None and inputs.spans.shape[1] > 0:
+            raise ValueError(f"BACKEND={GLUON_PINGPONG} has no span mask (only triton)")
+        if (why := _gluon_device_refusal(inputs.q)) is not None:
+            raise ValueError(f"BACKEND={GLUON_PINGPONG} {why}")
+        _gluon().launch_pingpong(inputs.q, inputs.k, inputs.v, out, inputs.causal, inputs.sm_scale,
+                                 int(config["BLOCK_N"]), int(config["num_stages"]))
+        return None
+    if backend != "triton":
+        return sdpa(inputs.q, inputs.k, inputs.v, inputs.causal, inputs.sm_scale, backend)
     _launch(inputs.q, inputs.k, inputs.v, inputs.causal, inputs.sm_scale, inputs.spans, out, config)
+    return None
+
+
+def _gluon():
+    """omnitune.kernels.attention_gluon, imported on the first launch of a gluon config on an
+    sm_90 GPU: importing it imports Gluon, which this module (and so the runtime) does not at
+    import time, nor a machine that cannot run it."""
+    from omnitune.kernels import attention_gluon
+
+    return attention_gluon
+
+
+# Per CUDA device index: whether the Gluon kernel can run there (sm_90: wgmma is sm_90a's).
+_sm90_devices: dict[int, bool] = {}
+
+
+def _gluon_device_refusal(q: torch.Tensor) -> str | None:
+    """Why the Gluon kernel cannot run on q's device (one line), or None; no sync, no Gluon import."""
+    index = q.get_device()
+    if index < 0:
+        return f"needs an sm_90 (Hopper) GPU; q is on {q.device}"
+    runs = _sm90_devices.get(index)
+    if runs is None:
+        runs = _sm90_devices[index] = torch.cuda.get_device_capability(index)[0] == 9
+    if not runs:
+        major, minor = torch.cuda.get_device_capability(index)
+        return f"needs an sm_90 (Hopper) GPU; q is on {q.device}, sm_{major}{minor}"
     return None
 
 
@@ -623,19 +661,60 @@ _sdpa_refused: set[tuple] = set()
 
 
 def _refuse_sdpa(identity: tuple, exc: Exception) -> None:
-    import logging
-
     if identity not in _sdpa_refused:
         _sdpa_refused.add(identity)
-        logging.getLogger("omnitune.runtime").warning(
-            "attention: BACKEND=%s refused b=%s,h=%s,hkv=%s,lq=%s,lk=%s,d=%s,causal=%d %s (%s); this "
-            "kernel runs it from now on", identity[8], *identity[:6], int(identity[6]), identity[7],
-            one_line(exc, 200))
+        _warn_refused(identity, one_line(exc, 200), "from now on")
+
+
+def _warn_refused(identity: tuple, why: str, when: str) -> None:
+    import logging
+
+    logging.getLogger("omnitune.runtime").warning(
+        "attention: BACKEND=%s refused b=%s,h=%s,hkv=%s,lq=%s,lk=%s,d=%s,causal=%d %s (%s); this kernel runs it %s",
+        identity[8], *identity[:6], int(identity[6]), identity[7], why, when)
+
+
+# Calls whose table entry named the Gluon kernel: those it failed to launch (no Gluon in this
+# Triton, a compile error) go to this kernel for the rest of the process; a call whose tensors it
+# cannot take (not contiguous, spans, not an sm_90 GPU) goes to this kernel that time, the
+# reason logged once per call identity.
+_gluon_failed: set[tuple] = set()
+_gluon_refusals_logged: set[tuple] = set()
+
+
+def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Config, identity: tuple) -> bool:
+    """Whether the Gluon ping-pong kernel took the call and wrote `out`; if not, the caller runs
+    this kernel. Nothing here syncs: the kernel's checks read metadata, on the host."""
+    if identity in _gluon_failed:
+        return False
+    if spans is not None:
+        why = "it has no span mask"
+    elif (why := _gluon_device_refusal(q)) is None:
+        try:
+            gluon = _gluon()
+        except Exception as exc:  # noqa: BLE001 — no Gluon (or another one) in this Triton
+            _gluon_failed.add(identity)
+            _warn_refused(identity, one_line(exc, 200), "from now on")
+            return False
+        try:
+            gluon.launch_pingpong(q, k, v, out, causal, sm_scale, int(config["BLOCK_N"]), int(config["num_stages"]))
+            return True
+        except gluon.PingpongRefused as exc:
+            why = str(exc)
+        except Exception as exc:  # noqa: BLE001 — a kernel that cannot launch must not end the caller's inference
+            _gluon_failed.add(identity)
+            _warn_refused(identity, one_line(exc, 200), "from now on")
+            return False
+    if (identity, why) not in _gluon_refusals_logged:
+        _gluon_refusals_logged.add((identity, why))
+        _warn_refused(identity, why, "whenever that holds")
+    return False
 
 
 def _triton_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
-    """A config of this kernel for a problem whose table entry chose an SDPA backend (needed when
-    the call has spans): the nearest tuned Triton config valid for it, else the default."""
+    """A config of this kernel for a problem whose table entry chose another backend that cannot
+    take the call (spans, SDPA's refusal, tensors the Gluon kernel cannot read): the nearest tuned
+    Triton config valid for it, else the default."""
     if torch.cuda.is_available():
         from omnitune import runtime
         from omnitune.trial import device_key
@@ -663,18 +742,24 @@ def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tens
     cfg = _memo.get((b, h, hkv, lq, lk, d, causal), config,
                     lambda: AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype)
     backend = cfg.get("BACKEND", "triton")
+    out = None
     if backend != "triton":
         identity = (b, h, hkv, lq, lk, d, causal, q.dtype, backend)
-        if spans is None and identity not in _sdpa_refused:
+        if backend == GLUON_PINGPONG:
+            out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
+            if _pingpong_ran(q, k, v, out, causal, float(sm_scale), spans, cfg, identity):
+                return out
+        elif spans is None and identity not in _sdpa_refused:
             try:
                 return sdpa(q, k, v, causal, float(sm_scale), backend)
             except RuntimeError as exc:  # a backend that refuses this call: the kernel runs it
                 _refuse_sdpa(identity, exc)
-        # SDPA would need a dense mask for the spans (or refused): the kernel runs them, with the
-        # nearest tuned Triton config.
+        # SDPA would need a dense mask for the spans, the Gluon kernel has none (or either
+        # refused): this kernel runs the call, with the nearest tuned Triton config.
         cfg = _memo.get(("triton", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: _triton_config(
             AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype))
-    out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty((b, h, lq, d), dtype=q.dtype, device=q.device)
     _launch(q, k, v, causal, float(sm_scale), spans, out, cfg)
     return out
 
@@ -788,28 +873,60 @@ def _shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch
     return elt * (int(config["BLOCK_M"]) * bd + int(config["num_stages"]) * 2 * int(config["BLOCK_N"]) * bd)
 
 
-# Backends: this kernel, or PyTorch's SDPA (as it dispatches, or forced to cuDNN) — measured
-# by the search like any config, so a table records per problem whichever was fastest, and the
-# op dispatches to it. An SDPA config ignores the kernel's parameters: they are parked.
-BACKENDS = ("triton", "sdpa", "sdpa_cudnn")
+# Backends: this kernel, PyTorch's SDPA (as it dispatches, or forced to cuDNN), or the Gluon
+# ping-pong kernel for Hopper (omnitune/kernels/attention_gluon.py) — measured by the search like
+# any config, so a table records per problem whichever was fastest, and the op dispatches to it.
+# An SDPA config ignores the kernel's parameters: they are parked.
+GLUON_PINGPONG = "gluon_pingpong"
+BACKENDS = ("triton", "sdpa", "sdpa_cudnn", GLUON_PINGPONG)
 PARKED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
+# The ping-pong kernel tunes its key tile and its K/V ring's depth; the rest is what it is written
+# as: 128 query rows (two consumer warpgroups of 64), launched with its producer's 4 warps, one
+# head per program, and TMA always (USE_TMA names the Triton kernel's K/V path: unused, so fixed).
+GLUON_FIXED = dict(BLOCK_M=128, num_warps=4, PACK_GQA=False, USE_TMA=False)
+GLUON_TUNED = dict(BLOCK_N=(64, 128), num_stages=(2, 3))
+GLUON_HEAD_DIM = 128
+# Shared memory beyond the Q tile and the K/V ring: its mbarriers, rounded up.
+GLUON_SMEM_EXTRA_BYTES = 1024
 
 
 def _triton_only(check):
-    """A constraint of the Triton kernel's: an SDPA config has no tiles to break it."""
+    """A constraint of the Triton kernel's: an SDPA or Gluon config has no tiles of its to break."""
     def checked(problem, config, dtype, limits):
         return check(problem, config, dtype, limits) if config.get("BACKEND", "triton") == "triton" else None
     return checked
 
 
+def _gluon_only(check):
+    """A constraint of the Gluon ping-pong kernel's."""
+    def checked(problem, config, dtype, limits):
+        return check(problem, config, dtype, limits) if config.get("BACKEND", "triton") == GLUON_PINGPONG else None
+    return checked
+
+
 def park_ignored(config: Config) -> Config:
-    """The config with the parameters its backend ignores at their parked values."""
-    return config.replace(**PARKED) if config.get("BACKEND", "triton") != "triton" else config
+    """The config with the parameters its backend ignores at their parked values (the Gluon
+    kernel's at its fixed ones: its BLOCK_N and num_stages are its own)."""
+    backend = config.get("BACKEND", "triton")
+    if backend == "triton":
+        return config
+    return config.replace(**(GLUON_FIXED if backend == GLUON_PINGPONG else PARKED))
 
 
 def _check_backend(problem, config, dtype, limits):
     backend = config.get("BACKEND", "triton")
     if backend == "triton":
+        return None
+    if backend == GLUON_PINGPONG:
+        off = [k for k, v in GLUON_FIXED.items() if config[k] != v]
+        if off:
+            return f"BACKEND={backend} is written for " + ", ".join(f"{k}={GLUON_FIXED[k]}" for k in off) + \
+                " (one config per BLOCK_N and num_stages)"
+        untuned = [k for k, choices in GLUON_TUNED.items() if config[k] not in choices]
+        if untuned:
+            return f"BACKEND={backend} takes " + ", ".join(f"{k} in {GLUON_TUNED[k]}" for k in untuned)
+        if problem.spans:
+            return f"BACKEND={backend} has no span mask (only triton)"
         return None
     off = [k for k, v in PARKED.items() if config[k] != v]
     if off:
@@ -820,10 +937,61 @@ def _check_backend(problem, config, dtype, limits):
     return None
 
 
+def _check_gluon_device(problem, config, dtype, limits):
+    major, minor = tuple(limits.compute_capability)[:2]
+    if major != 9:
+        # wgmma and setmaxnreg are sm_90a's; sm_100 and later are untested
+        return f"BACKEND={GLUON_PINGPONG} is written for sm_90 (Hopper's wgmma), the device is sm_{major}{minor}"
+    return None
+
+
+def _check_gluon_dtype(problem, config, dtype, limits):
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"BACKEND={GLUON_PINGPONG} takes fp16 or bf16 (16-bit wgmma operands), not {str(dtype).split('.')[-1]}"
+    return None
+
+
+def _check_gluon_head_dim(problem, config, dtype, limits):
+    if problem.d != GLUON_HEAD_DIM:
+        return f"BACKEND={GLUON_PINGPONG} is written for head dim {GLUON_HEAD_DIM}, not {problem.d}"
+    return None
+
+
+def _check_gluon_one_length(problem, config, dtype, limits):
+    if problem.lq != problem.lk:
+        return (f"BACKEND={GLUON_PINGPONG} needs lq == lk (it has one length: its top-left causal mask is the "
+                f"bottom-right one only then), got lq={problem.lq}, lk={problem.lk}")
+    return None
+
+
+def _check_gluon_whole_tiles(problem, config, dtype, limits):
+    rows = GLUON_FIXED["BLOCK_M"]
+    if problem.lq % rows:
+        return (f"BACKEND={GLUON_PINGPONG} needs lq a multiple of {rows} (no tail masking: Q/O and K/V are "
+                f"[rows, d] views where a tail would read the next head's rows), got {problem.lq}")
+    return None
+
+
+def _gluon_shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch.dtype) -> int:
+    """The Q tile, STAGES K and V tiles, and the barriers (the offline compiles' shared memory,
+    benchmarks/gluon_attention_probe.py, is within GLUON_SMEM_EXTRA_BYTES above the tiles)."""
+    tiles = int(config["BLOCK_M"]) + int(config["num_stages"]) * 2 * int(config["BLOCK_N"])
+    return element_bytes(dtype) * tiles * problem.d + GLUON_SMEM_EXTRA_BYTES
+
+
+def _check_gluon_shared_memory(problem, config, dtype, limits: DeviceLimits):
+    need = _gluon_shared_memory_bytes(problem, config, dtype)
+    if need > limits.shared_memory_per_block_bytes:
+        return (f"BACKEND={GLUON_PINGPONG} needs {need} bytes of shared memory (Q tile + num_stages K/V tiles), "
+                f"the device has {limits.shared_memory_per_block_bytes}")
+    return None
+
+
 def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
     need = _shared_memory_bytes(problem, config, dtype)
     if need > limits.shared_memory_per_block_bytes:
-        return f"needs ~{need // 1024} KiB of shared memory, the device has {limits.shared_memory_per_block_bytes // 1024} KiB"
+        return (f"needs ~{need // 1024} KiB of shared memory, the device has "
+                f"{limits.shared_memory_per_block_bytes // 1024} KiB")
     return None
 
 
@@ -858,7 +1026,8 @@ def _check_tma(problem, config, dtype, limits):
 
 PARAMS = (
     Param("BACKEND", BACKENDS, "triton: this kernel; sdpa: PyTorch SDPA as it dispatches; sdpa_cudnn: "
-          "SDPA's cuDNN backend", missing="triton"),
+          "SDPA's cuDNN backend; gluon_pingpong: the Gluon ping-pong kernel for Hopper (sm_90, d=128, "
+          "Lq = Lk a multiple of 128; BLOCK_N and num_stages its tunables)", missing="triton"),
     Param("BLOCK_M", (16, 32, 64, 128), "query rows per program"),
     Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
     Param("num_warps", (4, 8), "warps per program"),
@@ -869,10 +1038,20 @@ PARAMS = (
 
 CONSTRAINTS = (
     Constraint("backend_parks_the_rest", _check_backend,
-               "an SDPA backend parks the kernel's parameters (one config per backend); no spans"),
+               "an SDPA backend parks the kernel's parameters (one config per backend), the Gluon one fixes all "
+               "but BLOCK_N and num_stages; no spans"),
+    Constraint("gluon_needs_sm90", _gluon_only(_check_gluon_device), "the Gluon kernel is written for sm_90"),
+    Constraint("gluon_16_bit", _gluon_only(_check_gluon_dtype), "the Gluon kernel takes fp16 or bf16"),
+    Constraint("gluon_head_dim_128", _gluon_only(_check_gluon_head_dim), "the Gluon kernel is written for d=128"),
+    Constraint("gluon_one_length", _gluon_only(_check_gluon_one_length), "the Gluon kernel needs lq == lk"),
+    Constraint("gluon_whole_tiles", _gluon_only(_check_gluon_whole_tiles),
+               "the Gluon kernel has no tail masking: lq a multiple of 128"),
+    Constraint("gluon_shared_memory", _gluon_only(_check_gluon_shared_memory),
+               "the Gluon kernel's Q tile + K/V ring must fit in shared memory"),
     Constraint("shared_memory", _triton_only(_check_shared_memory),
                "Q tile + K/V tiles per stage must fit in shared memory"),
-    Constraint("accumulator_registers", _triton_only(_check_accumulator), "fp32 accumulator ≤ 128 registers per thread"),
+    Constraint("accumulator_registers", _triton_only(_check_accumulator),
+               "fp32 accumulator ≤ 128 registers per thread"),
     Constraint("block_m_exceeds_rows", _triton_only(_check_block_m), "no block larger than the query rows it serves"),
     Constraint("pack_gqa_needs_groups", _triton_only(_check_pack), "PACK_GQA only when h > hkv"),
     Constraint("tma_needs_hopper", _triton_only(_check_tma), "tensor descriptors need sm_90+"),
@@ -1044,7 +1223,9 @@ def adapt_config(tuned: AttentionProblem, problem: AttentionProblem, config: Con
     evidence for that tile lies (the shipped H200 table: all 9 entries with image spans at 8,192+
     rows chose it, 7 of 8 at 640–765 rows kept 64×64); carried down to 3,000 rows it took 1.073x the
     64×64 tile's time on the held-out set (round 28 D: b1 h16/2 with 2 spans, lent from 8,510 rows).
-    Anything else is carried as tuned."""
+    Anything else is carried as tuned — a gluon_pingpong config too: where it does not fit the
+    problem (a length that is no multiple of 128, Lq ≠ Lk, another head dim or device) its
+    constraints refuse it, as the runtime checks every carried config."""
     long_tile = str(config.get("BACKEND", "triton")) == "triton" and _has_tile(config, _LONG_PREFILL_TILE)
     if long_tile and _long_causal_prefill(tuned) and problem.causal and not _long_causal_prefill(problem):
         return config.replace(**_PLAIN_TILE)
@@ -1107,8 +1288,8 @@ def _sdpa_baselines(problem: AttentionProblem):
     through torch's lower-right CausalBias (SDPA's is_causal is top-left aligned); span masks
     through a dense boolean mask, the only way SDPA can express them. Where a backend refuses
     GQA, K/V are expanded to all heads once, outside the timed calls."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def make(backend):
         prepared: dict[str, object] = {}
@@ -1182,6 +1363,13 @@ SPEC = KernelSpec(
         {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "USE_TMA": True},
         {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "USE_TMA": True},
+        # The Gluon ping-pong kernel over 128-key tiles and 2 stages: on the H100 (b1 h32/4 and
+        # h24/24, L 8k and 16k, causal and not, bf16, d=128) 1.00-1.13x SDPA's cuDNN backend's
+        # speed, where 64-key tiles gave 0.86-1.01x and this kernel (its nearest tuned configs)
+        # 0.81-0.92x (benchmarks/results/gluon_attention_h100_round41_G2.json). Dropped by the
+        # constraints wherever the Gluon kernel does not run.
+        {"BACKEND": GLUON_PINGPONG, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
+         "PACK_GQA": False, "USE_TMA": False},
     ),
     example_problem=AttentionProblem(b=2, h=4, hkv=2, lq=33, lk=47, d=64, causal=True),
     sample_problems=(

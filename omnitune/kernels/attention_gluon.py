@@ -1,0 +1,370 @@
+"""Attention's BACKEND=gluon_pingpong: a FlashAttention-3-style forward for Hopper (sm_90) written
+in Gluon (triton.experimental.gluon, shipped with Triton 3.6). Plain Triton 3.6 cannot express
+ping-pong of two consumer warpgroups nor a warp-specialized loop that completes on sm_90
+(docs/hopper.md, Findings, row 6); Gluon writes both by hand.
+
+Imported only when a gluon_pingpong config is launched (omnitune.kernels.attention): importing
+this module imports Gluon, which the attention module, and so the runtime, never does at import
+time. The attention spec's constraints say which problems the kernel serves; `refusal` says which
+tensors it can take, and the op runs a refused call with its own Triton kernel.
+
+Problem: q [b, h, L, 128], k/v [b, hkv, L, 128] (GQA: h % hkv == 0), bf16 or fp16, causal or not
+(Lq = Lk, so top-left = bottom-right), any positive softmax scale, o [b, h, L, 128]. L must be a
+multiple of 128: there is no tail masking. Q/O are [b·h·L, 128] and K/V [b·hkv·L, 128] 2-D views
+under host TMA descriptors, so a tail tile would read (and write) the next head's rows; a program
+finds its kv head's rows as (batch·hkv + head // (h / hkv))·L. Grid (b·h, L / 128), heads fastest
+and query blocks last-first: under a causal mask the heaviest blocks start first.
+
+The form (warp-specialized, gl.warp_specialize): a producer (the default partition, 4 warps at 40
+registers, one thread issuing) loads both 64-row halves of Q and streams K/V into STAGES-deep
+shared-memory rings, waiting on per-slot "empty" mbarriers (count 2: one arrive per consumer);
+two consumer partitions of 4 warps at 232 registers own 64 query rows each and take turns on the
+tensor cores through two "turn" mbarriers: a consumer waits for its turn, issues its S and P·V
+wgmma, hands the turn over, and runs its softmax while the other's GEMMs run (FA3's ping-pong,
+with the intra-warpgroup overlap inside each consumer: S = Q·Kⱼᵀ and O += Pⱼ₋₁·Vⱼ₋₁ are issued
+together, and softmax(Sⱼ) runs while the P·V GEMM does). P is converted to the input dtype in
+registers and fed as the register A operand of the P·V wgmma. O goes out through shared memory
+(Q's buffer) and TMA.
+
+benchmarks/gluon_attention_probe.py compiles it offline for sm_90 and checks and times it beside
+SDPA's cuDNN backend (there, with a pipelined form without warp specialization);
+benchmarks/results/gluon_attention_h100_round41_G2.json holds the H100 run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from omnitune.kernels._host import LOG2E
+
+HEAD_DIM = 128
+TILE_ROWS = 128  # query rows per program: two consumers of 64
+HALF_ROWS = TILE_ROWS // 2
+LAUNCH_WARPS = 4  # the launch's num_warps: the producer's (the consumers' 8 warps come on top)
+KEY_TILES = (64, 128)  # BLOCK_N: the wgmma instruction shapes the consumers' layouts are written for
+MIN_STAGES = 2  # the ring must hold the tile a consumer's P·V still reads and the next one's K
+GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+# ------------------------------------------------------------------------------------------------
+# Device code. _online_softmax and _tile_coords are shared with the probe's pipelined form.
+# ------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, qk_scale, q_rows, start_n, MASKED: gl.constexpr):
+    """One K/V tile's step of the online softmax, in the exp2 domain (m is kept scaled by
+    qk_scale = sm_scale·log2(e), which must be positive: the row max is taken before scaling).
+    Returns P (fp32, S's layout), the new row max, the new row sum and alpha, the factor the
+    running O must be multiplied by (exp2(m_old - m_new)). The first tile of every row holds key
+    0, visible under the causal mask too, so m is finite from the first tile on and a fully masked
+    later tile only adds zeros (no -inf - -inf)."""
+    if MASKED:
+        k_cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+        s = gl.where(q_rows[:, None] >= k_cols[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _tile_coords(L, H, HKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """This program's (batch·head, query block) and what it reads. Grid (b·h, L / BLOCK_M): the
+    heads vary fastest, so the first wave holds every head's last (under a causal mask, heaviest)
+    query block, and the heads of one kv group run side by side (their K/V shared through L2).
+    Q/O are [b·h·L, d] and K/V [b·hkv·L, d] 2-D views: the rows of (batch, head) start at
+    (batch·h + head)·L, those of its kv head at (batch·hkv + head // (h / hkv))·L."""
+    pid_bh = gl.program_id(0)
+    off_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+    batch = pid_bh // H
+    kv_head = (pid_bh % H) // (H // HKV)
+    q_row = pid_bh * L + off_m
+    kv_row = (batch * HKV + kv_head) * L
+    if CAUSAL:
+        # keys [0, off_m + BLOCK_M): tiles wholly below the diagonal need no mask
+        n_tiles = gl.cdiv(off_m + BLOCK_M, BLOCK_N)
+        n_full = off_m // BLOCK_N
+    else:
+        n_tiles = L // BLOCK_N
+        n_full = n_tiles
+    return off_m, q_row, kv_row, n_tiles, n_full
+
+
+@gluon.jit
+def _pingpong_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                       turn, q_row, kv_row, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The default partition (4 warps, one thread issuing): gives consumer 0 the first turn, loads
+    both 64-row halves of Q, then streams K/V tiles into the ring, each slot once both consumers
+    have released it (a fresh barrier passes a wait for parity 1: the first STAGES waits don't block)."""
+    HALF: gl.constexpr = q_desc.block_type.shape[0]
+    mbarrier.arrive(turn.index(0))
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + HALF, 0], q_bar, q_smem.index(1))
+    for j in range(n_tiles):
+        slot = j % STAGES
+        empty_phase = ((j // STAGES) & 1) ^ 1
+        row = kv_row + j * BLOCK_N
+        mbarrier.wait(k_empty.index(slot), empty_phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), empty_phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p_op, m_i, l_i, qk_scale,
+                   q_rows, s_zero, ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   MASKED: gl.constexpr):
+    """A consumer's tile j ≥ 1 in FA3's intra-warpgroup overlap: S = Q·Kⱼᵀ and O += Pⱼ₋₁·Vⱼ₋₁ are
+    issued together, in this consumer's turn only (then handed to the other, whose softmax ran
+    meanwhile), and softmax(Sⱼ) runs while the P·V GEMM does. On entry O is scaled to mⱼ₋₁ and
+    p_op = exp2(Sⱼ₋₁ - mⱼ₋₁); on exit O (now holding tile j-1's term) is scaled to mⱼ and the
+    returned P is exp2(Sⱼ - mⱼ). Ring slots are released by an arrive on their empty barriers
+    instead of a CTA-wide barrier."""
+    o_layout: gl.constexpr = acc.type.layout
+    p_layout: gl.constexpr = p_op.type.layout
+    slot = j % STAGES
+    prev = (j - 1) % STAGES
+    mbarrier.wait(turn.index(ME), j & 1)
+    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+    s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+    o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    mbarrier.arrive(turn.index(1 - ME))
+    # wgmma groups retire in order: with one left in flight, S (issued first) is done
+    s = warpgroup_mma_wait(1, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(slot))
+    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, j * BLOCK_N, MASKED)
+    p_next = gl.convert_layout(p.to(q.dtype), p_layout)
+    # p_op stays a dependency until the P·V GEMM reading its registers has retired
+    acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
+    mbarrier.arrive(v_empty.index(prev))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
+    return acc, p_next, m_i, l_i
+
+
+@gluon.jit
+def _pingpong_consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                       q_row, off_m, n_tiles, n_full, qk_scale,
+                       ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Consumer ME (a worker partition of 4 warps): query rows off_m + 64·ME .. + 63. Both
+    consumers walk the same tiles (the CTA's; consumer 0 may mask one tile wholly), so they take
+    the same number of turns: turn j of consumer ME waits on turn[ME] for parity j & 1."""
+    HALF: gl.constexpr = q_smem.shape[1]
+    HEAD_D: gl.constexpr = q_smem.shape[2]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q = q_smem.index(ME)
+    q_rows = off_m + ME * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
+    mbarrier.wait(q_bar, 0)
+
+    # turn 0: tile 0's S (masked whenever causal: harmless below the diagonal); its P·V is issued
+    # by the first step (or the tail)
+    mbarrier.wait(turn.index(ME), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.arrive(turn.index(1 - ME))
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(0))
+    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, 0, CAUSAL)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    for j in range(1, n_full):
+        acc, p_op, m_i, l_i = _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+                                             p_op, m_i, l_i, qk_scale, q_rows, s_zero, ME, BLOCK_N, STAGES, False)
+    for j in range(gl.maximum(n_full, 1), n_tiles):
+        acc, p_op, m_i, l_i = _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+                                             p_op, m_i, l_i, qk_scale, q_rows, s_zero, ME, BLOCK_N, STAGES, True)
+    # turn n_tiles: the last tile's P·V (the other consumer's last arrive on turn[0] goes unwaited)
+    last = n_tiles - 1
+    mbarrier.wait(turn.index(ME), n_tiles & 1)
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    o_tok = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+    mbarrier.arrive(turn.index(1 - ME))
+    acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
+
+    # O = acc / l through this consumer's half of Q's buffer (its last reader has retired) and TMA
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout), assert_trivial=True)
+    q.store((acc / l_o[:, None]).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [q_row + ME * HALF, 0], q)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """A 128-row output tile per program over 12 warps: a producer (the default partition, 4
+    warps) and two consumers of 4 warps and 64 rows each that take turns on the tensor cores.
+    Q/O descriptors are 64-row blocks (a consumer's half); launch with num_warps=4."""
+    HALF: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    gl.static_assert(HALF == 64, "each consumer owns 64 query rows")
+    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(L, H, HKV, 2 * HALF, BLOCK_N, CAUSAL)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    fence_async_shared()
+    gl.thread_barrier()  # every warp sees initialised barriers before any waits on one
+
+    gl.warp_specialize([
+        (_pingpong_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                              v_empty, turn, q_row, kv_row, n_tiles, BLOCK_N, STAGES)),
+        (_pingpong_consumer, (o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                              q_row, off_m, n_tiles, n_full, qk_scale, 0, BLOCK_N, STAGES, CAUSAL)),
+        (_pingpong_consumer, (o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                              q_row, off_m, n_tiles, n_full, qk_scale, 1, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 4], [232, 232])
+
+
+# ------------------------------------------------------------------------------------------------
+# Host
+# ------------------------------------------------------------------------------------------------
+
+
+class PingpongRefused(ValueError):
+    """Tensors (or a device) the ping-pong kernel cannot take: the op runs the call with its own
+    Triton kernel instead. No OmnituneError: in a search it is the trial's failure, not the
+    search's (omnitune.measure.runner lets those through)."""
+
+
+def shape_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why the kernel does not compute this problem (shapes and dtypes only, no device), or None."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return f"q, k, v must be [b, heads, L, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    b, h, L, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[2] != L or k.shape[3] != d:
+        return (f"k and v must be [b, hkv, L, d] as q [b, h, L, d] (one length: Lq = Lk); got q {tuple(q.shape)}, "
+                f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if d != HEAD_DIM:
+        return f"head dim must be {HEAD_DIM}, got {d}"
+    hkv = k.shape[1]
+    if b == 0 or h == 0 or hkv == 0:
+        return f"q, k, v must not be empty; got {tuple(q.shape)}, {tuple(k.shape)}"
+    if h % hkv:
+        return f"query heads ({h}) must be a multiple of kv heads ({hkv})"
+    if L % TILE_ROWS or L == 0:
+        return (f"sequence length must be a positive multiple of {TILE_ROWS} (no tail masking: a tail would read "
+                f"the next head's rows), got {L}")
+    if q.dtype not in GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"q, k, v must all be bf16 or all fp16; got {q.dtype}, {k.dtype}, {v.dtype}"
+    return None
+
+
+# Per CUDA device index: whether it is an sm_90 GPU (wgmma and this kernel's TMA are sm_90a's).
+_sm90: dict[int, bool] = {}
+
+
+def _is_sm90(t: torch.Tensor) -> bool:
+    index = t.get_device()
+    found = _sm90.get(index)
+    if found is None:
+        found = _sm90[index] = index >= 0 and torch.cuda.get_device_capability(index)[0] == 9
+    return found
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """Contiguous in [b, heads, L, d] order (the kernel reads it as a [rows, d] view) at a
+    16-byte aligned address (a TMA descriptor's base)."""
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, sm_scale: float) -> str | None:
+    """Why this call cannot run on the kernel (one line), or None: what the attention op checks
+    per call before it launches, falling back to its Triton kernel on a reason."""
+    why = shape_refusal(q, k, v)
+    if why is not None:
+        return why
+    if not (q.is_cuda and _is_sm90(q)):
+        return f"needs an sm_90 (Hopper) GPU; q is on {q.device}" + (
+            f" (sm_{''.join(map(str, torch.cuda.get_device_capability(q.device)))})" if q.is_cuda else "")
+    if k.device != q.device or v.device != q.device or out.device != q.device:
+        return f"q, k, v and out must be on one device; got {q.device}, {k.device}, {v.device}, {out.device}"
+    if not (_tma_ready(q) and _tma_ready(k) and _tma_ready(v)):
+        return "q, k, v must be contiguous [b, heads, L, d] tensors at 16-byte aligned addresses"
+    if out.shape != q.shape or out.dtype != q.dtype or not _tma_ready(out):
+        return f"out must be a contiguous {tuple(q.shape)} {q.dtype} tensor at a 16-byte aligned address"
+    if not sm_scale > 0:
+        # the row max is taken before scaling (_online_softmax), and 0·(-inf) is NaN under a mask
+        return f"sm_scale must be positive, got {sm_scale}"
+    return None
+
+
+@functools.cache
+def _shared_layout(rows: int, d: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([rows, d], GL_DTYPES[dtype])
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor of contiguous `t` as a 2-D [rows of all heads, d] view, moving `rows` rows
+    a block (a 128-wide row block moves as two 64-column boxes: a 128-byte swizzle bounds a box's
+    inner dimension)."""
+    d = t.shape[-1]
+    return TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], _shared_layout(rows, d, t.dtype))
+
+
+def pingpong_launch_args(q, k, v, out, causal: bool, sm_scale: float, block_n: int, stages: int):
+    """(kernel, grid, positional args, keyword args) of one launch, nothing checked: q/k/v/out
+    contiguous, as 2-D [rows, d] views under TMA descriptors (Q/O in 64-row halves, one per
+    consumer). The probe compiles from these offline."""
+    b, h, L, _ = q.shape
+    descs = (descriptor(q, HALF_ROWS), descriptor(k, block_n), descriptor(v, block_n), descriptor(out, HALF_ROWS))
+    grid = (b * h, L // TILE_ROWS)
+    args = (*descs, L, h, k.shape[1], sm_scale * LOG2E)
+    return _attn_fwd_pingpong, grid, args, dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
+                                                num_warps=LAUNCH_WARPS)
+
+
+def launch_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
+                    sm_scale: float, block_n: int, stages: int) -> None:
+    """softmax(q·kᵀ·sm_scale, causal or not)·v written into `out` [b, h, L, 128] (q's shape and
+    dtype, contiguous). PingpongRefused, before any GPU work, for a call `refusal` turns down or
+    a tile the kernel is not written for (block_n 64 or 128, at least 2 stages; whether the
+    stages fit in shared memory is the attention spec's constraint)."""
+    why = refusal(q, k, v, out, sm_scale)
+    if why is None and (block_n not in KEY_TILES or stages < MIN_STAGES):
+        why = f"block_n must be one of {KEY_TILES} and stages at least {MIN_STAGES}; got {block_n}, {stages}"
+    if why is not None:
+        raise PingpongRefused(f"gluon_pingpong: {why}")
+    kernel, grid, args, kwargs = pingpong_launch_args(q, k, v, out, causal, sm_scale, block_n, stages)
+    kernel[grid](*args, **kwargs)
