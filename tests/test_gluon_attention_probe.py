@@ -18,15 +18,7 @@ PROBE = ROOT / "benchmarks" / "gluon_attention_probe.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 pytest.importorskip("triton.experimental.gluon._runtime", reason="this Triton has no Gluon to compile offline")
-_GLUON_MODULE = "omnitune.kernels.attention_gluon"
-_gluon_was_loaded = _GLUON_MODULE in sys.modules
 probe = pytest.importorskip("gluon_attention_probe")  # imports its ping-pong form from the library
-if not _gluon_was_loaded and not torch.cuda.is_available():
-    # Under the interpreter the library's Gluon kernels stay GPU kernels, and the CLI's --interpret
-    # refuses a process whose omnitune.kernels modules hold one (the in-process CLI tests, which
-    # run after this module is collected): the probe keeps its reference, sys.modules drops it.
-    sys.modules.pop(_GLUON_MODULE, None)
-    vars(sys.modules["omnitune.kernels"]).pop("attention_gluon", None)
 
 
 @pytest.fixture(scope="module")

@@ -126,8 +126,12 @@ def enable_interpreter() -> None:
 
 
 def _compiled(module) -> bool:
-    """Whether a kernel module holds a kernel compiled for the GPU. Judged by its kernels, not
-    by the module: some (omnitune.kernels._dispatch) hold none, interpreted or not."""
+    """Whether a kernel module holds a Triton kernel compiled for the GPU. Judged by its kernels,
+    not by the module: some (omnitune.kernels._dispatch) hold none, interpreted or not. Gluon
+    kernels (omnitune.kernels.attention_gluon) do not count: the interpreter never runs them, and
+    the op sends their calls to the Triton kernel off an sm_90 GPU, so importing them early leaves
+    every interpreted run as it would be."""
     from triton.runtime.jit import JITFunction
 
-    return any(isinstance(v, JITFunction) for v in vars(module).values())
+    return any(isinstance(v, JITFunction) and not type(v).__module__.startswith("triton.experimental.gluon")
+               for v in vars(module).values())
