@@ -82,7 +82,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -109,7 +108,7 @@ from omnitune.kernels.attention_gluon import (  # what both forms share lives on
 )
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+from hopper_probe_timing import Shape, write_json  # noqa: E402  (Shape: b, h, L, causal, hkv)
 
 # ------------------------------------------------------------------------------------------------
 # Form (a)'s own piece (the pieces both forms share, _online_softmax and _tile_coords, are the
@@ -476,27 +475,9 @@ QUICK_ROUNDS = 3
 SEEDS = (1234, 5678)  # two fresh random inputs per shape: a race shows on one and not the other
 
 
-@dataclass(frozen=True)
-class Shape:
-    b: int
-    h: int
-    hkv: int
-    L: int
-    causal: bool
-
-    @property
-    def name(self) -> str:
-        return f"b{self.b}_h{self.h}_kv{self.hkv}_L{self.L}_{'causal' if self.causal else 'full'}"
-
-    @property
-    def flops(self) -> float:
-        full = 4.0 * self.b * self.h * self.L * self.L * HEAD_DIM
-        return full / 2 if self.causal else full
-
-
-SHAPES = [Shape(1, h, hkv, L, causal) for h, hkv in ((32, 4), (24, 24)) for L in (8192, 16384)
+SHAPES = [Shape(1, h, L, causal, hkv=hkv) for h, hkv in ((32, 4), (24, 24)) for L in (8192, 16384)
           for causal in (True, False)]
-QUICK_SHAPES = [Shape(1, 32, 4, 8192, True), Shape(1, 32, 4, 8192, False)]
+QUICK_SHAPES = [Shape(1, 32, 8192, True, hkv=4), Shape(1, 32, 8192, False, hkv=4)]
 
 
 def make_inputs(shape: Shape, seed: int, device="cuda", dtype=torch.bfloat16):
@@ -575,7 +556,7 @@ def _row(shape: Shape, name: str, **fields) -> dict:
 def run_shape(shape: Shape, variants: list[Variant], rounds: int) -> list[dict]:
     """Each variant checked on two fresh inputs (output poisoned with NaN before every launch),
     then every passing one timed with cuDNN as CUDA-graph replays, interleaved in rounds."""
-    from hopper_probe_timing import _one_line, launches_for, time_rounds, timed_graph
+    from hopper_probe_timing import _one_line, timed_beside_cudnn
 
     rows = {v.name: _row(shape, v.name, kind="gluon", **asdict(v), checks=[]) for v in variants}
     rows.update({name: _row(shape, name, kind="baseline", checks=[]) for name in BASELINES})
@@ -623,24 +604,8 @@ def run_shape(shape: Shape, variants: list[Variant], rounds: int) -> list[dict]:
         elif ok:
             variant = next(v_ for v_ in variants if v_.name == name)
             calls[name] = (lambda variant=variant: run_variant(variant, q, k, v, out, shape.causal))
-    launches = launches_for(shape)
-    replays, keep = {}, []
-    for name, call in calls.items():
-        try:
-            replay, how, graph = timed_graph(call, launches)
-        except Exception as exc:
-            rows[name]["status"] = f"failed: {_one_line(exc)}"
-            continue
-        replays[name], rows[name]["timing"] = replay, how
-        keep.append(graph)
-    times = time_rounds(replays, launches, rounds) if replays else {}
-    cudnn_ms = statistics.median(times["sdpa_cudnn"]) if "sdpa_cudnn" in times else None
-    for name, ms_list in times.items():
-        ms = statistics.median(ms_list)
-        rows[name].update(ms=ms, ms_rounds=ms_list, launches_per_graph=launches, rounds=rounds,
-                          tflops=shape.flops / (ms * 1e-3) / 1e12, vs_cudnn=cudnn_ms / ms if cudnn_ms else None)
-    del keep, replays, calls
-    torch.cuda.empty_cache()
+    timed_beside_cudnn(shape, calls, rows, rounds)
+    del calls
     for row in rows.values():  # the worst of the two checks, for the table
         if row["checks"]:
             row["rel_rms_err"] = max(c["rel_rms_err"] for c in row["checks"])
@@ -649,30 +614,11 @@ def run_shape(shape: Shape, variants: list[Variant], rounds: int) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    def fmt(x, spec):
-        return "" if x is None else format(x, spec)
+    from hopper_probe_timing import markdown as tables
 
-    lines = []
-    for shape in dict.fromkeys(r["shape"] for r in rows):
-        lines += ["", f"### {shape} (bf16, d={HEAD_DIM})", "",
-                  "| variant | status | ms | TFLOP/s | × cuDNN | max abs err | rel RMS err |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        for r in (r for r in rows if r["shape"] == shape):
-            lines.append(f"| {r['variant']} | {r.get('status', '')[:90]} | {fmt(r.get('ms'), '.3f')} | "
-                         f"{fmt(r.get('tflops'), '.0f')} | {fmt(r.get('vs_cudnn'), '.2f')} | "
-                         f"{fmt(r.get('max_abs_err'), '.2e')} | {fmt(r.get('rel_rms_err'), '.2e')} |")
-    lines += ["", "× cuDNN: cuDNN's median ms over the row's (above 1: faster). Flops 4·b·h·L²·d, halved "
-              "when causal. Names: pipelined / serial (form a, with / without FA3's intra-warpgroup overlap), "
-              "pingpong (form b); m = BLOCK_M, n = BLOCK_N, s = stages."]
-    return "\n".join(lines)
-
-
-def _write(path: str, result: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=1, default=str)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    return tables(rows, heads="", names="Flops 4·b·h·L²·d, halved when causal. Names: pipelined / serial (form a, "
+                  "with / without FA3's intra-warpgroup overlap), pingpong (form b); m = BLOCK_M, n = BLOCK_N, "
+                  "s = stages.")
 
 
 def main(argv=None) -> int:
@@ -696,7 +642,7 @@ def main(argv=None) -> int:
         rows = offline_compile(variants)
         print(offline_table(rows))
         if args.out:
-            _write(args.out, dict(what="Gluon FA3-style attention probe compiled offline for sm_90 (no GPU); "
+            write_json(args.out, dict(what="Gluon FA3-style attention probe compiled offline for sm_90 (no GPU); "
                                        "speed not measured", triton=triton.__version__,
                                   target="GPUTarget('cuda', 90, 32)", smem_limit=SMEM_LIMIT, rows=rows))
         return 0 if any(r["compiled"] for r in rows) else 1
@@ -720,7 +666,7 @@ def main(argv=None) -> int:
             rows.append(_row(shape, "*", kind="shape", status=f"failed: {_one_line(exc)}"))
         print(f"{shape.name}: {time.perf_counter() - t:.1f} s", flush=True)
         if args.out:  # after every shape: a run cut short keeps what it measured
-            _write(args.out, dict(
+            write_json(args.out, dict(
                 what="Gluon FA3-style attention probe (benchmarks/gluon_attention_probe.py) beside SDPA cuDNN",
                 environment=env, rounds=rounds, quick=args.quick, partial=i + 1 < len(shapes),
                 notes=[f"correct: every element finite and relative RMS error < {REL_RMS_TOL} against SDPA in fp32 "

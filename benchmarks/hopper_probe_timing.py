@@ -71,10 +71,12 @@ class Shape:
     h: int
     L: int
     causal: bool
+    hkv: int = 0  # K/V heads; 0: as many as h, and left out of the name (this probe's shapes)
 
     @property
     def name(self) -> str:
-        return f"b{self.b}_h{self.h}_L{self.L}_{'causal' if self.causal else 'full'}"
+        kv = f"_kv{self.hkv}" if self.hkv else ""
+        return f"b{self.b}_h{self.h}{kv}_L{self.L}_{'causal' if self.causal else 'full'}"
 
     @property
     def flops(self) -> float:
@@ -392,6 +394,32 @@ def time_rounds(replays: dict, launches: int, rounds: int) -> dict:
     return times
 
 
+def timed_beside_cudnn(shape: Shape, calls: dict, rows: dict, rounds: int) -> None:
+    """Each call ({name: fn}, "sdpa_cudnn" among them) captured in a CUDA graph and timed in
+    interleaved rounds; its row gets ms, TFLOP/s and the ratio to cuDNN (a capture that fails: its
+    row's status)."""
+    launches = launches_for(shape)
+    replays, keep = {}, []
+    for name, call in calls.items():
+        try:
+            replay, how, graph = timed_graph(call, launches)
+        except Exception as exc:
+            rows[name]["status"] = f"failed: {_one_line(exc)}"
+            continue
+        replays[name] = replay
+        keep.append(graph)
+        rows[name]["timing"] = how
+    times = time_rounds(replays, launches, rounds) if replays else {}
+    cudnn_ms = statistics.median(times["sdpa_cudnn"]) if "sdpa_cudnn" in times else None
+    for name, ms_list in times.items():
+        ms = statistics.median(ms_list)
+        rows[name].update(ms=ms, ms_rounds=ms_list, launches_per_graph=launches, rounds=rounds,
+                          tflops=shape.flops / (ms * 1e-3) / 1e12,
+                          vs_cudnn=(cudnn_ms / ms) if cudnn_ms else None)
+    del keep, replays
+    torch.cuda.empty_cache()
+
+
 def launches_for(shape: Shape) -> int:
     return max(3, min(10, math.ceil(GRAPH_FLOPS / shape.flops)))
 
@@ -494,26 +522,7 @@ def run_shape(shape: Shape, variants: list[Variant], compile_failed: dict, num_s
         calls[name] = call  # SDPA is timed even if outside the tolerance; its row says so
     del ref
     torch.cuda.empty_cache()
-    launches = launches_for(shape)
-    replays, keep = {}, []
-    for name, call in calls.items():
-        try:
-            replay, how, graph = timed_graph(call, launches)
-        except Exception as exc:
-            rows[name]["status"] = f"failed: {_one_line(exc)}"
-            continue
-        replays[name] = replay
-        keep.append(graph)
-        rows[name]["timing"] = how
-    times = time_rounds(replays, launches, rounds) if replays else {}
-    cudnn_ms = statistics.median(times["sdpa_cudnn"]) if "sdpa_cudnn" in times else None
-    for name, ms_list in times.items():
-        ms = statistics.median(ms_list)
-        rows[name].update(ms=ms, ms_rounds=ms_list, launches_per_graph=launches, rounds=rounds,
-                          tflops=shape.flops / (ms * 1e-3) / 1e12,
-                          vs_cudnn=(cudnn_ms / ms) if cudnn_ms else None)
-    del keep, replays
-    torch.cuda.empty_cache()
+    timed_beside_cudnn(shape, calls, rows, rounds)
     result = list(rows.values())
     if shape.causal:
         for name, reason in CAUSAL_SKIPPED.items():
@@ -540,21 +549,25 @@ def _fmt(x, spec):
     return "" if x is None else format(x, spec)
 
 
-def markdown(rows: list[dict]) -> str:
+NAMES = ("Names: loads (ptr, kv = K/V host descriptors, qkv = Q/K/V host descriptors), ws = warp "
+         "specialization, n = BLOCK_N (BLOCK_M 128), w = warps, s = stages; causal: 2loops = CAUSAL=1 "
+         "(unmasked loop + masked diagonal loop), 1loop = CAUSAL=2 (every tile masked).")
+
+
+def markdown(rows: list[dict], heads: str = "K/V heads = Q heads: no GQA", names: str = NAMES) -> str:
+    """A table a shape: each row's status, time, TFLOP/s, ratio to cuDNN and errors."""
     lines = []
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        lines += ["", f"### {shape} (bf16, d={HEAD_DIM}, K/V heads = Q heads: no GQA)", "",
+        lines += ["", f"### {shape} (bf16, d={HEAD_DIM}{', ' + heads if heads else ''})", "",
                   "| variant | status | ms | TFLOP/s | × cuDNN | max abs err | rel RMS err |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for r in (r for r in rows if r["shape"] == shape):
-            status = r["status"] if len(r["status"]) < 90 else r["status"][:87] + "..."
+            status = r.get("status", "")
+            status = status if len(status) < 90 else status[:87] + "..."
             lines.append(f"| {r['variant']} | {status} | {_fmt(r.get('ms'), '.3f')} | {_fmt(r.get('tflops'), '.0f')}"
                          f" | {_fmt(r.get('vs_cudnn'), '.2f')} | {_fmt(r.get('max_abs_err'), '.2e')}"
                          f" | {_fmt(r.get('rel_rms_err'), '.2e')} |")
-    lines += ["", "× cuDNN: SDPA cuDNN's median ms over the row's (above 1: faster than cuDNN). "
-              "Names: loads (ptr, kv = K/V host descriptors, qkv = Q/K/V host descriptors), ws = warp "
-              "specialization, n = BLOCK_N (BLOCK_M 128), w = warps, s = stages; causal: 2loops = CAUSAL=1 "
-              "(unmasked loop + masked diagonal loop), 1loop = CAUSAL=2 (every tile masked)."]
+    lines += ["", "× cuDNN: SDPA cuDNN's median ms over the row's (above 1: faster than cuDNN). " + names]
     return "\n".join(lines)
 
 
@@ -623,6 +636,11 @@ def _write(path: str, env: dict, quick: bool, rounds: int, compile_s: float, tot
                "O is stored through pointers in every variant; descriptors are host TensorDescriptors",
                f"partial: the run ended early (a first launch hung for {HANG_S:.0f} s, or shapes remain)"],
         compile_s=compile_s, total_s=total_s, rows=rows)
+    write_json(path, result)
+
+
+def write_json(path: str, result: dict) -> None:
+    """The result at path, written whole or not at all (a run cut short keeps its last file)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1, default=str)

@@ -979,20 +979,21 @@ def _gluon_shared_memory_bytes(problem: AttentionProblem, config: Config, dtype:
     return element_bytes(dtype) * tiles * problem.d + GLUON_SMEM_EXTRA_BYTES
 
 
-def _check_gluon_shared_memory(problem, config, dtype, limits: DeviceLimits):
-    need = _gluon_shared_memory_bytes(problem, config, dtype)
-    if need > limits.shared_memory_per_block_bytes:
-        return (f"BACKEND={GLUON_PINGPONG} needs {need} bytes of shared memory (Q tile + num_stages K/V tiles), "
-                f"the device has {limits.shared_memory_per_block_bytes}")
-    return None
+def _shared_memory_fits(bytes_needed, what: str):
+    """A constraint: the shared memory a backend's kernel needs (bytes_needed(problem, config,
+    dtype)) within the device's per block."""
+    def check(problem, config, dtype, limits: DeviceLimits):
+        need = bytes_needed(problem, config, dtype)
+        if need > limits.shared_memory_per_block_bytes:
+            return (f"{what}needs ~{need // 1024} KiB of shared memory, the device has "
+                    f"{limits.shared_memory_per_block_bytes // 1024} KiB")
+        return None
+    return check
 
 
-def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
-    need = _shared_memory_bytes(problem, config, dtype)
-    if need > limits.shared_memory_per_block_bytes:
-        return (f"needs ~{need // 1024} KiB of shared memory, the device has "
-                f"{limits.shared_memory_per_block_bytes // 1024} KiB")
-    return None
+_check_shared_memory = _shared_memory_fits(_shared_memory_bytes, "")
+_check_gluon_shared_memory = _shared_memory_fits(
+    _gluon_shared_memory_bytes, f"BACKEND={GLUON_PINGPONG} (Q tile + num_stages K/V tiles) ")
 
 
 def _check_accumulator(problem, config, dtype, limits):
