@@ -547,7 +547,7 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> torch.
         # ValueErrors, not InputErrors: the trial's failure, not the search's
         if inputs.spans is not None and inputs.spans.shape[1] > 0:
             raise ValueError(f"BACKEND={GLUON_PINGPONG} has no span mask (only triton)")
-        if (why := _gluon_device_refusal(inputs.q)) is not None:
+        if (why := gluon_device_refusal(inputs.q)) is not None:
             raise ValueError(f"BACKEND={GLUON_PINGPONG} {why}")
         _gluon().launch_pingpong(inputs.q, inputs.k, inputs.v, out, inputs.causal, inputs.sm_scale,
                                  int(config["BLOCK_N"]), int(config["num_stages"]))
@@ -571,8 +571,9 @@ def _gluon():
 _sm90_devices: dict[int, bool] = {}
 
 
-def _gluon_device_refusal(q: torch.Tensor) -> str | None:
-    """Why the Gluon kernel cannot run on q's device (one line), or None; no sync, no Gluon import."""
+def gluon_device_refusal(q: torch.Tensor) -> str | None:
+    """Why the Gluon kernel cannot run on q's device (one line), or None; no sync, no Gluon import.
+    The op asks before importing the kernel's module, and that module's `refusal` asks the same."""
     index = q.get_device()
     if index < 0:
         return f"needs an sm_90 (Hopper) GPU; q is on {q.device}"
@@ -689,7 +690,7 @@ def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Co
         return False
     if spans is not None:
         why = "it has no span mask"
-    elif (why := _gluon_device_refusal(q)) is None:
+    elif (why := gluon_device_refusal(q)) is None:
         try:
             gluon = _gluon()
         except Exception as exc:  # noqa: BLE001 — no Gluon (or another one) in this Triton

@@ -48,12 +48,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from omnitune.kernels._host import LOG2E
+from omnitune.kernels.attention import GLUON_FIXED, GLUON_HEAD_DIM, GLUON_TUNED, gluon_device_refusal
 
-HEAD_DIM = 128
-TILE_ROWS = 128  # query rows per program: two consumers of 64
+# What the kernel is written for, as the attention spec (its one description) states it
+HEAD_DIM = GLUON_HEAD_DIM
+TILE_ROWS = GLUON_FIXED["BLOCK_M"]  # query rows per program: two consumers of 64
 HALF_ROWS = TILE_ROWS // 2
-LAUNCH_WARPS = 4  # the launch's num_warps: the producer's (the consumers' 8 warps come on top)
-KEY_TILES = (64, 128)  # BLOCK_N: the wgmma instruction shapes the consumers' layouts are written for
+LAUNCH_WARPS = GLUON_FIXED["num_warps"]  # the producer's (the consumers' 8 warps come on top)
+KEY_TILES = GLUON_TUNED["BLOCK_N"]  # the wgmma instruction shapes the consumers' layouts are written for
 MIN_STAGES = 2  # the ring must hold the tile a consumer's P·V still reads and the next one's K
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -291,18 +293,6 @@ def shape_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | No
     return None
 
 
-# Per CUDA device index: whether it is an sm_90 GPU (wgmma and this kernel's TMA are sm_90a's).
-_sm90: dict[int, bool] = {}
-
-
-def _is_sm90(t: torch.Tensor) -> bool:
-    index = t.get_device()
-    found = _sm90.get(index)
-    if found is None:
-        found = _sm90[index] = index >= 0 and torch.cuda.get_device_capability(index)[0] == 9
-    return found
-
-
 def _tma_ready(t: torch.Tensor) -> bool:
     """Contiguous in [b, heads, L, d] order (the kernel reads it as a [rows, d] view) at a
     16-byte aligned address (a TMA descriptor's base)."""
@@ -315,9 +305,9 @@ def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     why = shape_refusal(q, k, v)
     if why is not None:
         return why
-    if not (q.is_cuda and _is_sm90(q)):
-        return f"needs an sm_90 (Hopper) GPU; q is on {q.device}" + (
-            f" (sm_{''.join(map(str, torch.cuda.get_device_capability(q.device)))})" if q.is_cuda else "")
+    why = gluon_device_refusal(q)
+    if why is not None:
+        return why
     if k.device != q.device or v.device != q.device or out.device != q.device:
         return f"q, k, v and out must be on one device; got {q.device}, {k.device}, {v.device}, {out.device}"
     if not (_tma_ready(q) and _tma_ready(k) and _tma_ready(v)):
