@@ -47,6 +47,13 @@ from torch.nn.attention import sdpa_kernel as _sdpa_kernel
 
 from omnitune.errors import InputError, one_line
 from omnitune.kernels import _dispatch
+from omnitune.kernels._gluon_target import (
+    GLUON_FIXED,
+    GLUON_HEAD_DIM,
+    GLUON_PINGPONG,
+    GLUON_TUNED,
+    gluon_device_refusal,
+)
 from omnitune.kernels._host import LOG2E, flag, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.runtime import _device_limits
@@ -567,25 +574,6 @@ def _gluon():
     return attention_gluon
 
 
-# Per CUDA device index: whether the Gluon kernel can run there (sm_90: wgmma is sm_90a's).
-_sm90_devices: dict[int, bool] = {}
-
-
-def gluon_device_refusal(q: torch.Tensor) -> str | None:
-    """Why the Gluon kernel cannot run on q's device (one line), or None; no sync, no Gluon import.
-    The op asks before importing the kernel's module, and that module's `refusal` asks the same."""
-    index = q.get_device()
-    if index < 0:
-        return f"needs an sm_90 (Hopper) GPU; q is on {q.device}"
-    runs = _sm90_devices.get(index)
-    if runs is None:
-        runs = _sm90_devices[index] = torch.cuda.get_device_capability(index)[0] == 9
-    if not runs:
-        major, minor = torch.cuda.get_device_capability(index)
-        return f"needs an sm_90 (Hopper) GPU; q is on {q.device}, sm_{major}{minor}"
-    return None
-
-
 def _launch(q, k, v, causal: bool, sm_scale: float, spans: torch.Tensor | None, out: torch.Tensor,
             config: Config) -> None:
     """This kernel with a (Triton) config, writing into `out`. No validation."""
@@ -878,15 +866,10 @@ def _shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch
 # ping-pong kernel for Hopper (omnitune/kernels/attention_gluon.py) — measured by the search like
 # any config, so a table records per problem whichever was fastest, and the op dispatches to it.
 # An SDPA config ignores the kernel's parameters: they are parked.
-GLUON_PINGPONG = "gluon_pingpong"
+# The Gluon kernel's fixed and tuned parameters and head dim: GLUON_FIXED, GLUON_TUNED,
+# GLUON_HEAD_DIM (omnitune/kernels/_gluon_target.py, which its module reads too).
 BACKENDS = ("triton", "sdpa", "sdpa_cudnn", GLUON_PINGPONG)
 PARKED = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=False, USE_TMA=False)
-# The ping-pong kernel tunes its key tile and its K/V ring's depth; the rest is what it is written
-# as: 128 query rows (two consumer warpgroups of 64), launched with its producer's 4 warps, one
-# head per program, and TMA always (USE_TMA names the Triton kernel's K/V path: unused, so fixed).
-GLUON_FIXED = dict(BLOCK_M=128, num_warps=4, PACK_GQA=False, USE_TMA=False)
-GLUON_TUNED = dict(BLOCK_N=(64, 128), num_stages=(2, 3))
-GLUON_HEAD_DIM = 128
 # Shared memory beyond the Q tile and the K/V ring: its mbarriers, rounded up.
 GLUON_SMEM_EXTRA_BYTES = 1024
 

@@ -47,10 +47,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from omnitune.kernels._gluon_target import GLUON_FIXED, GLUON_HEAD_DIM, GLUON_TUNED, gluon_device_refusal
 from omnitune.kernels._host import LOG2E
-from omnitune.kernels.attention import GLUON_FIXED, GLUON_HEAD_DIM, GLUON_TUNED, gluon_device_refusal
 
-# What the kernel is written for, as the attention spec (its one description) states it
+# What the kernel is written for, as the attention spec states it (omnitune/kernels/_gluon_target.py)
 HEAD_DIM = GLUON_HEAD_DIM
 TILE_ROWS = GLUON_FIXED["BLOCK_M"]  # query rows per program: two consumers of 64
 HALF_ROWS = TILE_ROWS // 2
