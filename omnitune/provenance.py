@@ -11,11 +11,10 @@ the runtime ignores the field.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-from omnitune.source_hash import UNKNOWN, kernel_source_hash, source_matches
+from omnitune.source_hash import UNKNOWN
 
 
 def provenance_hash(kernel: str, recorded: Any) -> Any:
@@ -31,11 +30,11 @@ def provenance_hash(kernel: str, recorded: Any) -> Any:
     from omnitune.registry import get_spec
 
     try:
-        module = sys.modules.get(get_spec(kernel).module)
+        spec = get_spec(kernel)
     except (OmnituneError, ImportError):
         return recorded
-    if module is not None and source_matches(module, recorded) == "module":
-        return kernel_source_hash(module)
+    if spec.source_matches(recorded) == "module":
+        return spec.source_hash()
     return recorded
 
 

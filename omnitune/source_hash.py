@@ -18,6 +18,13 @@ modules before this hash existed: `module_source_hash` is that older hash, which
 omnitune.provenance.provenance_hash translates and `omnitune verify` still accepts for tables
 exported before.
 
+A kernel may run code of other modules that its own must not import (KernelSpec's
+`extra_source_modules`: attention's Gluon kernel, whose module imports Gluon, imported only at its
+first launch). Those are read as text from their files, never imported, and their code, without
+comments, docstrings and blank lines, joins the hash: the whole of it, launcher included, since
+a module that is not Triton's has no jit functions to pick out (a Gluon kernel's launcher builds
+the descriptors and layouts its configs were measured with).
+
 Standard library only at import time (omnitune.spec, and so the runtime, imports it).
 """
 
@@ -25,19 +32,34 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import inspect
 import io
 import textwrap
 import tokenize
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 HEX_DIGITS = 16
 UNKNOWN = "unknown"
 
 
-def kernel_source_hash(module: Any) -> str:
+def kernel_source_hash(module: Any, extra_modules: Sequence[str] = ()) -> str:
     """The hash of a kernel module's device code (see the module doc); the whole module's when it
-    defines no jit functions; "unknown" when its source cannot be read."""
+    defines no jit functions; with the code of `extra_modules` (dotted names, read from their
+    files, not imported) joined in; "unknown" when a source cannot be read."""
+    own = _own_source_hash(module)
+    if not extra_modules or own == UNKNOWN:
+        return own  # the hash of a kernel without extra modules, as tables have always recorded it
+    try:
+        extras = [normalized_module_source(module_file(name).read_text(encoding="utf-8")) for name in extra_modules]
+    except (OSError, ImportError, ValueError, SyntaxError):  # UnicodeDecodeError is a ValueError
+        return UNKNOWN
+    return _digest("\n\f\n".join([own, *extras]))
+
+
+def _own_source_hash(module: Any) -> str:
     try:
         functions = jit_functions(module)
         if not functions:
@@ -46,6 +68,15 @@ def kernel_source_hash(module: Any) -> str:
     except (OSError, TypeError, SyntaxError):
         return UNKNOWN
     return _digest("\n\f\n".join(parts))
+
+
+def module_file(name: str) -> Path:
+    """The source file of the module named `name`, found without importing it (its parent
+    packages are imported); ImportError when there is none."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise ImportError(f"no Python source file for module {name}")
+    return Path(spec.origin)
 
 
 def module_source_hash(module: Any) -> str:
@@ -57,12 +88,13 @@ def module_source_hash(module: Any) -> str:
         return UNKNOWN
 
 
-def source_matches(module: Any, recorded: str | None) -> str | None:
-    """Which hash of the module's current source equals `recorded`: "jit" (the hash above),
-    "module" (the older whole-module hash), or None when neither does."""
+def source_matches(module: Any, recorded: str | None, extra_modules: Sequence[str] = ()) -> str | None:
+    """Which hash of the module's current source equals `recorded`: "jit" (the hash above, with
+    `extra_modules` joined in), "module" (the older whole-module hash, recorded before the kernels
+    had extra modules), or None when neither does."""
     if not recorded or recorded == UNKNOWN or module is None:
         return None
-    if recorded == kernel_source_hash(module):
+    if recorded == kernel_source_hash(module, extra_modules):
         return "jit"
     if recorded == module_source_hash(module):
         return "module"
@@ -189,13 +221,32 @@ def _describe(obj: Any) -> str:
 
 def normalized_source(source: str) -> str:
     """`source` (one function) without comments, its docstring, trailing spaces and blank lines."""
-    lines = source.splitlines()
-    tree = ast.parse(source)
-    function = tree.body[0] if tree.body else None
-    drop: set[int] = set()
+    body = ast.parse(source).body
+    function = body[0] if body else None
+    docstring: list[ast.stmt] = []
     if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(function) is not None:
-        doc = function.body[0]
-        drop.update(range(doc.lineno - 1, (doc.end_lineno or doc.lineno)))
+        docstring.append(function.body[0])
+    return _without(source, docstring)
+
+
+def normalized_module_source(source: str) -> str:
+    """A whole module's `source` without comments, trailing spaces, blank lines and its string
+    statements: docstrings (the module's, its classes' and functions') and the attribute docs
+    written under an assignment, which do nothing when run."""
+    strings = [node for node in ast.walk(ast.parse(source)) if _is_string_statement(node)]
+    return _without(source, strings)
+
+
+def _is_string_statement(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _without(source: str, statements: Sequence[ast.stmt]) -> str:
+    """`source` without the lines of `statements`, its comments, trailing spaces and blank lines."""
+    lines = source.splitlines()
+    drop: set[int] = set()
+    for statement in statements:
+        drop.update(range(statement.lineno - 1, (statement.end_lineno or statement.lineno)))
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             row, col = token.start

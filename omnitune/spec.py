@@ -23,7 +23,7 @@ import torch
 
 from omnitune.coerce import as_bool, as_float, as_int, as_str, describe
 from omnitune.errors import ConfigError, ShapeError
-from omnitune.source_hash import kernel_source_hash
+from omnitune.source_hash import kernel_source_hash, source_matches
 # The tensor helpers kernel modules use, kept importable from here where they have always been.
 from omnitune.tensors import element_bytes, poisoned, relative_error, require_runnable_device  # noqa: F401
 
@@ -314,6 +314,15 @@ class KernelSpec:
     kept lengths to size its output), so its timings include host work, and a host busy compiling
     stretches them. The search re-times such an op's finalists on a quiet host: its own compile
     workers finished, the next problem's compiles not begun (omnitune.search.driver)."""
+    interpret_refusal: Callable[[Config], str | None] | None = None
+    """Why a config cannot run under Triton's CPU interpreter (one line), or None: a config whose
+    kernel is not @triton.jit code (attention's Gluon kernel). `omnitune verify --interpret` reports
+    such an entry as not checkable there instead of failing it. None: every config runs there."""
+    extra_source_modules: tuple[str, ...] = ()
+    """Dotted names of other modules whose code the kernel runs and its module must not import
+    (attention's Gluon kernel, whose module imports Gluon, and the facts it is written for): the
+    source hash covers their code too, read from their files (omnitune.source_hash), so that an
+    edit to them marks the kernel's tables as tuned on other code."""
     module: str = ""
 
     # --- config space -----------------------------------------------------------------------
@@ -504,12 +513,18 @@ class KernelSpec:
 
     def source_hash(self) -> str:
         """sha256 (first 16 hex digits) of the kernel's device code — its module's @triton.jit
-        functions and the jit functions they call (omnitune.source_hash): a tuned config is only
-        as good as the code it was measured on, and only that code decides it."""
+        functions and the jit functions they call, and the code of its extra_source_modules
+        (omnitune.source_hash): a tuned config is only as good as the code it was measured on,
+        and only that code decides it."""
         mod = sys.modules.get(self.module)
         if mod is None:
             return "unknown"
-        return kernel_source_hash(mod)
+        return kernel_source_hash(mod, self.extra_source_modules)
+
+    def source_matches(self, recorded: str | None) -> str | None:
+        """Which hash of the kernel's current source a table's `recorded` one is: "jit" (today's
+        source_hash), "module" (the whole-module hash of an older export), or None (neither)."""
+        return source_matches(sys.modules.get(self.module), recorded, self.extra_source_modules)
 
 
 OPTIONAL_IN_KEY = "omnitune.optional_in_key"

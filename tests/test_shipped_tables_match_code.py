@@ -29,6 +29,6 @@ def test_shipped_table_hash_matches_current_code(path: Path):
     assert doc["kernel"] == path.parent.name
     assert doc["kernel_source_hash"] == spec.source_hash(), (
         f"{path.parent.name}/{path.name} was tuned on device code with hash {doc['kernel_source_hash']}, "
-        f"the code here hashes to {spec.source_hash()}: a change reached a @triton.jit function or a "
-        "constant one reads"
+        f"the code here hashes to {spec.source_hash()}: a change reached a @triton.jit function, a "
+        f"constant one reads, or the code of an extra source module ({', '.join(spec.extra_source_modules) or 'none'})"
     )

@@ -4,6 +4,7 @@ export translates the whole-module hashes of older searches."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 import textwrap
@@ -12,9 +13,12 @@ import pytest
 
 from omnitune.provenance import provenance_hash
 from omnitune.source_hash import (
+    UNKNOWN,
     jit_functions,
     kernel_source_hash,
+    module_file,
     module_source_hash,
+    normalized_module_source,
     normalized_source,
     source_matches,
 )
@@ -117,13 +121,88 @@ def test_the_specs_hash_is_the_jit_hash_and_older_module_hashes_are_translated()
     from omnitune.kernels import attention
 
     spec = attention.SPEC
-    assert spec.source_hash() == kernel_source_hash(attention) != module_source_hash(attention)
-    assert source_matches(attention, spec.source_hash()) == "jit"
-    assert source_matches(attention, module_source_hash(attention)) == "module"
-    assert source_matches(attention, "0123456789abcdef") is None
+    today = kernel_source_hash(attention)
+    assert spec.source_hash() == today != module_source_hash(attention)
+    assert source_matches(attention, spec.source_hash(), spec.extra_source_modules) == "jit"
+    assert spec.source_matches(spec.source_hash()) == "jit"
+    assert spec.source_matches(module_source_hash(attention)) == "module"
+    assert spec.source_matches("0123456789abcdef") is None
     # export: a search recorded the module hash of today's source → today's jit hash
     assert provenance_hash("attention", module_source_hash(attention)) == spec.source_hash()
     # anything else is written as recorded: the truth about what was measured
     assert provenance_hash("attention", "0123456789abcdef") == "0123456789abcdef"
     assert provenance_hash("no_such_kernel", "0123456789abcdef") == "0123456789abcdef"
     assert provenance_hash("attention", None) is None
+
+
+# --- a kernel's extra source modules (here: attention's spec naming its Gluon kernel's) ------------
+
+GLUON_MODULES = ("omnitune.kernels.attention_gluon", "omnitune.kernels._gluon_target")
+
+
+@pytest.fixture
+def gluon_spec(tmp_path, monkeypatch):
+    """The attention spec with the Gluon kernel's modules as extra source modules, read from
+    copies in tmp_path: (spec, name → copy). The shipped spec names none (docs/ops.md: the hash
+    is one per kernel, and the Gluon kernel's edits would stale every Triton-only table)."""
+    from omnitune.kernels import attention
+
+    assert attention.SPEC.extra_source_modules == ()
+    copies = {}
+    for name in GLUON_MODULES:
+        copies[name] = tmp_path / module_file(name).name
+        copies[name].write_text(module_file(name).read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr("omnitune.source_hash.module_file", copies.__getitem__)
+    return dataclasses.replace(attention.SPEC, extra_source_modules=GLUON_MODULES), copies
+
+
+def test_the_hash_covers_the_extra_modules(gluon_spec):
+    from omnitune.kernels import attention
+
+    spec, _ = gluon_spec
+    # more than the Triton kernel's jit functions, and the same read again
+    assert spec.source_hash() not in (kernel_source_hash(attention), UNKNOWN)
+    assert spec.source_hash() == spec.source_hash()
+    assert attention.SPEC.source_hash() == kernel_source_hash(attention)
+
+
+@pytest.mark.parametrize("name", GLUON_MODULES)
+def test_an_edit_to_an_extra_modules_code_changes_the_hash(gluon_spec, name):
+    spec, copies = gluon_spec
+    today = spec.source_hash()
+    source = copies[name].read_text()
+    copies[name].write_text(source + "\nLATE_CONSTANT = 1\n")
+    edited = spec.source_hash()
+    assert edited not in (today, UNKNOWN)
+    # a table tuned before the edit is then tuned on other code: verify's compat fails it
+    assert spec.source_matches(today) is None and spec.source_matches(edited) == "jit"
+
+
+@pytest.mark.parametrize("edit", [
+    lambda source: source.replace('"""', '"""Reworded. ', 1),  # the module's docstring
+    lambda source: source + "\n# a closing comment\n\n",
+])
+@pytest.mark.parametrize("name", GLUON_MODULES)
+def test_comments_and_docstrings_of_an_extra_module_keep_the_hash(gluon_spec, name, edit):
+    spec, copies = gluon_spec
+    today = spec.source_hash()
+    copies[name].write_text(edit(copies[name].read_text()))
+    assert spec.source_hash() == today
+
+
+def test_an_extra_module_that_cannot_be_read_makes_the_hash_unknown(gluon_spec):
+    spec, copies = gluon_spec
+    copies[GLUON_MODULES[0]].unlink()
+    assert spec.source_hash() == UNKNOWN
+
+
+def test_an_extra_module_that_does_not_exist_makes_the_hash_unknown():
+    from omnitune.kernels import attention
+
+    assert kernel_source_hash(attention, ("omnitune.kernels.no_such_module",)) == UNKNOWN
+
+
+def test_a_module_is_normalized_to_its_code():
+    source = ('"""Module doc."""\nX = 1  # why\n"""X\'s doc."""\n\n\nclass K:\n    """Doc."""\n\n    def f(self):\n'
+              '        """Doc."""\n        return X   \n')
+    assert normalized_module_source(source) == "X = 1\nclass K:\n    def f(self):\n        return X"

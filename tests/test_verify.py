@@ -17,7 +17,7 @@ from omnitune import export, runtime
 from omnitune.cli import app
 from omnitune.kernels.attention import SPEC, AttentionProblem
 from omnitune.profile.device import INTERPRETER_DEVICE, DeviceFacts, current_device_facts, device_key
-from omnitune.spec import Config
+from omnitune.spec import Config, parse_dtype
 from omnitune.verify import compat, memory, traffic
 from omnitune.verify.pipeline import VerifyOptions, run_verify
 from omnitune.verify.verdict import PARTS, REPORT_SCHEMA, REPORT_SCHEMA_VERSION, Status
@@ -389,6 +389,60 @@ def test_an_entry_with_a_wrong_result_fails_numerics(tmp_path):
     assert by_n["n=300"]["status"] == "fail" and "wrong result" in by_n["n=300"]["summary"]
     assert by_n["n=300"]["details"]["rel_error"] == pytest.approx(0.25)
     assert checks(report, "compat")[0]["status"] == "pass"
+
+
+# Attention's Gluon kernel (BACKEND=gluon_pingpong) on a problem it serves: the interpreter cannot run it.
+GLUON = Config(BACKEND="gluon_pingpong", BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, PACK_GQA=False,
+               USE_TMA=False)
+PREFILL = AttentionProblem(b=1, h=2, hkv=1, lq=256, lk=256, d=128, causal=True)
+
+
+def gluon_and_triton_table(tmp_path: Path, gluon_dtype: str = "fp16") -> Path:
+    """Attention's FAST entry (fp32) and a Gluon entry for PREFILL, one table on the interpreter."""
+    gluon_default = SPEC.default_config(PREFILL, parse_dtype(gluon_dtype))
+    rows = [row(0, PROBLEM, DEFAULT, time_ms=2.0, is_default=True), row(1, PROBLEM, FAST, time_ms=1.0),
+            row(0, PREFILL, gluon_default, dtype=gluon_dtype, time_ms=2.0, is_default=True),
+            row(1, PREFILL, GLUON, dtype=gluon_dtype, time_ms=1.0)]
+    return exported(tmp_path, rows, [interpreter_facts()])
+
+
+@cpu_only
+def test_a_gluon_entry_is_not_checkable_under_the_interpreter_and_the_others_still_are(tmp_path):
+    tables = gluon_and_triton_table(tmp_path)
+    path = next(tables.glob("attention/*.json"))
+    written = path.read_bytes()
+    out = tmp_path / "r.json"
+    result = invoke("verify", "--tables", str(tables), "--interpret", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert "verdict: PASS" in result.stdout and "1 not checkable on this machine" in result.stdout
+    report = json.loads(out.read_text())
+    assert_schema(report)
+    numerics = {c["subject"]: c for c in checks(report, "numerics")}
+    gluon = numerics[f"fp16|{SPEC.problem_key(PREFILL)}"]
+    assert gluon["status"] == "not_checkable"
+    assert gluon["summary"] == "not checkable under the interpreter: Gluon kernel, needs an sm_90 GPU"
+    assert gluon["details"]["config"] == GLUON.as_dict() and "rel_error" not in gluon["details"]
+    triton_entry = numerics[f"fp32|{SPEC.problem_key(PROBLEM)}"]  # still run under the interpreter
+    assert triton_entry["status"] == "pass" and triton_entry["details"]["rel_error"] <= 1e-4
+    assert report["counts"]["not_checkable"] == 1 and report["counts"]["fail"] == 0
+    assert report["parts"]["numerics"]["status"] == "pass"
+    assert checks(report, "compat")[0]["status"] == "pass"
+
+    # --fix has nothing to repair in it: the file stays as export wrote it
+    fixed = invoke("verify", "--tables", str(tables), "--interpret", "--fix", "--json", str(out))
+    assert fixed.exit_code == 0, fixed.output
+    assert [c["status"] for c in checks(json.loads(out.read_text()), "numerics")].count("not_checkable") == 1
+    assert path.read_bytes() == written
+
+
+@cpu_only
+def test_a_gluon_entry_breaking_a_constraint_still_fails_under_the_interpreter(tmp_path):
+    # fp32: the Gluon kernel takes 16-bit operands (gluon_16_bit), on any GPU
+    tables = gluon_and_triton_table(tmp_path, gluon_dtype="fp32")
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True)).as_record()
+    assert report["exit_code"] == 1
+    (gluon,) = [c for c in checks(report, "numerics") if c["details"]["config"]["BACKEND"] == "gluon_pingpong"]
+    assert gluon["status"] == "fail" and "config breaks constraint gluon_16_bit" in gluon["summary"]
 
 
 @cpu_only

@@ -49,7 +49,9 @@ def verify(
                              "table served here is never rewritten: its entries slower here go, replaced, into this "
                              "GPU's own table beside it."),
     interpret: bool = interpret_option(" Compatibility and numerics only (small problems derived from the "
-                                       "entries; bf16 ones run in fp16); the GPU parts are skipped."),
+                                       "entries; bf16 ones run in fp16); the GPU parts are skipped. An entry the "
+                                       "interpreter cannot run (attention's Gluon kernel) is reported not checkable, "
+                                       "and passes."),
 ) -> None:
     """Check the tuned tables on this machine: compatibility, numerics, speed, memory, soak.
 
@@ -67,7 +69,8 @@ def verify(
 
     Prints a table of every check and the verdict; progress goes to stderr.
 
-    Exit code: 0 when nothing failed (warnings and skipped parts pass), 1 when something did, 2 for a usage error.
+    Exit code: 0 when nothing failed (warnings, skipped parts and entries not checkable here pass), 1 when something
+    did, 2 for a usage error.
 
     Example: omnitune verify --model qwen2.5-omni-7b --soak 5 --json verify.json"""
     import torch

@@ -29,14 +29,13 @@ user the way out. So can an entry whose own source hash is stale, on the same co
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key, same_chip_keys
 from omnitune.provenance import ENTRY_SOURCE_HASH
-from omnitune.source_hash import UNKNOWN, source_matches
+from omnitune.source_hash import UNKNOWN
 from omnitune.verify.tables import TableFile
 from omnitune.verify.verdict import Check, Status
 
@@ -128,7 +127,6 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
     those without a hash of their own (the table's check covers them), get none."""
     checks = []
     here = table.spec.source_hash() if table.spec is not None else None
-    module = sys.modules.get(table.spec.module) if table.spec is not None else None
     for entry in table.entries:
         if ENTRY_SOURCE_HASH not in entry.raw:
             continue
@@ -140,7 +138,7 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
             checks.append(Check(PART, entry.key, Status.WARN, f"soft: {stale.text()} for this entry", table.kernel,
                                 {**details, "hard": [], "soft": [stale.as_record()]}))
             continue
-        if source_matches(module, recorded) is not None:
+        if table.spec is not None and table.spec.source_matches(recorded) is not None:
             continue
         stale = Difference("kernel_source_hash", recorded, here, "kernel source changed since this entry was measured")
         revalidation = _revalidation(table, device, [stale, *device_hard], skipped, entry_count=False, twin=twin)
@@ -245,12 +243,11 @@ def _compare_device(device: Mapping[str, Any], machine: Mapping[str, Any], hard:
 
 
 def _compare_source(table: TableFile, recorded: Any, hard: list, soft: list, notes: list) -> None:
-    module = sys.modules.get(table.spec.module) if table.spec is not None else None
     if not recorded or recorded == "unknown":
         soft.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
                                "not recorded"))
         return
-    matched = source_matches(module, recorded)
+    matched = table.spec.source_matches(recorded) if table.spec is not None else None
     if matched is None:
         hard.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
                                "kernel source changed since the measurement"))

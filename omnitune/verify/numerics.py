@@ -6,6 +6,8 @@ launch, the spec's compare), on inputs drawn with another seed than the search's
 config is not judged on the very numbers it was chosen on. On a GPU the entry's own problem and
 dtype run; with --interpret a small problem derived from it (omnitune.verify.shrink), fp16 for
 bf16. A config that breaks one of the kernel's constraints on this GPU fails before launching.
+With --interpret, a config the interpreter cannot run (the spec's interpret_refusal: attention's
+Gluon kernel) is not checkable there: reported so, its constraints still checked, nothing launched.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from omnitune.verify.verdict import Check, Status
 PART = "numerics"
 # Not the search's seed (0): fresh inputs.
 VERIFY_SEED = 1
+NOT_CHECKABLE_UNDER_INTERPRETER = "not checkable under the interpreter"
 
 
 @dataclass
@@ -49,6 +52,8 @@ def run_shape(spec: KernelSpec, entry: Entry, interpret: bool) -> tuple[Any, tor
 def check_entry(table: TableFile, entry: Entry, *, interpret: bool, limits: DeviceLimits,
                 seed: int = VERIFY_SEED) -> NumericsOutcome:
     spec = table.spec
+    if interpret and spec.interpret_refusal is not None and (why := spec.interpret_refusal(entry.config)):
+        return NumericsOutcome(_not_checkable(table, entry, why, limits), None)
     problem, dtype = run_shape(spec, entry, interpret)
     derived = problem != entry.problem or dtype != entry.dtype
     details: dict[str, Any] = {
@@ -80,6 +85,22 @@ def check_entry(table: TableFile, entry: Entry, *, interpret: bool, limits: Devi
     else:
         summary = f"{status.value}: {detail}"
     return NumericsOutcome(_check(table, entry, Status.FAIL, summary, details), None, runner.context_lost)
+
+
+def _not_checkable(table: TableFile, entry: Entry, why: str, limits: DeviceLimits) -> Check:
+    """An entry the interpreter cannot run: not checkable here, unless its config breaks one of the
+    kernel's constraints for its own problem, which fails it on the GPU too."""
+    spec = table.spec
+    details: dict[str, Any] = {
+        "table": str(table.path), "key": entry.key, "config": entry.config.as_dict(),
+        "problem": spec.problem_key(entry.problem), "dtype": dtype_name(entry.dtype), "derived": False,
+        "device": "cpu (interpreter)", "recorded_rel_error": entry.raw.get("rel_error"), "not_checkable": why,
+    }
+    broken = spec.violations(entry.problem, entry.config, entry.dtype, limits)
+    if broken:
+        name, reason = broken[0]
+        return _check(table, entry, Status.FAIL, f"config breaks constraint {name} here: {reason}", details)
+    return _check(table, entry, Status.NOT_CHECKABLE, f"{NOT_CHECKABLE_UNDER_INTERPRETER}: {why}", details)
 
 
 def _check(table: TableFile, entry: Entry, status: Status, summary: str, details: dict) -> Check:

@@ -4,7 +4,9 @@ JSON report and the Rich table.
 Each part (compat, numerics, speed, memory, soak) reports Checks: one subject (a table, an entry,
 a problem, the soak), a status and a one-line summary, with the figures in `details`. A FAIL
 anywhere fails the run (exit 1); WARN is reported and passes (a soft version difference, drift);
-SKIP says why a part did not run (no GPU, no --model). Errors a user made never get here: the
+SKIP says why a part did not run (no GPU, no --model); NOT_CHECKABLE says why one entry cannot be
+checked on this machine at all (under --interpret, a kernel the interpreter cannot run: Gluon),
+and passes as a skip does: nothing of it failed. Errors a user made never get here: the
 command exits 2 before checking anything (omnitune.cli).
 
 --fix adds no status of its own. A check whose failure --fix repaired in the table file (an entry
@@ -37,17 +39,20 @@ class Status(str, enum.Enum):
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skipped"
+    NOT_CHECKABLE = "not_checkable"
 
     def __str__(self) -> str:
         return self.value
 
 
-# How a part's status is drawn from its checks: the worst present, skipped ones aside.
-_RANK = {Status.SKIP: 0, Status.PASS: 1, Status.WARN: 2, Status.FAIL: 3}
+# How a part's status is drawn from its checks: the worst present, those that did not run
+# (skipped, not checkable) aside.
+_RANK = {Status.SKIP: 0, Status.NOT_CHECKABLE: 1, Status.PASS: 2, Status.WARN: 3, Status.FAIL: 4}
 
 
 def worst(statuses: Sequence[Status]) -> Status:
-    """The status a group of checks adds up to: the worst, SKIP only when all were skipped."""
+    """The status a group of checks adds up to: the worst, SKIP or NOT_CHECKABLE only when no
+    check ran (NOT_CHECKABLE when any could not be checked)."""
     if not statuses:
         return Status.SKIP
     return max(statuses, key=_RANK.__getitem__)
@@ -143,7 +148,8 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim",
+          Status.NOT_CHECKABLE: "cyan"}
 
 
 def render_table(report: Report):
@@ -153,8 +159,11 @@ def render_table(report: Report):
 
     verdict = "[bold red]FAIL[/]" if report.failed else "[bold green]PASS[/]"
     machine = report.machine.get("name", "?")
+    # A pass that left entries unchecked says so where the verdict is read.
+    unchecked = sum(1 for c in report.checks if c.status is Status.NOT_CHECKABLE)
+    unchecked_note = f"; {unchecked} not checkable on this machine" if unchecked else ""
     table = Table(title=f"omnitune verify on {escape(str(machine))}", title_justify="left",
-                  caption=f"verdict: {verdict} (exit {report.exit_code})", caption_justify="left")
+                  caption=f"verdict: {verdict} (exit {report.exit_code}){unchecked_note}", caption_justify="left")
     for column in ("part", "kernel", "subject", "status", "summary"):
         table.add_column(column, overflow="fold")
     for part in PARTS:
