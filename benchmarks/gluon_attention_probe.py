@@ -6,7 +6,8 @@ writes both by hand.
 
 Problem: q [b, h, L, 128], k/v [b, hkv, L, 128] (GQA: h % hkv == 0), bf16 or fp16, causal or not
 (Lq = Lk, so top-left = bottom-right), softmax scale 1/sqrt(128), o [b, h, L, 128]. L must be a
-multiple of 128 (no tail masking; anything else is a ValueError, raised before any GPU work).
+multiple of 128 for form (a), which masks no tail (anything else is a ValueError, raised before any
+GPU work); the library's ping-pong kernel, launched here too, takes any lengths (docs/ops.md).
 Q/O are [b·h·L, 128] and K/V [b·hkv·L, 128] 2-D views under host TMA descriptors; a program finds
 its kv head's rows as (batch·hkv + head // (h / hkv))·L. Grid (b·h, L / BLOCK_M), heads fastest and
 query blocks last-first: under a causal mask the heaviest blocks start first.
@@ -134,7 +135,7 @@ def _load_tile(desc, smem, bars, kv_row, tile, n_tiles, BLOCK_N: gl.constexpr, S
 
 @gluon.jit
 def _serial_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row, n_tiles,
-                 acc, m_i, l_i, qk_scale, q_rows, s_zero,
+                 acc, m_i, l_i, qk_scale, key_ends, s_zero,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
     """Tile j in FA2's order: S = Q·Kⱼᵀ, softmax, O = O·alpha + P·Vⱼ, each GEMM waited for at once."""
     o_layout: gl.constexpr = acc.type.layout
@@ -147,7 +148,7 @@ def _serial_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_r
     # TMA is issued by one thread of the CTA: the slot is refilled once both warpgroups are past it
     gl.thread_barrier()
     _load_tile(k_desc, k_smem, k_bars, kv_row, j + STAGES, n_tiles, BLOCK_N, STAGES)
-    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, j * BLOCK_N, MASKED)
+    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, key_ends, j * BLOCK_N, MASKED)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
     p_op = gl.convert_layout(p.to(k_desc.dtype), p_layout)
     mbarrier.wait(v_bars.index(slot), phase)
@@ -160,7 +161,7 @@ def _serial_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_r
 
 @gluon.jit
 def _overlap_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row, n_tiles,
-                  acc, p_op, m_i, l_i, qk_scale, q_rows, s_zero,
+                  acc, p_op, m_i, l_i, qk_scale, key_ends, s_zero,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
     """Tile j ≥ 1 in FA3's intra-warpgroup overlap: S = Q·Kⱼᵀ and O += Pⱼ₋₁·Vⱼ₋₁ are issued
     together and softmax(Sⱼ) runs while the P·V GEMM does. On entry O is scaled to mⱼ₋₁ and
@@ -178,7 +179,7 @@ def _overlap_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_
     s = warpgroup_mma_wait(1, deps=(s_tok,))
     gl.thread_barrier()  # Kⱼ is done in both warpgroups (TMA is issued by one thread of the CTA)
     _load_tile(k_desc, k_smem, k_bars, kv_row, j + STAGES, n_tiles, BLOCK_N, STAGES)
-    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, j * BLOCK_N, MASKED)
+    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, key_ends, j * BLOCK_N, MASKED)
     p_next = gl.convert_layout(p.to(k_desc.dtype), p_layout)
     # p_op stays a dependency until the P·V GEMM reading its registers has retired
     acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
@@ -207,7 +208,7 @@ def _attn_fwd_pipelined(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(L, H, HKV, BLOCK_M, BLOCK_N, CAUSAL)
+    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(L, L, H, HKV, BLOCK_M, BLOCK_N, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
@@ -228,7 +229,8 @@ def _attn_fwd_pipelined(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
         _load_tile(k_desc, k_smem, k_bars, kv_row, i, n_tiles, BLOCK_N, STAGES)
         _load_tile(v_desc, v_smem, v_bars, kv_row, i, n_tiles, BLOCK_N, STAGES)
 
-    q_rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    # the causal mask's key ends (Lq = Lk here: row i sees keys < i + 1); tile 0 is masked only when causal
+    key_ends = off_m + 1 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
@@ -243,15 +245,15 @@ def _attn_fwd_pipelined(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
         s = warpgroup_mma_wait(0, deps=(s,))
         gl.thread_barrier()
         _load_tile(k_desc, k_smem, k_bars, kv_row, STAGES, n_tiles, BLOCK_N, STAGES)
-        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, 0, CAUSAL)
+        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, key_ends, 0, CAUSAL)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_full):
             acc, p_op, m_i, l_i = _overlap_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row,
-                                                n_tiles, acc, p_op, m_i, l_i, qk_scale, q_rows, s_zero,
+                                                n_tiles, acc, p_op, m_i, l_i, qk_scale, key_ends, s_zero,
                                                 BLOCK_N, STAGES, False)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             acc, p_op, m_i, l_i = _overlap_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row,
-                                                n_tiles, acc, p_op, m_i, l_i, qk_scale, q_rows, s_zero,
+                                                n_tiles, acc, p_op, m_i, l_i, qk_scale, key_ends, s_zero,
                                                 BLOCK_N, STAGES, True)
         last = n_tiles - 1
         mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -260,10 +262,10 @@ def _attn_fwd_pipelined(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
     else:
         for j in range(0, n_full):
             acc, m_i, l_i = _serial_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row, n_tiles,
-                                         acc, m_i, l_i, qk_scale, q_rows, s_zero, BLOCK_N, STAGES, False)
+                                         acc, m_i, l_i, qk_scale, key_ends, s_zero, BLOCK_N, STAGES, False)
         for j in range(n_full, n_tiles):
             acc, m_i, l_i = _serial_step(j, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row, n_tiles,
-                                         acc, m_i, l_i, qk_scale, q_rows, s_zero, BLOCK_N, STAGES, True)
+                                         acc, m_i, l_i, qk_scale, key_ends, s_zero, BLOCK_N, STAGES, True)
 
     # O = acc / l, through shared memory (Q's buffer: every GEMM reading it has retired) and TMA
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout), assert_trivial=True)
@@ -315,6 +317,10 @@ def _validate(q, k, v, block_m: int, block_n: int, stages: int, form: str) -> No
     why = shape_refusal(q, k, v)
     if why is not None:
         raise ValueError(why)
+    L = q.shape[2]
+    if form != "pingpong" and (k.shape[2] != L or L % 128):
+        # form (a) masks no tail: its Q/O and K/V views would read (and write) the next head's rows
+        raise ValueError(f"{form}: Lq = Lk, a multiple of 128 (no tail masking); got Lq {L}, Lk {k.shape[2]}")
     if block_m not in (64, 128) or block_n not in (64, 128) or stages < 1:
         raise ValueError(f"block_m and block_n must be 64 or 128 and stages ≥ 1; got {block_m}, {block_n}, {stages}")
     if form == "pingpong" and (block_m != 128 or stages < 2):

@@ -261,15 +261,22 @@ def _bucket(n):
 
 
 def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None, causal=True, calls=CALLS,
-                   graph_replays=GRAPH_REPLAYS) -> Case:
+                   graph_replays=GRAPH_REPLAYS, lk=None, configs=None) -> Case:
+    """Attention over q [b, h, l, d] and k/v [b, hkv, lk (default l), d], bf16: SDPA as it
+    dispatches and forced to cuDNN, and the public op with the tables' pick; configs: more
+    implementations, the op with each {name: config} given explicitly. With spans: SDPA over a
+    dense mask beside the op with its spans as a tensor and as lists."""
     from omnitune.kernels import attention as attn
 
+    lk = l if lk is None else lk
     gen = torch.Generator().manual_seed(0)
     q = torch.randn((b, h, l, d), generator=gen).to(device=device, dtype=torch.bfloat16)
-    k = torch.randn((b, hkv, l, d), generator=gen).to(device=device, dtype=torch.bfloat16)
-    v = torch.randn((b, hkv, l, d), generator=gen).to(device=device, dtype=torch.bfloat16)
+    k = torch.randn((b, hkv, lk, d), generator=gen).to(device=device, dtype=torch.bfloat16)
+    v = torch.randn((b, hkv, lk, d), generator=gen).to(device=device, dtype=torch.bfloat16)
     impls: dict[str, Callable] = {}
     if spans is None:
+        if causal and lk != l:
+            raise ValueError("causal cases have one length (SDPA's is_causal is top-left, the op's bottom-right)")
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         gqa = h != hkv
@@ -281,8 +288,11 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None, causal=T
 
         impls["sdpa_cudnn"] = cudnn
         impls["omnitune"] = lambda: attn.attention(q, k, v, causal=causal)
-        pairs = l * (l + 1) // 2 if causal else l * l
-        name = f"attention b{b} h{h}/{hkv} l{l} d{d} {'causal' if causal else 'no mask'}"
+        for name, config in (configs or {}).items():
+            impls[name] = lambda config=config: attn.attention(q, k, v, causal=causal, config=config)
+        pairs = l * (l + 1) // 2 if causal else l * lk
+        lengths = f"l{l}" if lk == l else f"lq{l} lk{lk}"
+        name = f"attention b{b} h{h}/{hkv} {lengths} d{d} {'causal' if causal else 'no mask'}"
     else:
         span_t = torch.tensor([spans] * b, dtype=torch.int32, device=device)
         limits = attn.row_limits(span_t, l, l)
@@ -297,8 +307,8 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None, causal=T
         base = next(iter(outs.values()))
         return {n: _rel(o, base) for n, o in list(outs.items())[1:]}
 
-    problem = attn.AttentionProblem(b=b, h=h, hkv=hkv, lq=l, lk=l, d=d, causal=causal)
-    picked = attn._memo.get((b, h, hkv, l, l, d, causal), None, lambda: problem, torch.bfloat16) \
+    problem = attn.AttentionProblem(b=b, h=h, hkv=hkv, lq=l, lk=lk, d=d, causal=causal)
+    picked = attn._memo.get((b, h, hkv, l, lk, d, causal), None, lambda: problem, torch.bfloat16) \
         if spans is None else None
     return Case(name, impls, check, flops=4.0 * b * h * d * pairs, calls=calls, graph_replays=graph_replays,
                 notes=f"config {picked.label()}" if picked is not None else "")

@@ -6,25 +6,46 @@ name the config the runtime picked.
 
     PYTHONPATH=$PWD python benchmarks/prefill_bench.py --out $OUT/prefill_bench_h200.json
     OMNITUNE_CONFIG_DIR=DIR ... (tables to judge, ahead of the shipped ones)
+    PYTHONPATH=$PWD python benchmarks/prefill_bench.py --gluon --out F   # + the Gluon kernel, + UNTUNED
+
+--gluon adds, to every case, the op called with the Gluon ping-pong kernel's config given
+explicitly (BACKEND=gluon_pingpong, 128-key tiles, 2 stages: its measured winner; sm_90 only), and
+adds UNTUNED's shapes: lengths no table holds and no multiple of 128, and cross-attention with
+Lq ≠ Lk (not causal: SDPA's is_causal is top-left aligned, the op's bottom-right).
 """
 
 from __future__ import annotations
 
+import sys
+
 from ops_bench import attention_case, cases_main
 
-# The shapes of issue 15's goal: (heads, kv heads, length, causal).
-SHAPES = [(h, hkv, l, causal) for h, hkv in ((32, 4), (24, 24)) for l in (8192, 16384) for causal in (True, False)]
+# The shapes of issue 15's goal: (batch, heads, kv heads, query length, key length, causal).
+SHAPES = [(1, h, hkv, n, n, causal) for h, hkv in ((32, 4), (24, 24)) for n in (8192, 16384)
+          for causal in (True, False)]
+# Shapes nobody tuned: odd lengths (no multiple of 128), batches, and cross-attention (Lq ≠ Lk,
+# 32k queries over 512 text tokens as issue 14's extreme, and the reverse).
+UNTUNED = [(1, 32, 4, 6000, 6000, True), (2, 28, 4, 3000, 3000, True), (1, 28, 4, 1000, 1000, True),
+           (1, 24, 24, 4680, 4680, False), (4, 16, 2, 2100, 2100, False), (1, 32, 4, 4096, 1500, False),
+           (1, 32, 4, 256, 8192, False), (1, 32, 32, 32768, 512, False)]
+GLUON = {"omnitune_gluon": {"BACKEND": "gluon_pingpong", "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4,
+                            "num_stages": 2, "PACK_GQA": False, "USE_TMA": False}}
 
 
-def cases(device) -> list:
+def cases(device, gluon: bool = False) -> list:
     # Calls take 1–7 ms: 20 eager calls and 2 replays of a 10-call graph per round are enough.
-    return [lambda h=h, hkv=hkv, l=l, causal=causal: attention_case(device, h=h, hkv=hkv, l=l, causal=causal, calls=20,
-                                                                     graph_replays=2)
-            for h, hkv, l, causal in SHAPES]
+    return [lambda b=b, h=h, hkv=hkv, lq=lq, lk=lk, causal=causal: attention_case(
+                device, b=b, h=h, hkv=hkv, l=lq, lk=lk, causal=causal, calls=20, graph_replays=2,
+                configs=GLUON if gluon else None)
+            for b, h, hkv, lq, lk, causal in SHAPES + (UNTUNED if gluon else [])]
 
 
 def main(argv=None) -> int:
-    return cases_main(__doc__.splitlines()[0], "prefill_bench", cases, argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    gluon = "--gluon" in argv
+    if gluon:
+        argv.remove("--gluon")
+    return cases_main(__doc__.splitlines()[0], "prefill_bench", lambda device: cases(device, gluon), argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ H100 = DeviceLimits(shared_memory_per_block_bytes=232_448, compute_capability=(9
 H200 = DeviceLimits(shared_memory_per_block_bytes=232_448, compute_capability=(9, 0), multiprocessors=132)
 GPU = "NVIDIA H100 80GB HBM3"
 GLUON_CONSTRAINTS = {"backend_parks_the_rest", "gluon_needs_sm90", "gluon_16_bit", "gluon_head_dim_128",
-                     "gluon_one_length", "gluon_whole_tiles", "gluon_shared_memory"}
+                     "gluon_shared_memory"}
 # Every config of the backend: one per (BLOCK_N, num_stages), the rest fixed
 GLUON_CONFIGS = {WINNER_CONFIG.replace(BLOCK_N=n, num_stages=s) for n in (64, 128) for s in (2, 3)}
 
@@ -70,9 +70,6 @@ def test_the_constraints_accept_the_measured_winner_where_it_was_measured(limits
 
 @pytest.mark.parametrize("problem, dtype, limits, config, name, words", [
     (dataclasses.replace(PREFILL, d=64), torch.bfloat16, H100, WINNER_CONFIG, "gluon_head_dim_128", "head dim 128"),
-    (dataclasses.replace(PREFILL, lk=4096), torch.bfloat16, H100, WINNER_CONFIG, "gluon_one_length", "lq == lk"),
-    (dataclasses.replace(PREFILL, lq=1000, lk=1000), torch.bfloat16, H100, WINNER_CONFIG, "gluon_whole_tiles",
-     "multiple of 128"),
     (dataclasses.replace(PREFILL, spans=2, span_len=256), torch.bfloat16, H100, WINNER_CONFIG,
      "backend_parks_the_rest", "no span mask"),
     (PREFILL, torch.float32, H100, WINNER_CONFIG, "gluon_16_bit", "fp16 or bf16"),
@@ -88,7 +85,7 @@ def test_the_constraints_accept_the_measured_winner_where_it_was_measured(limits
     (PREFILL, torch.bfloat16, H100, WINNER_CONFIG.replace(num_stages=4), "backend_parks_the_rest", "num_stages in"),
     (PREFILL, torch.bfloat16, dataclasses.replace(H100, shared_memory_per_block_bytes=101_376),
      WINNER_CONFIG.replace(num_stages=3), "gluon_shared_memory", "shared memory"),
-], ids=["d64", "lq!=lk", "lq1000", "spans", "fp32", "sm80", "sm100", "block_m64", "warps8", "pack_gqa", "use_tma",
+], ids=["d64", "spans", "fp32", "sm80", "sm100", "block_m64", "warps8", "pack_gqa", "use_tma",
         "block_n32", "stages4", "smem"])
 def test_the_constraints_refuse_what_the_kernel_does_not_run_each_with_its_reason(problem, dtype, limits, config,
                                                                                     name, words):
@@ -130,8 +127,10 @@ def test_the_measured_winner_is_known_good_but_no_pytorch_backend():
     (PREFILL, torch.bfloat16, H100, GLUON_CONFIGS),
     (dataclasses.replace(PREFILL, causal=False, hkv=32, lq=1024, lk=1024), torch.float16, H200, GLUON_CONFIGS),
     (dataclasses.replace(PREFILL, d=64), torch.bfloat16, H100, set()),
-    (dataclasses.replace(PREFILL, lk=4096), torch.bfloat16, H100, set()),
-    (dataclasses.replace(PREFILL, lq=1000, lk=1000), torch.bfloat16, H100, set()),
+    # any lengths: tails are masked, and Lq ≠ Lk is causal bottom-right as the Triton kernel
+    (dataclasses.replace(PREFILL, lk=4096), torch.bfloat16, H100, GLUON_CONFIGS),
+    (dataclasses.replace(PREFILL, lq=1000, lk=1000), torch.bfloat16, H100, GLUON_CONFIGS),
+    (dataclasses.replace(PREFILL, lq=1, lk=77, causal=False), torch.bfloat16, H100, GLUON_CONFIGS),
     (dataclasses.replace(PREFILL, spans=2, span_len=256), torch.bfloat16, H100, set()),
     (PREFILL, torch.float32, H100, set()),
     (PREFILL, torch.bfloat16, dataclasses.replace(H100, compute_capability=(8, 0)), set()),
@@ -158,24 +157,26 @@ def test_every_other_gluon_config_of_the_box_is_pruned_before_any_compile():
 
 
 @pytest.mark.parametrize("asked", [
-    AttentionProblem(b=1, h=32, hkv=4, lq=1000, lk=1000, d=128, causal=True),   # no multiple of 128
-    AttentionProblem(b=1, h=32, hkv=4, lq=1024, lk=2048, d=128, causal=True),   # lq ≠ lk
-    AttentionProblem(b=2, h=32, hkv=4, lq=1000, lk=1000, d=128, causal=True),
+    AttentionProblem(b=1, h=32, hkv=4, lq=1024, lk=1024, d=128, causal=True),   # its own problem
+    AttentionProblem(b=1, h=32, hkv=4, lq=1000, lk=1000, d=128, causal=True),   # a tail
+    AttentionProblem(b=2, h=32, hkv=4, lq=1024, lk=2048, d=128, causal=True),   # lq ≠ lk
 ])
-def test_a_gluon_entry_never_answers_a_problem_it_does_not_fit(tables_dir, monkeypatch, asked):
-    monkeypatch.setattr(runtime, "_device_limits", lambda: H100)  # whatever GPU runs the test
+def test_a_gluon_entry_never_answers_where_it_does_not_fit(tables_dir, monkeypatch, asked):
+    # an entry measured where its 3-stage ring fit, read on a device with less shared memory per block
+    small = dataclasses.replace(H100, shared_memory_per_block_bytes=101_376)
+    monkeypatch.setattr(runtime, "_device_limits", lambda: small)
     tuned = AttentionProblem(b=1, h=32, hkv=4, lq=1024, lk=1024, d=128, causal=True)
-    write_tuned_table(tables_dir, SPEC, GPU, [(tuned, "bf16", WINNER)], time_ms=1.0)
-    assert runtime.lookup("attention", tuned, torch.bfloat16, GPU).config == WINNER_CONFIG  # the entry is read
-    # within the match policy's reach, so the nearest rung sees the entry, and the kernel's rule
-    # carries it over unchanged: the constraints refuse it, and the chain falls through
+    three_stages = WINNER_CONFIG.replace(num_stages=3)
+    write_tuned_table(tables_dir, SPEC, GPU, [(tuned, "bf16", dict(three_stages))], time_ms=1.0)
+    # within the match policy's reach, and the kernel's rule carries the entry over unchanged:
+    # the constraint refuses it, and the chain falls through
     assert SPEC.match.distance(asked, tuned) is not None
-    assert SPEC.adapt(tuned, asked, WINNER_CONFIG) == WINNER_CONFIG
-    assert SPEC.violations(asked, WINNER_CONFIG, torch.bfloat16)
+    assert SPEC.adapt(tuned, asked, three_stages) == three_stages
+    assert "gluon_shared_memory" in dict(SPEC.violations(asked, three_stages, torch.bfloat16, small))
     for dtype in (torch.bfloat16, torch.float16):  # fp16 borrows bf16 entries
         answer = runtime.lookup("attention", asked, dtype, GPU)
         assert not _is_gluon(answer.config), answer
-        assert not SPEC.violations(asked, answer.config, dtype)
+        assert not SPEC.violations(asked, answer.config, dtype, small)
 
 
 def test_a_gluon_entry_answers_its_own_problem_only_on_an_sm90_gpu(tables_dir, monkeypatch):
@@ -184,12 +185,10 @@ def test_a_gluon_entry_answers_its_own_problem_only_on_an_sm90_gpu(tables_dir, m
     write_tuned_table(tables_dir, SPEC, GPU, [(tuned, "bf16", WINNER)], time_ms=1.0)
     answer = runtime.lookup("attention", tuned, torch.bfloat16, GPU)
     assert answer.rung is Rung.EXACT and answer.config == WINNER_CONFIG
-    # A neighbour it would fit is answered for its whole bucket of lengths (1,025-1,280 here),
-    # which holds lengths the kernel cannot take: by a config valid throughout, never this one.
-    neighbour = dataclasses.replace(tuned, lq=1152, lk=1152)
-    assert not SPEC.violations(neighbour, WINNER_CONFIG, torch.bfloat16)
+    # a neighbour (its bucket of lengths, 1,025-1,280, any of which the kernel takes) borrows it
+    neighbour = dataclasses.replace(tuned, lq=1100, lk=1100)
     answer = runtime.lookup("attention", neighbour, torch.bfloat16, GPU)
-    assert not _is_gluon(answer.config) and not SPEC.violations(neighbour, answer.config, torch.bfloat16)
+    assert answer.rung is not Rung.EXACT and answer.config == WINNER_CONFIG
     # the runtime checks constraints against the GPU it runs on: an sm_80 one never gets it
     monkeypatch.setattr(runtime, "_device_limits", lambda: DeviceLimits(compute_capability=(8, 0)))
     runtime.clear_cache()
@@ -276,12 +275,14 @@ def test_the_kernel_refuses_what_it_cannot_read_before_any_gpu_work(gluon_module
         return (torch.zeros(1, h, L, d, dtype=dtype), torch.zeros(1, hkv, L, d, dtype=dtype),
                 torch.zeros(1, hkv, L, d, dtype=dtype))
 
-    for inputs, words in ((qkv(L=200), "multiple of 128"), (qkv(d=64), "head dim"),
-                          (qkv(h=6, hkv=4), "multiple of kv heads"), (qkv(dtype=torch.float32), "bf16 or all fp16")):
+    for inputs, words in ((qkv(d=64), "head dim"), (qkv(h=6, hkv=4), "multiple of kv heads"),
+                          (qkv(dtype=torch.float32), "bf16 or all fp16"), (qkv(L=0), "must not be empty")):
         assert words in gluon.shape_refusal(*inputs)
     q, k, v = qkv()
     assert gluon.shape_refusal(q, k, v) is None
-    assert gluon.shape_refusal(q, k[:, :, :128], v[:, :, :128]).startswith("k and v must be")
+    assert gluon.shape_refusal(q[:, :, :200], k[:, :, :77], v[:, :, :77]) is None  # any lengths, Lq ≠ Lk
+    assert gluon.shape_refusal(q, k[:, :, :128], v).startswith("k and v must be")
+    assert gluon.shape_refusal(q, torch.cat([k, k]), torch.cat([v, v])).startswith("k and v must be")
     if not torch.cuda.is_available():
         assert "sm_90" in gluon.refusal(q, k, v, torch.empty_like(q), 0.1)
         with pytest.raises(gluon.PingpongRefused, match="sm_90"):
@@ -317,10 +318,11 @@ def launches(monkeypatch, gluon_module):
     return seen
 
 
-def _inputs(b, h, hkv, L, dtype, seed, causal, sm_scale=None):
+def _inputs(b, h, hkv, L, dtype, seed, causal, sm_scale=None, lk=None):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     q = torch.randn(b, h, L, 128, generator=gen, device=DEVICE, dtype=dtype)
-    k, v = (torch.randn(b, hkv, L, 128, generator=gen, device=DEVICE, dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(b, hkv, L if lk is None else lk, 128, generator=gen, device=DEVICE, dtype=dtype)
+            for _ in range(2))
     return AttentionInputs(q, k, v, causal, 1 / math.sqrt(128) if sm_scale is None else sm_scale)
 
 
@@ -342,6 +344,32 @@ def test_gpu_the_public_op_runs_the_gluon_kernel_right(launches, h, hkv, L, caus
         torch.cuda.synchronize()
         _check(out, inputs)
     assert launches == ["ran", "ran"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lq, lk", [(200, 200), (1000, 1000), (1, 77), (77, 1), (300, 700), (700, 300), (64, 1000),
+                                    (1000, 64), (129, 129)])
+def test_gpu_tails_and_lq_other_than_lk_are_right(launches, lq, lk, causal, dtype):
+    # A key tail is masked out of the softmax; a query tail writes only its rows; causal is
+    # bottom-right aligned, and with Lq > Lk the rows that see no key are zeros. The output is the
+    # head of a poisoned buffer: an unwritten element fails the check, and a row stored past the
+    # last head's Lq would land in the guard behind it.
+    for seed in (lq + lk + causal, lq + lk + causal + 100):
+        inputs = _inputs(2, 4, 2, lq, dtype, seed, causal, lk=lk)
+        for n, stages in ((128, 2), (64, 3)):
+            size = inputs.q.numel()
+            buffer = torch.full((size + 64 * 128,), float("nan"), dtype=dtype, device=DEVICE)
+            out = buffer[:size].view(inputs.q.shape)
+            assert SPEC.launch(inputs, out, WINNER_CONFIG.replace(BLOCK_N=n, num_stages=stages)) is None
+            torch.cuda.synchronize()
+            _check(out, inputs)
+            assert buffer[size:].isnan().all(), "a row was stored past the output's end"
+        out = attn.attention(inputs.q, inputs.k, inputs.v, causal=causal, config=WINNER)
+        torch.cuda.synchronize()
+        _check(out, inputs)
+    assert launches and set(launches) == {"ran"}
 
 
 @pytest.mark.gpu

@@ -81,7 +81,7 @@ def test_it_refuses_an_unknown_form_and_a_pingpong_tile_it_does_not_split():
 def test_every_variant_matches_sdpa_in_fp32(variant, L, causal):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernels are written for sm_90")
-    shape = probe.Shape(1, 4, 2, L, causal)
+    shape = probe.Shape(1, 4, L, causal, hkv=2)
     q, k, v = probe.make_inputs(shape, seed=L + causal)
     out = torch.full_like(q, float("nan"))
     probe.run_variant(variant, q, k, v, out, causal)

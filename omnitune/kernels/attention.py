@@ -941,21 +941,6 @@ def _check_gluon_head_dim(problem, config, dtype, limits):
     return None
 
 
-def _check_gluon_one_length(problem, config, dtype, limits):
-    if problem.lq != problem.lk:
-        return (f"BACKEND={GLUON_PINGPONG} needs lq == lk (it has one length: its top-left causal mask is the "
-                f"bottom-right one only then), got lq={problem.lq}, lk={problem.lk}")
-    return None
-
-
-def _check_gluon_whole_tiles(problem, config, dtype, limits):
-    rows = GLUON_FIXED["BLOCK_M"]
-    if problem.lq % rows:
-        return (f"BACKEND={GLUON_PINGPONG} needs lq a multiple of {rows} (no tail masking: Q/O and K/V are "
-                f"[rows, d] views where a tail would read the next head's rows), got {problem.lq}")
-    return None
-
-
 def _gluon_shared_memory_bytes(problem: AttentionProblem, config: Config, dtype: torch.dtype) -> int:
     """The Q tile, STAGES K and V tiles, and the barriers (the offline compiles' shared memory,
     benchmarks/gluon_attention_probe.py, is within GLUON_SMEM_EXTRA_BYTES above the tiles)."""
@@ -978,6 +963,16 @@ def _shared_memory_fits(bytes_needed, what: str):
 _check_shared_memory = _shared_memory_fits(_shared_memory_bytes, "")
 _check_gluon_shared_memory = _shared_memory_fits(
     _gluon_shared_memory_bytes, f"BACKEND={GLUON_PINGPONG} (Q tile + num_stages K/V tiles) ")
+
+
+def interpret_refusal(config: Config) -> str | None:
+    """Why a config cannot run under Triton's CPU interpreter, or None: the interpreter runs
+    @triton.jit functions, and the Gluon kernel's are Gluon's, written for an sm_90 GPU's wgmma."""
+    if config.get("BACKEND", "triton") == GLUON_PINGPONG:
+        return "Gluon kernel, needs an sm_90 GPU"
+    return None
+
+
 
 
 def _check_accumulator(problem, config, dtype, limits):
@@ -1012,7 +1007,7 @@ def _check_tma(problem, config, dtype, limits):
 PARAMS = (
     Param("BACKEND", BACKENDS, "triton: this kernel; sdpa: PyTorch SDPA as it dispatches; sdpa_cudnn: "
           "SDPA's cuDNN backend; gluon_pingpong: the Gluon ping-pong kernel for Hopper (sm_90, d=128, "
-          "Lq = Lk a multiple of 128; BLOCK_N and num_stages its tunables)", missing="triton"),
+          "no spans; BLOCK_N and num_stages its tunables)", missing="triton"),
     Param("BLOCK_M", (16, 32, 64, 128), "query rows per program"),
     Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
     Param("num_warps", (4, 8), "warps per program"),
@@ -1028,9 +1023,6 @@ CONSTRAINTS = (
     Constraint("gluon_needs_sm90", _gluon_only(_check_gluon_device), "the Gluon kernel is written for sm_90"),
     Constraint("gluon_16_bit", _gluon_only(_check_gluon_dtype), "the Gluon kernel takes fp16 or bf16"),
     Constraint("gluon_head_dim_128", _gluon_only(_check_gluon_head_dim), "the Gluon kernel is written for d=128"),
-    Constraint("gluon_one_length", _gluon_only(_check_gluon_one_length), "the Gluon kernel needs lq == lk"),
-    Constraint("gluon_whole_tiles", _gluon_only(_check_gluon_whole_tiles),
-               "the Gluon kernel has no tail masking: lq a multiple of 128"),
     Constraint("gluon_shared_memory", _gluon_only(_check_gluon_shared_memory),
                "the Gluon kernel's Q tile + K/V ring must fit in shared memory"),
     Constraint("shared_memory", _triton_only(_check_shared_memory),
@@ -1209,8 +1201,8 @@ def adapt_config(tuned: AttentionProblem, problem: AttentionProblem, config: Con
     rows chose it, 7 of 8 at 640–765 rows kept 64×64); carried down to 3,000 rows it took 1.073x the
     64×64 tile's time on the held-out set (round 28 D: b1 h16/2 with 2 spans, lent from 8,510 rows).
     Anything else is carried as tuned — a gluon_pingpong config too: where it does not fit the
-    problem (a length that is no multiple of 128, Lq ≠ Lk, another head dim or device) its
-    constraints refuse it, as the runtime checks every carried config."""
+    problem (spans, another head dim, dtype or device) its constraints refuse it, as the runtime
+    checks every carried config."""
     long_tile = str(config.get("BACKEND", "triton")) == "triton" and _has_tile(config, _LONG_PREFILL_TILE)
     if long_tile and _long_causal_prefill(tuned) and problem.causal and not _long_causal_prefill(problem):
         return config.replace(**_PLAIN_TILE)
@@ -1363,6 +1355,7 @@ SPEC = KernelSpec(
         AttentionProblem(b=1, h=2, hkv=1, lq=40, lk=30, d=256, causal=True),
     ),
     baselines=_sdpa_baselines,
+    interpret_refusal=interpret_refusal,
     module=__name__,
 )
 

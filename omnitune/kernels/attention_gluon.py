@@ -8,12 +8,16 @@ this module imports Gluon, which the attention module, and so the runtime, never
 time. The attention spec's constraints say which problems the kernel serves; `refusal` says which
 tensors it can take, and the op runs a refused call with its own Triton kernel.
 
-Problem: q [b, h, L, 128], k/v [b, hkv, L, 128] (GQA: h % hkv == 0), bf16 or fp16, causal or not
-(Lq = Lk, so top-left = bottom-right), any positive softmax scale, o [b, h, L, 128]. L must be a
-multiple of 128: there is no tail masking. Q/O are [b·h·L, 128] and K/V [b·hkv·L, 128] 2-D views
-under host TMA descriptors, so a tail tile would read (and write) the next head's rows; a program
-finds its kv head's rows as (batch·hkv + head // (h / hkv))·L. Grid (b·h, L / 128), heads fastest
-and query blocks last-first: under a causal mask the heaviest blocks start first.
+Problem: q [b, h, Lq, 128], k/v [b, hkv, Lk, 128] (GQA: h % hkv == 0), any lengths ≥ 1, bf16 or
+fp16, causal (bottom-right aligned, as the Triton kernel: query i sees keys < i + 1 + Lk − Lq) or
+not, any positive softmax scale, o [b, h, Lq, 128]. Q/O are [b·h·Lq, 128] and K/V [b·hkv·Lk, 128]
+2-D views under host TMA descriptors; a program finds its rows at (batch·h + head)·Lq and its kv
+head's at (batch·hkv + head // (h / hkv))·Lk. Tails: a key tile past Lk reads the next head's rows
+(or, past the tensor's end, TMA's zeros) and masks them out of the softmax (their P is 0, so the
+P·V GEMM adds 0·V: finite values, as every head's are, add nothing); a query tile past Lq computes
+rows nobody reads and writes only its rows below Lq (a masked store from registers; whole halves
+go out by TMA). Rows that see no key (causal, Lq > Lk) write zeros. Grid (b·h, ⌈Lq / 128⌉), heads
+fastest and query blocks last-first: under a causal mask the heaviest blocks start first.
 
 The form (warp-specialized, gl.warp_specialize): a producer (the default partition, 4 warps at 40
 registers, one thread issuing) loads both 64-row halves of Q and streams K/V into STAGES-deep
@@ -36,6 +40,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -49,6 +54,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from omnitune.kernels._gluon_target import GLUON_FIXED, GLUON_HEAD_DIM, GLUON_TUNED, gluon_device_refusal
 from omnitune.kernels._host import LOG2E
+from omnitune.kernels._launch import BoundLauncher, DirectLauncher
 
 # What the kernel is written for, as the attention spec states it (omnitune/kernels/_gluon_target.py)
 HEAD_DIM = GLUON_HEAD_DIM
@@ -66,44 +72,61 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 @gluon.jit
-def _online_softmax(s, m_i, l_i, qk_scale, q_rows, start_n, MASKED: gl.constexpr):
+def _online_softmax(s, m_i, l_i, qk_scale, key_ends, start_n, MASKED: gl.constexpr):
     """One K/V tile's step of the online softmax, in the exp2 domain (m is kept scaled by
     qk_scale = sm_scale·log2(e), which must be positive: the row max is taken before scaling).
     Returns P (fp32, S's layout), the new row max, the new row sum and alpha, the factor the
-    running O must be multiplied by (exp2(m_old - m_new)). The first tile of every row holds key
-    0, visible under the causal mask too, so m is finite from the first tile on and a fully masked
-    later tile only adds zeros (no -inf - -inf)."""
+    running O must be multiplied by (exp2(m_old - m_new)). MASKED: row r sees keys < key_ends[r]
+    only; a row that has seen none keeps m = -inf, and its exponents are taken against 0 instead
+    (no -inf - -inf: P and alpha come out 0). Unmasked tiles come only after a masked tile 0
+    that every row of the block saw part of, so their m is finite."""
     if MASKED:
         k_cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
-        s = gl.where(q_rows[:, None] >= k_cols[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
+        s = gl.where(key_ends[:, None] > k_cols[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_use = m_new
+    p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
 
 
 @gluon.jit
-def _tile_coords(L, H, HKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """This program's (batch·head, query block) and what it reads. Grid (b·h, L / BLOCK_M): the
+def _tile_coords(LQ, LK, H, HKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """This program's (batch·head, query block) and what it reads. Grid (b·h, ⌈LQ / BLOCK_M⌉): the
     heads vary fastest, so the first wave holds every head's last (under a causal mask, heaviest)
     query block, and the heads of one kv group run side by side (their K/V shared through L2).
-    Q/O are [b·h·L, d] and K/V [b·hkv·L, d] 2-D views: the rows of (batch, head) start at
-    (batch·h + head)·L, those of its kv head at (batch·hkv + head // (h / hkv))·L."""
+    Q/O are [b·h·LQ, d] and K/V [b·hkv·LK, d] 2-D views: the rows of (batch, head) start at
+    (batch·h + head)·LQ, those of its kv head at (batch·hkv + head // (h / hkv))·LK. n_tiles: the
+    key tiles the block reads (at least one: a block that sees no key masks tile 0 wholly and
+    writes zeros); n_full: those every row of the block sees whole (tile 0 is masked regardless)."""
     pid_bh = gl.program_id(0)
     off_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
     batch = pid_bh // H
     kv_head = (pid_bh % H) // (H // HKV)
-    q_row = pid_bh * L + off_m
-    kv_row = (batch * HKV + kv_head) * L
+    q_row = pid_bh * LQ + off_m  # TMA coordinates are 32-bit: shape_refusal keeps the rows below 2³¹
+    kv_row = (batch * HKV + kv_head) * LK
     if CAUSAL:
-        # keys [0, off_m + BLOCK_M): tiles wholly below the diagonal need no mask
-        n_tiles = gl.cdiv(off_m + BLOCK_M, BLOCK_N)
-        n_full = off_m // BLOCK_N
+        # row i sees keys < i + 1 + LK - LQ (bottom-right aligned), clamped to [0, LK]
+        key_end = gl.minimum(off_m + BLOCK_M + LK - LQ, LK)
+        n_tiles = gl.maximum(gl.cdiv(key_end, BLOCK_N), 1)
+        n_full = gl.minimum(gl.maximum(off_m + 1 + LK - LQ, 0), LK) // BLOCK_N
     else:
-        n_tiles = L // BLOCK_N
-        n_full = n_tiles
+        n_tiles = gl.cdiv(LK, BLOCK_N)
+        n_full = LK // BLOCK_N
     return off_m, q_row, kv_row, n_tiles, n_full
+
+
+@gluon.jit
+def _key_ends(q_rows, LQ, LK, CAUSAL: gl.constexpr):
+    """Per query row, the end of the keys it sees: i + 1 + LK − LQ clamped to [0, LK] under the
+    (bottom-right) causal mask, else LK."""
+    if CAUSAL:
+        return gl.minimum(gl.maximum(q_rows + 1 + LK - LQ, 0), LK)
+    return gl.zeros_like(q_rows) + LK
 
 
 @gluon.jit
@@ -131,7 +154,7 @@ def _pingpong_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_
 
 @gluon.jit
 def _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p_op, m_i, l_i, qk_scale,
-                   q_rows, s_zero, ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   key_ends, s_zero, ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    MASKED: gl.constexpr):
     """A consumer's tile j ≥ 1 in FA3's intra-warpgroup overlap: S = Q·Kⱼᵀ and O += Pⱼ₋₁·Vⱼ₋₁ are
     issued together, in this consumer's turn only (then handed to the other, whose softmax ran
@@ -152,7 +175,7 @@ def _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, tur
     # wgmma groups retire in order: with one left in flight, S (issued first) is done
     s = warpgroup_mma_wait(1, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(slot))
-    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, j * BLOCK_N, MASKED)
+    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, key_ends, j * BLOCK_N, MASKED)
     p_next = gl.convert_layout(p.to(q.dtype), p_layout)
     # p_op stays a dependency until the P·V GEMM reading its registers has retired
     acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
@@ -162,8 +185,8 @@ def _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, tur
 
 
 @gluon.jit
-def _pingpong_consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                       q_row, off_m, n_tiles, n_full, qk_scale,
+def _pingpong_consumer(o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                       q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK,
                        ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """Consumer ME (a worker partition of 4 warps): query rows off_m + 64·ME .. + 63. Both
     consumers walk the same tiles (the CTA's; consumer 0 may mask one tile wholly), so they take
@@ -178,28 +201,29 @@ def _pingpong_consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, 
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q = q_smem.index(ME)
     q_rows = off_m + ME * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
+    key_ends = _key_ends(q_rows, LQ, LK, CAUSAL)
     s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
     m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
     mbarrier.wait(q_bar, 0)
 
-    # turn 0: tile 0's S (masked whenever causal: harmless below the diagonal); its P·V is issued
-    # by the first step (or the tail)
+    # turn 0: tile 0's S, always masked (harmless where every row sees it whole; a key tail or the
+    # causal diagonal may fall in it); its P·V is issued by the first step (or the tail)
     mbarrier.wait(turn.index(ME), 0)
     mbarrier.wait(k_ready.index(0), 0)
     s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     mbarrier.arrive(turn.index(1 - ME))
     s = warpgroup_mma_wait(0, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(0))
-    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, q_rows, 0, CAUSAL)
+    p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, key_ends, 0, True)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     for j in range(1, n_full):
         acc, p_op, m_i, l_i = _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
-                                             p_op, m_i, l_i, qk_scale, q_rows, s_zero, ME, BLOCK_N, STAGES, False)
+                                             p_op, m_i, l_i, qk_scale, key_ends, s_zero, ME, BLOCK_N, STAGES, False)
     for j in range(gl.maximum(n_full, 1), n_tiles):
         acc, p_op, m_i, l_i = _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
-                                             p_op, m_i, l_i, qk_scale, q_rows, s_zero, ME, BLOCK_N, STAGES, True)
+                                             p_op, m_i, l_i, qk_scale, key_ends, s_zero, ME, BLOCK_N, STAGES, True)
     # turn n_tiles: the last tile's P·V (the other consumer's last arrive on turn[0] goes unwaited)
     last = n_tiles - 1
     mbarrier.wait(turn.index(ME), n_tiles & 1)
@@ -208,17 +232,27 @@ def _pingpong_consumer(o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, 
     mbarrier.arrive(turn.index(1 - ME))
     acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
 
-    # O = acc / l through this consumer's half of Q's buffer (its last reader has retired) and TMA
+    # O = acc / l (0 where a row saw no key: its acc is 0 too). A whole half goes out through this
+    # consumer's half of Q's buffer (its last reader has retired) and TMA; a half that crosses LQ
+    # stores its rows below LQ from registers, so that no row of the next head is written.
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout), assert_trivial=True)
-    q.store((acc / l_o[:, None]).to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [q_row + ME * HALF, 0], q)
-    tma.store_wait(0)
+    o = (acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]).to(dtype)
+    first = off_m + ME * HALF
+    if first + HALF <= LQ:
+        q.store(o)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [q_row + ME * HALF, 0], q)
+        tma.store_wait(0)
+    else:
+        rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+        offsets = (q_row.to(gl.int64) + ME * HALF + rows)[:, None] * HEAD_D + cols[None, :]
+        gl.store(o_ptr + offsets, o, mask=(first + rows < LQ)[:, None])
 
 
 @gluon.jit
-def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
+def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, o_ptr, LQ, LK, H, HKV, qk_scale,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """A 128-row output tile per program over 12 warps: a producer (the default partition, 4
     warps) and two consumers of 4 warps and 64 rows each that take turns on the tensor cores.
@@ -227,7 +261,7 @@ def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(HALF == 64, "each consumer owns 64 query rows")
-    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(L, H, HKV, 2 * HALF, BLOCK_N, CAUSAL)
+    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(LQ, LK, H, HKV, 2 * HALF, BLOCK_N, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
@@ -252,10 +286,10 @@ def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
     gl.warp_specialize([
         (_pingpong_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                               v_empty, turn, q_row, kv_row, n_tiles, BLOCK_N, STAGES)),
-        (_pingpong_consumer, (o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                              q_row, off_m, n_tiles, n_full, qk_scale, 0, BLOCK_N, STAGES, CAUSAL)),
-        (_pingpong_consumer, (o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                              q_row, off_m, n_tiles, n_full, qk_scale, 1, BLOCK_N, STAGES, CAUSAL)),
+        (_pingpong_consumer, (o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                              turn, q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK, 0, BLOCK_N, STAGES, CAUSAL)),
+        (_pingpong_consumer, (o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                              turn, q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK, 1, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 4], [232, 232])
 
 
@@ -274,20 +308,19 @@ def shape_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | No
     """Why the kernel does not compute this problem (shapes and dtypes only, no device), or None."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return f"q, k, v must be [b, heads, L, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-    b, h, L, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[2] != L or k.shape[3] != d:
-        return (f"k and v must be [b, hkv, L, d] as q [b, h, L, d] (one length: Lq = Lk); got q {tuple(q.shape)}, "
+    b, h, lq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        return (f"k and v must be [b, hkv, Lk, d] as q [b, h, Lq, d]; got q {tuple(q.shape)}, "
                 f"k {tuple(k.shape)}, v {tuple(v.shape)}")
     if d != HEAD_DIM:
         return f"head dim must be {HEAD_DIM}, got {d}"
     hkv = k.shape[1]
-    if b == 0 or h == 0 or hkv == 0:
+    if q.numel() == 0 or k.numel() == 0:
         return f"q, k, v must not be empty; got {tuple(q.shape)}, {tuple(k.shape)}"
     if h % hkv:
         return f"query heads ({h}) must be a multiple of kv heads ({hkv})"
-    if L % TILE_ROWS or L == 0:
-        return (f"sequence length must be a positive multiple of {TILE_ROWS} (no tail masking: a tail would read "
-                f"the next head's rows), got {L}")
+    if max(b * h * lq, b * hkv * k.shape[2]) >= 2**31:
+        return f"more than 2³¹ rows of q or k (TMA coordinates are 32-bit); got {tuple(q.shape)}, {tuple(k.shape)}"
     if q.dtype not in GL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"q, k, v must all be bf16 or all fp16; got {q.dtype}, {k.dtype}, {v.dtype}"
     return None
@@ -328,33 +361,53 @@ def _shared_layout(rows: int, d: int, dtype: torch.dtype):
 def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A TMA descriptor of contiguous `t` as a 2-D [rows of all heads, d] view, moving `rows` rows
     a block (a 128-wide row block moves as two 64-column boxes: a 128-byte swizzle bounds a box's
-    inner dimension)."""
+    inner dimension). The view's shape and strides are given, not taken from a view op: TMA reads
+    only the base address of the tensor, which `refusal` has checked is contiguous."""
     d = t.shape[-1]
-    return TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], _shared_layout(rows, d, t.dtype))
+    return TensorDescriptor(t, [t.numel() // d, d], [d, 1], [rows, d], _shared_layout(rows, d, t.dtype))
+
+
+def _launch_parts(q, k, v, out, sm_scale: float, block_n: int) -> tuple[tuple, tuple]:
+    """(grid, runtime arguments) of one launch: Q/O under descriptors of 64-row halves (one per
+    consumer), K/V of block_n-row tiles, out also as a pointer (a tail half's masked store)."""
+    b, h, lq, _ = q.shape
+    descs = (descriptor(q, HALF_ROWS), descriptor(k, block_n), descriptor(v, block_n), descriptor(out, HALF_ROWS))
+    return (b * h, triton.cdiv(lq, TILE_ROWS), 1), (*descs, out, lq, k.shape[2], h, k.shape[1], sm_scale * LOG2E)
+
+
+def _constexprs(block_n: int, stages: int, causal: bool) -> dict:
+    return dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), num_warps=LAUNCH_WARPS)
 
 
 def pingpong_launch_args(q, k, v, out, causal: bool, sm_scale: float, block_n: int, stages: int):
     """(kernel, grid, positional args, keyword args) of one launch, nothing checked: q/k/v/out
-    contiguous, as 2-D [rows, d] views under TMA descriptors (Q/O in 64-row halves, one per
-    consumer). The probe compiles from these offline."""
-    b, h, L, _ = q.shape
-    descs = (descriptor(q, HALF_ROWS), descriptor(k, block_n), descriptor(v, block_n), descriptor(out, HALF_ROWS))
-    grid = (b * h, L // TILE_ROWS)
-    args = (*descs, L, h, k.shape[1], sm_scale * LOG2E)
-    return _attn_fwd_pingpong, grid, args, dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal),
-                                                num_warps=LAUNCH_WARPS)
+    contiguous. The probe launches and compiles from these (offline too)."""
+    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n)
+    return _attn_fwd_pingpong, grid, args, _constexprs(block_n, stages, causal)
+
+
+# Launched as the Triton kernels are (omnitune/kernels/_launch.py): the JIT's launch path re-binds
+# and re-specialises every argument on every call, most of a call's host time; the first call of
+# each (tile, stages, mask, argument kinds and shapes) takes it, later ones call the C launcher.
+_PINGPONG = DirectLauncher(_attn_fwd_pingpong)
+_OBJECTS = 5  # the four descriptors and out, ahead of the plain arguments
+
+
+@functools.cache
+def _bound(block_n: int, stages: int, causal: bool) -> BoundLauncher:
+    return _PINGPONG.bind(_constexprs(block_n, stages, causal), _OBJECTS)
 
 
 def launch_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
                     sm_scale: float, block_n: int, stages: int) -> None:
-    """softmax(q·kᵀ·sm_scale, causal or not)·v written into `out` [b, h, L, 128] (q's shape and
-    dtype, contiguous). PingpongRefused, before any GPU work, for a call `refusal` turns down or
-    a tile the kernel is not written for (block_n 64 or 128, at least 2 stages; whether the
-    stages fit in shared memory is the attention spec's constraint)."""
+    """softmax(q·kᵀ·sm_scale, causal (bottom-right) or not)·v written into `out` [b, h, Lq, 128]
+    (q's shape and dtype, contiguous). PingpongRefused, before any GPU work, for a call `refusal`
+    turns down or a tile the kernel is not written for (block_n 64 or 128, at least 2 stages;
+    whether the stages fit in shared memory is the attention spec's constraint)."""
     why = refusal(q, k, v, out, sm_scale)
     if why is None and (block_n not in KEY_TILES or stages < MIN_STAGES):
         why = f"block_n must be one of {KEY_TILES} and stages at least {MIN_STAGES}; got {block_n}, {stages}"
     if why is not None:
         raise PingpongRefused(f"gluon_pingpong: {why}")
-    kernel, grid, args, kwargs = pingpong_launch_args(q, k, v, out, causal, sm_scale, block_n, stages)
-    kernel[grid](*args, **kwargs)
+    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n)
+    _bound(block_n, stages, bool(causal))(grid, args)
