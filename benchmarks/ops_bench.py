@@ -300,6 +300,8 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None, causal=T
         impls["sdpa_dense_mask"] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         impls["omnitune_spans_tensor"] = lambda: attn.attention(q, k, v, causal=True, mm_spans=span_t)
         impls["omnitune_spans_list"] = lambda: attn.attention(q, k, v, causal=True, mm_spans=[spans] * b)
+        for name, config in (configs or {}).items():
+            impls[name] = lambda config=config: attn.attention(q, k, v, causal=True, mm_spans=span_t, config=config)
         pairs = int(limits[0].sum())
         name = f"attention b{b} h{h}/{hkv} l{l} d{d} causal + {len(spans)} image spans"
 

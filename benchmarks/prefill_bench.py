@@ -11,7 +11,8 @@ name the config the runtime picked.
 --gluon adds, to every case, the op called with the Gluon ping-pong kernel's config given
 explicitly (BACKEND=gluon_pingpong, 128-key tiles, 2 stages: its measured winner; sm_90 only), and
 adds UNTUNED's shapes: lengths no table holds and no multiple of 128, and cross-attention with
-Lq ≠ Lk (not causal: SDPA's is_causal is top-left aligned, the op's bottom-right).
+Lq ≠ Lk (not causal: SDPA's is_causal is top-left aligned, the op's bottom-right), and SPANS:
+causal prefill with image spans, beside SDPA over the dense mask they make.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ SHAPES = [(1, h, hkv, n, n, causal) for h, hkv in ((32, 4), (24, 24)) for n in (
 UNTUNED = [(1, 32, 4, 6000, 6000, True), (2, 28, 4, 3000, 3000, True), (1, 28, 4, 1000, 1000, True),
            (1, 24, 24, 4680, 4680, False), (4, 16, 2, 2100, 2100, False), (1, 32, 4, 4096, 1500, False),
            (1, 32, 4, 256, 8192, False), (1, 32, 32, 32768, 512, False)]
+# The presets' prefill with image spans (docs/presets: 512² and 448² images, 256 tokens each), one
+# span a sequence: (batch, heads, kv heads, length, spans).
+SPANS = [(1, 28, 4, 8510, [(1024, 1280)]), (1, 28, 4, 765, [(384, 640)]), (2, 16, 2, 4096, [(512, 768), (2048, 2304)])]
 GLUON = {"omnitune_gluon": {"BACKEND": "gluon_pingpong", "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4,
                             "num_stages": 2, "PACK_GQA": False, "USE_TMA": False}}
 
@@ -37,7 +41,10 @@ def cases(device, gluon: bool = False) -> list:
     return [lambda b=b, h=h, hkv=hkv, lq=lq, lk=lk, causal=causal: attention_case(
                 device, b=b, h=h, hkv=hkv, l=lq, lk=lk, causal=causal, calls=20, graph_replays=2,
                 configs=GLUON if gluon else None)
-            for b, h, hkv, lq, lk, causal in SHAPES + (UNTUNED if gluon else [])]
+            for b, h, hkv, lq, lk, causal in SHAPES + (UNTUNED if gluon else [])] + \
+        [lambda b=b, h=h, hkv=hkv, n=n, spans=spans: attention_case(
+            device, b=b, h=h, hkv=hkv, l=n, spans=spans, calls=20, graph_replays=2, configs=GLUON)
+         for b, h, hkv, n, spans in (SPANS if gluon else [])]
 
 
 def main(argv=None) -> int:

@@ -70,8 +70,6 @@ def test_the_constraints_accept_the_measured_winner_where_it_was_measured(limits
 
 @pytest.mark.parametrize("problem, dtype, limits, config, name, words", [
     (dataclasses.replace(PREFILL, d=64), torch.bfloat16, H100, WINNER_CONFIG, "gluon_head_dim_128", "head dim 128"),
-    (dataclasses.replace(PREFILL, spans=2, span_len=256), torch.bfloat16, H100, WINNER_CONFIG,
-     "backend_parks_the_rest", "no span mask"),
     (PREFILL, torch.float32, H100, WINNER_CONFIG, "gluon_16_bit", "fp16 or bf16"),
     (PREFILL, torch.bfloat16, dataclasses.replace(H100, compute_capability=(8, 0)), WINNER_CONFIG,
      "gluon_needs_sm90", "sm_90"),
@@ -85,7 +83,7 @@ def test_the_constraints_accept_the_measured_winner_where_it_was_measured(limits
     (PREFILL, torch.bfloat16, H100, WINNER_CONFIG.replace(num_stages=4), "backend_parks_the_rest", "num_stages in"),
     (PREFILL, torch.bfloat16, dataclasses.replace(H100, shared_memory_per_block_bytes=101_376),
      WINNER_CONFIG.replace(num_stages=3), "gluon_shared_memory", "shared memory"),
-], ids=["d64", "spans", "fp32", "sm80", "sm100", "block_m64", "warps8", "pack_gqa", "use_tma",
+], ids=["d64", "fp32", "sm80", "sm100", "block_m64", "warps8", "pack_gqa", "use_tma",
         "block_n32", "stages4", "smem"])
 def test_the_constraints_refuse_what_the_kernel_does_not_run_each_with_its_reason(problem, dtype, limits, config,
                                                                                     name, words):
@@ -131,7 +129,7 @@ def test_the_measured_winner_is_known_good_but_no_pytorch_backend():
     (dataclasses.replace(PREFILL, lk=4096), torch.bfloat16, H100, GLUON_CONFIGS),
     (dataclasses.replace(PREFILL, lq=1000, lk=1000), torch.bfloat16, H100, GLUON_CONFIGS),
     (dataclasses.replace(PREFILL, lq=1, lk=77, causal=False), torch.bfloat16, H100, GLUON_CONFIGS),
-    (dataclasses.replace(PREFILL, spans=2, span_len=256), torch.bfloat16, H100, set()),
+    (dataclasses.replace(PREFILL, spans=2, span_len=256), torch.bfloat16, H100, GLUON_CONFIGS),  # image spans
     (PREFILL, torch.float32, H100, set()),
     (PREFILL, torch.bfloat16, dataclasses.replace(H100, compute_capability=(8, 0)), set()),
 ])
@@ -416,13 +414,28 @@ def test_gpu_a_transposed_view_falls_back_to_the_triton_kernel_and_is_right(laun
 
 
 @pytest.mark.gpu
-def test_gpu_spans_fall_back_to_the_triton_kernel_and_are_right(launches):
-    inputs = _inputs(1, 4, 2, 256, torch.bfloat16, 14, True)
-    spans = torch.tensor([[[40, 90]]], dtype=torch.int32, device=DEVICE)
-    out = attn.attention(inputs.q, inputs.k, inputs.v, causal=True, config=WINNER, mm_spans=spans)
-    torch.cuda.synchronize()
-    _check(out, dataclasses.replace(inputs, spans=spans))
-    assert launches == []  # never asked: the call has spans
+@pytest.mark.parametrize("span_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("lq, lk, spans", [
+    (256, 256, [[[40, 90]], [[100, 230]]]),                      # inside one block, across the 128-row edge
+    (1000, 1000, [[[120, 700], [900, 990]], [[0, 64], [5, 2000]]]),  # two spans a sequence; one past Lk (clamped)
+    (300, 700, [[[500, 650]], [[0, 0]]]),                        # Lq < Lk (bottom-right), an empty span
+    (700, 300, [[[0, 128]], [[250, 300]]]),                      # Lq > Lk: rows that see no key stay zeros
+], ids=["256", "1000", "300x700", "700x300"])
+def test_gpu_image_spans_run_on_the_gluon_kernel_and_are_right(launches, lq, lk, spans, span_dtype):
+    for seed in (lq + lk, lq + lk + 100):
+        inputs = _inputs(2, 4, 2, lq, torch.bfloat16, seed, True, lk=lk)
+        span_t = torch.tensor(spans, dtype=span_dtype, device=DEVICE)
+        expected = dataclasses.replace(inputs, spans=span_t)
+        for n, stages in ((128, 2), (64, 3)):
+            out = SPEC.new_output(expected)  # poisoned: an unwritten element fails the check
+            assert SPEC.launch(expected, out, WINNER_CONFIG.replace(BLOCK_N=n, num_stages=stages)) is None
+            torch.cuda.synchronize()
+            _check(out, expected)
+        # check=False: the check mode refuses a span past Lk, which the kernel clamps
+        out = attn.attention(inputs.q, inputs.k, inputs.v, causal=True, config=WINNER, mm_spans=span_t, check=False)
+        torch.cuda.synchronize()
+        _check(out, expected)
+    assert launches and set(launches) == {"ran"}
 
 
 @pytest.mark.gpu

@@ -552,12 +552,10 @@ def launch(inputs: AttentionInputs, out: torch.Tensor, config: Config) -> torch.
     backend = config.get("BACKEND", "triton")
     if backend == GLUON_PINGPONG:
         # ValueErrors, not InputErrors: the trial's failure, not the search's
-        if inputs.spans is not None and inputs.spans.shape[1] > 0:
-            raise ValueError(f"BACKEND={GLUON_PINGPONG} has no span mask (only triton)")
         if (why := gluon_device_refusal(inputs.q)) is not None:
             raise ValueError(f"BACKEND={GLUON_PINGPONG} {why}")
         _gluon().launch_pingpong(inputs.q, inputs.k, inputs.v, out, inputs.causal, inputs.sm_scale,
-                                 int(config["BLOCK_N"]), int(config["num_stages"]))
+                                 int(config["BLOCK_N"]), int(config["num_stages"]), inputs.spans)
         return None
     if backend != "triton":
         return sdpa(inputs.q, inputs.k, inputs.v, inputs.causal, inputs.sm_scale, backend)
@@ -665,7 +663,7 @@ def _warn_refused(identity: tuple, why: str, when: str) -> None:
 
 # Calls whose table entry named the Gluon kernel: those it failed to launch (no Gluon in this
 # Triton, a compile error) go to this kernel for the rest of the process; a call whose tensors it
-# cannot take (not contiguous, spans, not an sm_90 GPU) goes to this kernel that time, the
+# cannot take (not contiguous, not an sm_90 GPU) goes to this kernel that time, the
 # reason logged once per call identity.
 _gluon_failed: set[tuple] = set()
 _gluon_refusals_logged: set[tuple] = set()
@@ -676,9 +674,7 @@ def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Co
     this kernel. Nothing here syncs: the kernel's checks read metadata, on the host."""
     if identity in _gluon_failed:
         return False
-    if spans is not None:
-        why = "it has no span mask"
-    elif (why := gluon_device_refusal(q)) is None:
+    if (why := gluon_device_refusal(q)) is None:
         try:
             gluon = _gluon()
         except Exception as exc:  # noqa: BLE001 — no Gluon (or another one) in this Triton
@@ -686,7 +682,8 @@ def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Co
             _warn_refused(identity, one_line(exc, 200), "from now on")
             return False
         try:
-            gluon.launch_pingpong(q, k, v, out, causal, sm_scale, int(config["BLOCK_N"]), int(config["num_stages"]))
+            gluon.launch_pingpong(q, k, v, out, causal, sm_scale, int(config["BLOCK_N"]), int(config["num_stages"]),
+                                  spans)
             return True
         except gluon.PingpongRefused as exc:
             why = str(exc)
@@ -702,8 +699,8 @@ def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Co
 
 def _triton_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
     """A config of this kernel for a problem whose table entry chose another backend that cannot
-    take the call (spans, SDPA's refusal, tensors the Gluon kernel cannot read): the nearest tuned
-    Triton config valid for it, else the default."""
+    take the call (spans under SDPA, SDPA's refusal, tensors the Gluon kernel cannot read): the
+    nearest tuned Triton config valid for it, else the default."""
     if torch.cuda.is_available():
         from omnitune import runtime
         from omnitune.trial import device_key
@@ -743,8 +740,8 @@ def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tens
                 return sdpa(q, k, v, causal, float(sm_scale), backend)
             except RuntimeError as exc:  # a backend that refuses this call: the kernel runs it
                 _refuse_sdpa(identity, exc)
-        # SDPA would need a dense mask for the spans, the Gluon kernel has none (or either
-        # refused): this kernel runs the call, with the nearest tuned Triton config.
+        # SDPA would need a dense mask for the spans (or refused), or the Gluon kernel could not
+        # take the call: this kernel runs it, with the nearest tuned Triton config.
         cfg = _memo.get(("triton", b, h, hkv, lq, lk, d, causal), None, None, q.dtype, default=lambda: _triton_config(
             AttentionProblem(b=b, h=h, hkv=hkv, lq=lq, lk=lk, d=d, causal=causal), q.dtype))
     if out is None:
@@ -909,8 +906,6 @@ def _check_backend(problem, config, dtype, limits):
         untuned = [k for k, choices in GLUON_TUNED.items() if config[k] not in choices]
         if untuned:
             return f"BACKEND={backend} takes " + ", ".join(f"{k} in {GLUON_TUNED[k]}" for k in untuned)
-        if problem.spans:
-            return f"BACKEND={backend} has no span mask (only triton)"
         return None
     off = [k for k, v in PARKED.items() if config[k] != v]
     if off:
@@ -1006,8 +1001,8 @@ def _check_tma(problem, config, dtype, limits):
 
 PARAMS = (
     Param("BACKEND", BACKENDS, "triton: this kernel; sdpa: PyTorch SDPA as it dispatches; sdpa_cudnn: "
-          "SDPA's cuDNN backend; gluon_pingpong: the Gluon ping-pong kernel for Hopper (sm_90, d=128, "
-          "no spans; BLOCK_N and num_stages its tunables)", missing="triton"),
+          "SDPA's cuDNN backend; gluon_pingpong: the Gluon ping-pong kernel for Hopper (sm_90, d=128; "
+          "BLOCK_N and num_stages its tunables)", missing="triton"),
     Param("BLOCK_M", (16, 32, 64, 128), "query rows per program"),
     Param("BLOCK_N", (16, 32, 64, 128), "keys per inner-loop tile"),
     Param("num_warps", (4, 8), "warps per program"),
@@ -1018,8 +1013,8 @@ PARAMS = (
 
 CONSTRAINTS = (
     Constraint("backend_parks_the_rest", _check_backend,
-               "an SDPA backend parks the kernel's parameters (one config per backend), the Gluon one fixes all "
-               "but BLOCK_N and num_stages; no spans"),
+               "an SDPA backend parks the kernel's parameters (one config per backend) and takes no spans, the "
+               "Gluon one fixes all but BLOCK_N and num_stages"),
     Constraint("gluon_needs_sm90", _gluon_only(_check_gluon_device), "the Gluon kernel is written for sm_90"),
     Constraint("gluon_16_bit", _gluon_only(_check_gluon_dtype), "the Gluon kernel takes fp16 or bf16"),
     Constraint("gluon_head_dim_128", _gluon_only(_check_gluon_head_dim), "the Gluon kernel is written for d=128"),
@@ -1201,8 +1196,8 @@ def adapt_config(tuned: AttentionProblem, problem: AttentionProblem, config: Con
     rows chose it, 7 of 8 at 640–765 rows kept 64×64); carried down to 3,000 rows it took 1.073x the
     64×64 tile's time on the held-out set (round 28 D: b1 h16/2 with 2 spans, lent from 8,510 rows).
     Anything else is carried as tuned — a gluon_pingpong config too: where it does not fit the
-    problem (spans, another head dim, dtype or device) its constraints refuse it, as the runtime
-    checks every carried config."""
+    problem (another head dim, dtype or device) its constraints refuse it, as the runtime checks
+    every carried config."""
     long_tile = str(config.get("BACKEND", "triton")) == "triton" and _has_tile(config, _LONG_PREFILL_TILE)
     if long_tile and _long_causal_prefill(tuned) and problem.causal and not _long_causal_prefill(problem):
         return config.replace(**_PLAIN_TILE)

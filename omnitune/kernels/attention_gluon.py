@@ -10,7 +10,9 @@ tensors it can take, and the op runs a refused call with its own Triton kernel.
 
 Problem: q [b, h, Lq, 128], k/v [b, hkv, Lk, 128] (GQA: h % hkv == 0), any lengths ≥ 1, bf16 or
 fp16, causal (bottom-right aligned, as the Triton kernel: query i sees keys < i + 1 + Lk − Lq) or
-not, any positive softmax scale, o [b, h, Lq, 128]. Q/O are [b·h·Lq, 128] and K/V [b·hkv·Lk, 128]
+not, or causal with image spans (a row inside a span [s, e) also sees up to e: still a prefix of
+the keys per row, read from the span tensor in the kernel as the Triton kernel does), any
+positive softmax scale, o [b, h, Lq, 128]. Q/O are [b·h·Lq, 128] and K/V [b·hkv·Lk, 128]
 2-D views under host TMA descriptors; a program finds its rows at (batch·h + head)·Lq and its kv
 head's at (batch·hkv + head // (h / hkv))·Lk. Tails: a key tile past Lk reads the next head's rows
 (or, past the tensor's end, TMA's zeros) and masks them out of the softmax (their P is 0, so the
@@ -121,12 +123,39 @@ def _tile_coords(LQ, LK, H, HKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, C
 
 
 @gluon.jit
-def _key_ends(q_rows, LQ, LK, CAUSAL: gl.constexpr):
-    """Per query row, the end of the keys it sees: i + 1 + LK − LQ clamped to [0, LK] under the
-    (bottom-right) causal mask, else LK."""
-    if CAUSAL:
-        return gl.minimum(gl.maximum(q_rows + 1 + LK - LQ, 0), LK)
-    return gl.zeros_like(q_rows) + LK
+def _key_ends(q_rows, LQ, LK, span_row, stride_ss, stride_se, NUM_SPANS, MASK: gl.constexpr):
+    """Per query row, the end of the keys it sees (every mask here shows a row a prefix of the
+    keys): MASK 0, LK; 1 (causal, bottom-right), i + 1 + LK − LQ clamped to [0, LK]; 2 (image
+    spans), that or, for a row whose key position lies inside a span [start, end) of its
+    sequence, end clamped to LK — the Triton kernel's MASK_MODE 2, the spans read here so that a
+    call needs no host work. span_row: the sequence's spans [NUM_SPANS, 2]."""
+    if MASK == 0:
+        return gl.zeros_like(q_rows) + LK
+    ends = gl.minimum(gl.maximum(q_rows + 1 + LK - LQ, 0), LK)
+    if MASK == 2:
+        key_pos = q_rows + LK - LQ
+        for i in range(NUM_SPANS):
+            start = gl.load(span_row + i * stride_ss)
+            end = gl.minimum(gl.load(span_row + i * stride_ss + stride_se), LK)
+            # in [0, LK] whatever the spans hold (int64 ones compare as loaded): 32 bits as the rest
+            seen = gl.where((key_pos >= start) & (key_pos < end), gl.maximum(end, 0), 0)
+            ends = gl.maximum(ends, seen.to(gl.int32))
+    return ends
+
+
+@gluon.jit
+def _span_tiles(off_m, LQ, LK, span_row, stride_ss, stride_se, NUM_SPANS, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr):
+    """(n_tiles, n_full) of a block of rows under image spans: the tiles up to its rows' largest
+    key end (at least one), and those below the smallest (rows past LQ left out), as the Triton
+    kernel bounds its key loop (a span can reach past the causal diagonal)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    rows = off_m + gl.arange(0, BLOCK_M, layout=layout)
+    ends = _key_ends(rows, LQ, LK, span_row, stride_ss, stride_se, NUM_SPANS, 2)
+    valid = rows < LQ
+    n_tiles = gl.maximum(gl.cdiv(gl.max(gl.where(valid, ends, 0), 0), BLOCK_N), 1)
+    n_full = gl.min(gl.where(valid, ends, LK), 0) // BLOCK_N
+    return n_tiles, n_full
 
 
 @gluon.jit
@@ -186,8 +215,8 @@ def _pingpong_step(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, tur
 
 @gluon.jit
 def _pingpong_consumer(o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                       q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK,
-                       ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                       q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK, span_row, stride_ss, stride_se, NUM_SPANS,
+                       ME: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr):
     """Consumer ME (a worker partition of 4 warps): query rows off_m + 64·ME .. + 63. Both
     consumers walk the same tiles (the CTA's; consumer 0 may mask one tile wholly), so they take
     the same number of turns: turn j of consumer ME waits on turn[ME] for parity j & 1."""
@@ -201,15 +230,15 @@ def _pingpong_consumer(o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q = q_smem.index(ME)
     q_rows = off_m + ME * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, s_layout))
-    key_ends = _key_ends(q_rows, LQ, LK, CAUSAL)
+    key_ends = _key_ends(q_rows, LQ, LK, span_row, stride_ss, stride_se, NUM_SPANS, MASK)
     s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
     m_i = gl.full([HALF], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([HALF], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
     mbarrier.wait(q_bar, 0)
 
-    # turn 0: tile 0's S, always masked (harmless where every row sees it whole; a key tail or the
-    # causal diagonal may fall in it); its P·V is issued by the first step (or the tail)
+    # turn 0: tile 0's S, always masked (harmless where every row sees it whole; a key tail, the
+    # causal diagonal or a span's end may fall in it); its P·V is issued by the first step (or the tail)
     mbarrier.wait(turn.index(ME), 0)
     mbarrier.wait(k_ready.index(0), 0)
     s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -252,16 +281,21 @@ def _pingpong_consumer(o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_
 
 
 @gluon.jit
-def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, o_ptr, LQ, LK, H, HKV, qk_scale,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, o_ptr, spans, stride_sb, stride_ss, stride_se, NUM_SPANS,
+                       LQ, LK, H, HKV, qk_scale,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr):
     """A 128-row output tile per program over 12 warps: a producer (the default partition, 4
     warps) and two consumers of 4 warps and 64 rows each that take turns on the tensor cores.
-    Q/O descriptors are 64-row blocks (a consumer's half); launch with num_warps=4."""
+    Q/O descriptors are 64-row blocks (a consumer's half); launch with num_warps=4. MASK: 0 none,
+    1 causal, 2 causal with image spans [b, NUM_SPANS, 2] (spans: a placeholder otherwise)."""
     HALF: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(HALF == 64, "each consumer owns 64 query rows")
-    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(LQ, LK, H, HKV, 2 * HALF, BLOCK_N, CAUSAL)
+    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(LQ, LK, H, HKV, 2 * HALF, BLOCK_N, MASK != 0)
+    span_row = spans + (gl.program_id(0) // H).to(gl.int64) * stride_sb
+    if MASK == 2:
+        n_tiles, n_full = _span_tiles(off_m, LQ, LK, span_row, stride_ss, stride_se, NUM_SPANS, 2 * HALF, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
@@ -287,9 +321,11 @@ def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, o_ptr, LQ, LK, H, HKV, qk
         (_pingpong_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                               v_empty, turn, q_row, kv_row, n_tiles, BLOCK_N, STAGES)),
         (_pingpong_consumer, (o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                              turn, q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK, 0, BLOCK_N, STAGES, CAUSAL)),
+                              turn, q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK, span_row, stride_ss, stride_se,
+                              NUM_SPANS, 0, BLOCK_N, STAGES, MASK)),
         (_pingpong_consumer, (o_desc, o_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                              turn, q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK, 1, BLOCK_N, STAGES, CAUSAL)),
+                              turn, q_row, off_m, n_tiles, n_full, qk_scale, LQ, LK, span_row, stride_ss, stride_se,
+                              NUM_SPANS, 1, BLOCK_N, STAGES, MASK)),
     ], [4, 4], [232, 232])
 
 
@@ -332,9 +368,14 @@ def _tma_ready(t: torch.Tensor) -> bool:
     return t.is_contiguous() and t.data_ptr() % 16 == 0
 
 
-def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, sm_scale: float) -> str | None:
+def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, sm_scale: float,
+            spans: torch.Tensor | None = None) -> str | None:
     """Why this call cannot run on the kernel (one line), or None: what the attention op checks
-    per call before it launches, falling back to its Triton kernel on a reason."""
+    per call before it launches, falling back to its Triton kernel on a reason. spans: the op's
+    span tensor [b, S, 2] (int32 or int64, on q's device), its values unchecked as there."""
+    if spans is not None and (spans.dim() != 3 or spans.shape[0] != q.shape[0] or spans.shape[2] != 2
+                              or spans.dtype not in (torch.int32, torch.int64) or spans.device != q.device):
+        return f"spans must be an int32/int64 [b, S, 2] tensor on q's device, got {tuple(spans.shape)} {spans.dtype}"
     why = shape_refusal(q, k, v)
     if why is not None:
         return why
@@ -367,47 +408,59 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, [t.numel() // d, d], [d, 1], [rows, d], _shared_layout(rows, d, t.dtype))
 
 
-def _launch_parts(q, k, v, out, sm_scale: float, block_n: int) -> tuple[tuple, tuple]:
+def _launch_parts(q, k, v, out, sm_scale: float, block_n: int, spans) -> tuple[tuple, tuple]:
     """(grid, runtime arguments) of one launch: Q/O under descriptors of 64-row halves (one per
-    consumer), K/V of block_n-row tiles, out also as a pointer (a tail half's masked store)."""
+    consumer), K/V of block_n-row tiles, out also as a pointer (a tail half's masked store), then
+    the spans and their strides (out and zeros where there are none: never read)."""
     b, h, lq, _ = q.shape
     descs = (descriptor(q, HALF_ROWS), descriptor(k, block_n), descriptor(v, block_n), descriptor(out, HALF_ROWS))
-    return (b * h, triton.cdiv(lq, TILE_ROWS), 1), (*descs, out, lq, k.shape[2], h, k.shape[1], sm_scale * LOG2E)
+    span_args = (out, 0, 0, 0, 0) if spans is None else (spans, *spans.stride(), spans.shape[1])
+    return (b * h, triton.cdiv(lq, TILE_ROWS), 1), (*descs, out, *span_args, lq, k.shape[2], h, k.shape[1],
+                                                    sm_scale * LOG2E)
 
 
-def _constexprs(block_n: int, stages: int, causal: bool) -> dict:
-    return dict(BLOCK_N=block_n, STAGES=stages, CAUSAL=bool(causal), num_warps=LAUNCH_WARPS)
+def _mask(causal: bool, spans) -> int:
+    return 2 if spans is not None else int(bool(causal))
 
 
-def pingpong_launch_args(q, k, v, out, causal: bool, sm_scale: float, block_n: int, stages: int):
+def _constexprs(block_n: int, stages: int, mask: int) -> dict:
+    return dict(BLOCK_N=block_n, STAGES=stages, MASK=mask, num_warps=LAUNCH_WARPS)
+
+
+def pingpong_launch_args(q, k, v, out, causal: bool, sm_scale: float, block_n: int, stages: int, spans=None):
     """(kernel, grid, positional args, keyword args) of one launch, nothing checked: q/k/v/out
     contiguous. The probe launches and compiles from these (offline too)."""
-    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n)
-    return _attn_fwd_pingpong, grid, args, _constexprs(block_n, stages, causal)
+    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
+    return _attn_fwd_pingpong, grid, args, _constexprs(block_n, stages, _mask(causal, spans))
 
 
 # Launched as the Triton kernels are (omnitune/kernels/_launch.py): the JIT's launch path re-binds
 # and re-specialises every argument on every call, most of a call's host time; the first call of
 # each (tile, stages, mask, argument kinds and shapes) takes it, later ones call the C launcher.
 _PINGPONG = DirectLauncher(_attn_fwd_pingpong)
-_OBJECTS = 5  # the four descriptors and out, ahead of the plain arguments
+_OBJECTS = 6  # the four descriptors, out and the spans, ahead of the plain arguments
 
 
 @functools.cache
-def _bound(block_n: int, stages: int, causal: bool) -> BoundLauncher:
-    return _PINGPONG.bind(_constexprs(block_n, stages, causal), _OBJECTS)
+def _bound(block_n: int, stages: int, mask: int) -> BoundLauncher:
+    return _PINGPONG.bind(_constexprs(block_n, stages, mask), _OBJECTS)
 
 
 def launch_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
-                    sm_scale: float, block_n: int, stages: int) -> None:
+                    sm_scale: float, block_n: int, stages: int, spans: torch.Tensor | None = None) -> None:
     """softmax(q·kᵀ·sm_scale, causal (bottom-right) or not)·v written into `out` [b, h, Lq, 128]
-    (q's shape and dtype, contiguous). PingpongRefused, before any GPU work, for a call `refusal`
-    turns down or a tile the kernel is not written for (block_n 64 or 128, at least 2 stages;
-    whether the stages fit in shared memory is the attention spec's constraint)."""
-    why = refusal(q, k, v, out, sm_scale)
+    (q's shape and dtype, contiguous); spans [b, S, 2]: image spans on top of the causal mask (as
+    the op's mm_spans; causal must be set). PingpongRefused, before any GPU work, for a call
+    `refusal` turns down or a tile the kernel is not written for (block_n 64 or 128, at least 2
+    stages; whether the stages fit in shared memory is the attention spec's constraint)."""
+    if spans is not None and spans.shape[1] == 0:
+        spans = None  # no span: the plain causal mask
+    if spans is not None and not causal:
+        raise PingpongRefused("gluon_pingpong: image spans only change a causal mask")
+    why = refusal(q, k, v, out, sm_scale, spans)
     if why is None and (block_n not in KEY_TILES or stages < MIN_STAGES):
         why = f"block_n must be one of {KEY_TILES} and stages at least {MIN_STAGES}; got {block_n}, {stages}"
     if why is not None:
         raise PingpongRefused(f"gluon_pingpong: {why}")
-    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n)
-    _bound(block_n, stages, bool(causal))(grid, args)
+    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
+    _bound(block_n, stages, _mask(causal, spans))(grid, args)
