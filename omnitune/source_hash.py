@@ -19,8 +19,9 @@ omnitune.provenance.provenance_hash translates and `omnitune verify` still accep
 exported before.
 
 A kernel may run code of other modules that its own must not import (KernelSpec's
-`extra_source_modules`: a Gluon kernel, say, whose module imports Gluon and is imported only at its
-first launch). Those are read as text from their files, never imported, and their code, without
+`extra_source_modules`: attention's Gluon kernel, whose module imports Gluon and is imported only
+at its first launch; KernelSpec.source_matches accepts the hash without them for configs that do
+not run them). Those are read as text from their files, never imported, and their code, without
 comments, docstrings and blank lines, joins the hash: the whole of it, launcher included, since
 a module that is not Triton's has no jit functions to pick out (a Gluon kernel's launcher builds
 the descriptors and layouts its configs were measured with).

@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,6 +323,12 @@ class KernelSpec:
     (attention's Gluon kernel, whose module imports Gluon, and the facts it is written for): the
     source hash covers their code too, read from their files (omnitune.source_hash), so that an
     edit to them marks the kernel's tables as tuned on other code."""
+    runs_extra_sources: Callable[[Config], bool] | None = None
+    """Which configs run the extra_source_modules' code (attention: BACKEND=gluon_pingpong); None:
+    every config. A table (or entry) none of whose configs runs it is good for the kernel's own
+    code alone, and source_matches accepts the hash without the extra modules for it: an edit to
+    the Gluon kernel stales the tables that hold Gluon configs, not the Triton-only ones, nor
+    those exported before the spec named the modules."""
     module: str = ""
 
     # --- config space -----------------------------------------------------------------------
@@ -521,10 +527,19 @@ class KernelSpec:
             return "unknown"
         return kernel_source_hash(mod, self.extra_source_modules)
 
-    def source_matches(self, recorded: str | None) -> str | None:
+    def source_matches(self, recorded: str | None, configs: Iterable[Config] | None = None) -> str | None:
         """Which hash of the kernel's current source a table's `recorded` one is: "jit" (today's
-        source_hash), "module" (the whole-module hash of an older export), or None (neither)."""
-        return source_matches(sys.modules.get(self.module), recorded, self.extra_source_modules)
+        source_hash), "module" (the whole-module hash of an older export), or None (neither).
+        configs: the configs the recorded hash speaks for (a table's, or one entry's): where none
+        of them runs the extra modules' code (runs_extra_sources), the hash without it matches
+        too ("jit")."""
+        module = sys.modules.get(self.module)
+        matched = source_matches(module, recorded, self.extra_source_modules)
+        if (matched is None and configs is not None and self.extra_source_modules
+                and self.runs_extra_sources is not None
+                and not any(self.runs_extra_sources(c) for c in configs)):
+            matched = source_matches(module, recorded)
+        return matched
 
 
 OPTIONAL_IN_KEY = "omnitune.optional_in_key"

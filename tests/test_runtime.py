@@ -140,6 +140,27 @@ def test_entries_kept_from_older_source_in_a_current_table_are_served_with_one_i
     assert len(infos) == 1 and infos[0].startswith("1 of the 2 entries of") and "older attention source" in infos[0]
 
 
+@pytest.mark.parametrize("with_gluon", [False, True], ids=["triton_only", "with_gluon"])
+def test_a_table_recorded_before_the_hash_covered_the_gluon_kernel_is_noted_only_with_gluon_configs(
+        config_dir, warnings_seen, caplog, with_gluon):
+    # The attention module's own hash, as tables recorded it before the spec named the Gluon
+    # kernel's modules: today's for Triton configs (no line), not for a table holding a Gluon one.
+    import omnitune.kernels.attention as attention_module
+    from omnitune.source_hash import kernel_source_hash
+
+    caplog.set_level(logging.INFO, logger="omnitune.runtime")
+    gluon = {"BACKEND": "gluon_pingpong", "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
+             "PACK_GQA": False, "USE_TMA": False}
+    shorter = dataclasses.replace(PREFILL, lq=256, lk=256)
+    entries = [_entry(PREFILL, TUNED), _entry(shorter, gluon if with_gluon else OTHER)]
+    _write(config_dir, _document(entries, kernel_source_hash=kernel_source_hash(attention_module)))
+    assert runtime.lookup("attention", PREFILL, torch.float16, GPU).config == TUNED
+    assert warnings_seen() == []
+    infos = [r.getMessage() for r in caplog.records if r.name == "omnitune.runtime" and r.levelno == logging.INFO]
+    assert len(infos) == int(with_gluon), infos
+    assert all("omnitune verify --fix" in line for line in infos)
+
+
 def test_an_entry_verify_replaced_by_its_fallback_is_served_and_explained_as_such(config_dir, warnings_seen):
     # omnitune verify --fix leaves `verify_fix` where the tuned config was slower than its fallback:
     # the lookup serves the entry's (fallback) config, the explanation says it is not the tuned one.

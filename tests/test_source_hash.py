@@ -4,7 +4,6 @@ export translates the whole-module hashes of older searches."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import sys
 import textwrap
@@ -121,7 +120,7 @@ def test_the_specs_hash_is_the_jit_hash_and_older_module_hashes_are_translated()
     from omnitune.kernels import attention
 
     spec = attention.SPEC
-    today = kernel_source_hash(attention)
+    today = kernel_source_hash(attention, spec.extra_source_modules)
     assert spec.source_hash() == today != module_source_hash(attention)
     assert source_matches(attention, spec.source_hash(), spec.extra_source_modules) == "jit"
     assert spec.source_matches(spec.source_hash()) == "jit"
@@ -135,47 +134,61 @@ def test_the_specs_hash_is_the_jit_hash_and_older_module_hashes_are_translated()
     assert provenance_hash("attention", None) is None
 
 
-# --- a kernel's extra source modules (here: attention's spec naming its Gluon kernel's) ------------
+# --- a kernel's extra source modules: attention's Gluon kernel --------------------------------------
 
 GLUON_MODULES = ("omnitune.kernels.attention_gluon", "omnitune.kernels._gluon_target")
+TRITON = {"BACKEND": "triton", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PACK_GQA": False,
+          "USE_TMA": True}
+GLUON = {"BACKEND": "gluon_pingpong", "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2,
+         "PACK_GQA": False, "USE_TMA": False}
 
 
 @pytest.fixture
-def gluon_spec(tmp_path, monkeypatch):
-    """The attention spec with the Gluon kernel's modules as extra source modules, read from
-    copies in tmp_path: (spec, name → copy). The shipped spec names none (docs/ops.md: the hash
-    is one per kernel, and the Gluon kernel's edits would stale every Triton-only table)."""
+def gluon_copies(tmp_path, monkeypatch):
+    """The attention spec's extra source modules read from copies in tmp_path (name → copy)."""
     from omnitune.kernels import attention
 
-    assert attention.SPEC.extra_source_modules == ()
+    assert attention.SPEC.extra_source_modules == GLUON_MODULES
     copies = {}
     for name in GLUON_MODULES:
         copies[name] = tmp_path / module_file(name).name
         copies[name].write_text(module_file(name).read_text(encoding="utf-8"), encoding="utf-8")
     monkeypatch.setattr("omnitune.source_hash.module_file", copies.__getitem__)
-    return dataclasses.replace(attention.SPEC, extra_source_modules=GLUON_MODULES), copies
+    return copies
 
 
-def test_the_hash_covers_the_extra_modules(gluon_spec):
+def test_the_attention_hash_covers_the_gluon_kernel_and_its_facts():
     from omnitune.kernels import attention
 
-    spec, _ = gluon_spec
     # more than the Triton kernel's jit functions, and the same read again
-    assert spec.source_hash() not in (kernel_source_hash(attention), UNKNOWN)
-    assert spec.source_hash() == spec.source_hash()
-    assert attention.SPEC.source_hash() == kernel_source_hash(attention)
+    assert attention.SPEC.source_hash() not in (kernel_source_hash(attention), UNKNOWN)
+    assert attention.SPEC.source_hash() == attention.SPEC.source_hash()
 
 
 @pytest.mark.parametrize("name", GLUON_MODULES)
-def test_an_edit_to_an_extra_modules_code_changes_the_hash(gluon_spec, name):
-    spec, copies = gluon_spec
-    today = spec.source_hash()
-    source = copies[name].read_text()
-    copies[name].write_text(source + "\nLATE_CONSTANT = 1\n")
+def test_an_edit_to_the_gluon_code_stales_the_tables_with_gluon_configs_only(gluon_copies, name):
+    from omnitune.kernels import attention
+
+    spec = attention.SPEC
+    today, own_code = spec.source_hash(), kernel_source_hash(attention)
+    gluon_copies[name].write_text(gluon_copies[name].read_text() + "\nLATE_CONSTANT = 1\n")
     edited = spec.source_hash()
     assert edited not in (today, UNKNOWN)
-    # a table tuned before the edit is then tuned on other code: verify's compat fails it
-    assert spec.source_matches(today) is None and spec.source_matches(edited) == "jit"
+    # a table holding a Gluon config, tuned before the edit, is then tuned on other code: verify's
+    # compat fails it; one of Triton configs alone is good for the kernel's own code, unchanged
+    assert spec.source_matches(today, [GLUON]) is None and spec.source_matches(edited, [GLUON]) == "jit"
+    assert spec.source_matches(today, [TRITON]) is None  # recorded with the old Gluon code in it
+    assert spec.source_matches(own_code, [TRITON]) == "jit"
+
+
+def test_a_table_without_gluon_configs_matches_the_kernels_own_code():
+    from omnitune.kernels import attention
+
+    spec, own_code = attention.SPEC, kernel_source_hash(attention)
+    assert spec.source_matches(own_code, [TRITON, {"BACKEND": "sdpa_cudnn"}]) == "jit"
+    assert spec.source_matches(own_code, [TRITON, GLUON]) is None  # a Gluon config ran other code too
+    assert spec.source_matches(own_code) is None  # configs not known: only today's whole hash
+    assert spec.source_matches(spec.source_hash(), [TRITON, GLUON]) == "jit"
 
 
 @pytest.mark.parametrize("edit", [
@@ -183,17 +196,19 @@ def test_an_edit_to_an_extra_modules_code_changes_the_hash(gluon_spec, name):
     lambda source: source + "\n# a closing comment\n\n",
 ])
 @pytest.mark.parametrize("name", GLUON_MODULES)
-def test_comments_and_docstrings_of_an_extra_module_keep_the_hash(gluon_spec, name, edit):
-    spec, copies = gluon_spec
-    today = spec.source_hash()
-    copies[name].write_text(edit(copies[name].read_text()))
-    assert spec.source_hash() == today
+def test_comments_and_docstrings_of_the_gluon_code_keep_the_attention_hash(gluon_copies, name, edit):
+    from omnitune.kernels import attention
+
+    today = attention.SPEC.source_hash()
+    gluon_copies[name].write_text(edit(gluon_copies[name].read_text()))
+    assert attention.SPEC.source_hash() == today
 
 
-def test_an_extra_module_that_cannot_be_read_makes_the_hash_unknown(gluon_spec):
-    spec, copies = gluon_spec
-    copies[GLUON_MODULES[0]].unlink()
-    assert spec.source_hash() == UNKNOWN
+def test_an_extra_module_that_cannot_be_read_makes_the_hash_unknown(gluon_copies):
+    from omnitune.kernels import attention
+
+    gluon_copies[GLUON_MODULES[0]].unlink()
+    assert attention.SPEC.source_hash() == UNKNOWN
 
 
 def test_an_extra_module_that_does_not_exist_makes_the_hash_unknown():

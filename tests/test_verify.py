@@ -436,6 +436,29 @@ def test_a_gluon_entry_is_not_checkable_under_the_interpreter_and_the_others_sti
 
 
 @cpu_only
+@pytest.mark.parametrize("with_gluon", [False, True], ids=["triton_only", "with_gluon"])
+def test_a_table_recorded_before_the_hash_covered_the_gluon_kernel_is_stale_only_with_gluon_configs(tmp_path,
+                                                                                                   with_gluon):
+    # the hash of the attention module's own code, as tables recorded it before the spec named the
+    # Gluon kernel's modules: still today's for the Triton entries, not for a Gluon one
+    import omnitune.kernels.attention as attention_module
+    from omnitune.source_hash import kernel_source_hash
+
+    tables = gluon_and_triton_table(tmp_path) if with_gluon else attention_table(tmp_path)
+    path = next(tables.glob("attention/*.json"))
+    doc = json.loads(path.read_text())
+    assert doc["kernel_source_hash"] == SPEC.source_hash()  # export records the whole hash
+    doc["kernel_source_hash"] = kernel_source_hash(attention_module)
+    path.write_text(json.dumps(doc))
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True)).as_record()
+    (table_check,) = checks(report, "compat")
+    if with_gluon:
+        assert table_check["status"] == "fail" and "kernel source changed" in table_check["summary"]
+    else:
+        assert table_check["status"] == "pass", table_check
+
+
+@cpu_only
 def test_a_gluon_entry_breaking_a_constraint_still_fails_under_the_interpreter(tmp_path):
     # fp32: the Gluon kernel takes 16-bit operands (gluon_16_bit), on any GPU
     tables = gluon_and_triton_table(tmp_path, gluon_dtype="fp32")

@@ -968,6 +968,16 @@ def interpret_refusal(config: Config) -> str | None:
     return None
 
 
+# The Gluon kernel's module (which imports Gluon, so the spec never imports it) and the facts it is
+# written for: code its configs run, so the source hash covers it, read from the files. Only the
+# tables holding Gluon configs go stale at an edit to it (KernelSpec.runs_extra_sources).
+GLUON_SOURCE_MODULES = ("omnitune.kernels.attention_gluon", "omnitune.kernels._gluon_target")
+
+
+def runs_gluon(config: Config) -> bool:
+    return config.get("BACKEND", "triton") == GLUON_PINGPONG
+
+
 
 
 def _check_accumulator(problem, config, dtype, limits):
@@ -1351,6 +1361,8 @@ SPEC = KernelSpec(
     ),
     baselines=_sdpa_baselines,
     interpret_refusal=interpret_refusal,
+    extra_source_modules=GLUON_SOURCE_MODULES,
+    runs_extra_sources=runs_gluon,
     module=__name__,
 )
 

@@ -138,7 +138,7 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
             checks.append(Check(PART, entry.key, Status.WARN, f"soft: {stale.text()} for this entry", table.kernel,
                                 {**details, "hard": [], "soft": [stale.as_record()]}))
             continue
-        if table.spec is not None and table.spec.source_matches(recorded) is not None:
+        if table.spec is not None and table.spec.source_matches(recorded, [entry.config]) is not None:
             continue
         stale = Difference("kernel_source_hash", recorded, here, "kernel source changed since this entry was measured")
         revalidation = _revalidation(table, device, [stale, *device_hard], skipped, entry_count=False, twin=twin)
@@ -247,7 +247,8 @@ def _compare_source(table: TableFile, recorded: Any, hard: list, soft: list, not
         soft.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
                                "not recorded"))
         return
-    matched = table.spec.source_matches(recorded) if table.spec is not None else None
+    configs = [entry.config for entry in table.entries]
+    matched = table.spec.source_matches(recorded, configs) if table.spec is not None else None
     if matched is None:
         hard.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
                                "kernel source changed since the measurement"))
