@@ -89,19 +89,6 @@ def module_source_hash(module: Any) -> str:
         return UNKNOWN
 
 
-def source_matches(module: Any, recorded: str | None, extra_modules: Sequence[str] = ()) -> str | None:
-    """Which hash of the module's current source equals `recorded`: "jit" (the hash above, with
-    `extra_modules` joined in), "module" (the older whole-module hash, recorded before the kernels
-    had extra modules), or None when neither does."""
-    if not recorded or recorded == UNKNOWN or module is None:
-        return None
-    if recorded == kernel_source_hash(module, extra_modules):
-        return "jit"
-    if recorded == module_source_hash(module):
-        return "module"
-    return None
-
-
 def jit_functions(module: Any) -> dict[str, Any]:
     """The jit functions the module defines and every jit function they call, transitively,
     keyed by "<module>.<qualname>"."""

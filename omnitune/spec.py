@@ -23,7 +23,7 @@ import torch
 
 from omnitune.coerce import as_bool, as_float, as_int, as_str, describe
 from omnitune.errors import ConfigError, ShapeError
-from omnitune.source_hash import kernel_source_hash, source_matches
+from omnitune.source_hash import UNKNOWN, kernel_source_hash, module_source_hash
 # The tensor helpers kernel modules use, kept importable from here where they have always been.
 from omnitune.tensors import element_bytes, poisoned, relative_error, require_runnable_device  # noqa: F401
 
@@ -528,18 +528,47 @@ class KernelSpec:
         return kernel_source_hash(mod, self.extra_source_modules)
 
     def source_matches(self, recorded: str | None, configs: Iterable[Config] | None = None) -> str | None:
-        """Which hash of the kernel's current source a table's `recorded` one is: "jit" (today's
-        source_hash), "module" (the whole-module hash of an older export), or None (neither).
-        configs: the configs the recorded hash speaks for (a table's, or one entry's): where none
-        of them runs the extra modules' code (runs_extra_sources), the hash without it matches
-        too ("jit")."""
+        """Which hash of the kernel's current source a table's `recorded` one is: "jit" (today's:
+        SourceCheck.is_current), "module" (the whole-module hash of an older export), or None."""
+        if self.source_check().is_current(recorded, configs):
+            return "jit"
         module = sys.modules.get(self.module)
-        matched = source_matches(module, recorded, self.extra_source_modules)
-        if (matched is None and configs is not None and self.extra_source_modules
-                and self.runs_extra_sources is not None
-                and not any(self.runs_extra_sources(c) for c in configs)):
-            matched = source_matches(module, recorded)
-        return matched
+        if module is not None and recorded not in (None, "", UNKNOWN) and recorded == module_source_hash(module):
+            return "module"
+        return None
+
+    def source_check(self) -> SourceCheck:
+        """Today's source hashes, each computed once (reading and parsing the kernel's source
+        takes tens of ms): for a caller that asks of many entries."""
+        return SourceCheck(self, self.source_hash())
+
+
+@dataclass
+class SourceCheck:
+    """Whether recorded source hashes are today's, for one kernel: `today` is its source_hash;
+    the hash of the kernel's own code alone, which a table (or entry) none of whose configs runs
+    the extra modules' code may hold (KernelSpec.runs_extra_sources), is computed on first need."""
+
+    spec: KernelSpec
+    today: str
+    _own_code: str | None = None
+
+    def is_current(self, recorded: str | None, configs: Iterable[Config] | None = None) -> bool:
+        """Whether `recorded` is today's hash of the code that `configs` — the configs it speaks
+        for, a table's or one entry's — run: today's whole hash, or, where none of them runs the
+        extra modules' code, the kernel's own code's. configs None: not known, the whole one only."""
+        if recorded in (None, "", UNKNOWN):
+            return False
+        if recorded == self.today:
+            return True
+        spec = self.spec
+        if (configs is None or not spec.extra_source_modules or spec.runs_extra_sources is None
+                or any(spec.runs_extra_sources(c) for c in configs)):
+            return False
+        if self._own_code is None:
+            module = sys.modules.get(spec.module)
+            self._own_code = UNKNOWN if module is None else kernel_source_hash(module)
+        return recorded == self._own_code
 
 
 OPTIONAL_IN_KEY = "omnitune.optional_in_key"

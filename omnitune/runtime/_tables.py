@@ -285,10 +285,11 @@ def _note_source_hash(doc: dict, spec: KernelSpec, path: Path) -> None:
     # only perhaps no longer the fastest, so they are used and the difference is logged. Entries
     # that a partial `omnitune verify --fix` revalidated are served the same way as the others.
     recorded = doc.get("kernel_source_hash")
-    current = spec.source_hash()
+    check = spec.source_check()
+    current = check.today
     raws = [raw for raw in doc["entries"].values() if isinstance(raw, dict)]
-    if (isinstance(recorded, str) and recorded and current != "unknown" and recorded != current
-            and not _good_for(spec, recorded, raws)):
+    if (isinstance(recorded, str) and recorded and current != "unknown"
+            and not check.is_current(recorded, _configs(raws))):
         logger.info(
             "%s was tuned on %s source %s; the source is now %s (configs used; `omnitune verify --fix` on "
             "this GPU revalidates them, or re-tune to refresh them)",
@@ -297,9 +298,8 @@ def _note_source_hash(doc: dict, spec: KernelSpec, path: Path) -> None:
         return
     # A current file can still keep entries from older source (export merging into it): each
     # carries its own hash, and the same soft mismatch is logged once for them.
-    older = sum(1 for raw in raws
-                if isinstance(h := raw.get("kernel_source_hash"), str) and h and h != current
-                and not _good_for(spec, h, [raw]))
+    older = sum(1 for raw in raws if isinstance(h := raw.get("kernel_source_hash"), str) and h
+                and not check.is_current(h, _configs([raw])))
     if older and current != "unknown":
         logger.info(
             "%d of the %d entries of %s were tuned on older %s source (configs used; `omnitune verify --fix` "
@@ -308,8 +308,7 @@ def _note_source_hash(doc: dict, spec: KernelSpec, path: Path) -> None:
         )
 
 
-def _good_for(spec: KernelSpec, recorded: str, raws: list) -> bool:
-    """Whether `recorded` is today's hash of the code these entries' configs run (a table without
-    Gluon configs, exported before the attention hash covered the Gluon kernel, say)."""
-    configs = [raw["config"] for raw in raws if isinstance(raw.get("config"), dict)]
-    return spec.source_matches(recorded, configs) == "jit"
+def _configs(raws: list) -> list:
+    """The entries' configs as the table holds them, for SourceCheck.is_current (which configs run
+    a spec's extra source modules)."""
+    return [raw["config"] for raw in raws if isinstance(raw.get("config"), dict)]
