@@ -878,10 +878,15 @@ def _triton_only(check):
     return checked
 
 
+def runs_gluon(config: Config) -> bool:
+    """Whether a config runs the Gluon ping-pong kernel."""
+    return config.get("BACKEND", "triton") == GLUON_PINGPONG
+
+
 def _gluon_only(check):
     """A constraint of the Gluon ping-pong kernel's."""
     def checked(problem, config, dtype, limits):
-        return check(problem, config, dtype, limits) if config.get("BACKEND", "triton") == GLUON_PINGPONG else None
+        return check(problem, config, dtype, limits) if runs_gluon(config) else None
     return checked
 
 
@@ -963,21 +968,13 @@ _check_gluon_shared_memory = _shared_memory_fits(
 def interpret_refusal(config: Config) -> str | None:
     """Why a config cannot run under Triton's CPU interpreter, or None: the interpreter runs
     @triton.jit functions, and the Gluon kernel's are Gluon's, written for an sm_90 GPU's wgmma."""
-    if config.get("BACKEND", "triton") == GLUON_PINGPONG:
-        return "Gluon kernel, needs an sm_90 GPU"
-    return None
+    return "Gluon kernel, needs an sm_90 GPU" if runs_gluon(config) else None
 
 
 # The Gluon kernel's module (which imports Gluon, so the spec never imports it) and the facts it is
 # written for: code its configs run, so the source hash covers it, read from the files. Only the
 # tables holding Gluon configs go stale at an edit to it (KernelSpec.runs_extra_sources).
 GLUON_SOURCE_MODULES = ("omnitune.kernels.attention_gluon", "omnitune.kernels._gluon_target")
-
-
-def runs_gluon(config: Config) -> bool:
-    return config.get("BACKEND", "triton") == GLUON_PINGPONG
-
-
 
 
 def _check_accumulator(problem, config, dtype, limits):

@@ -52,20 +52,27 @@ def run_shape(spec: KernelSpec, entry: Entry, interpret: bool) -> tuple[Any, tor
 def check_entry(table: TableFile, entry: Entry, *, interpret: bool, limits: DeviceLimits,
                 seed: int = VERIFY_SEED) -> NumericsOutcome:
     spec = table.spec
-    if interpret and spec.interpret_refusal is not None and (why := spec.interpret_refusal(entry.config)):
-        return NumericsOutcome(_not_checkable(table, entry, why, limits), None)
-    problem, dtype = run_shape(spec, entry, interpret)
+    why = spec.interpret_refusal(entry.config) if interpret and spec.interpret_refusal is not None else None
+    # A config the interpreter cannot run is judged on its own problem: its constraints, nothing
+    # launched (a config that breaks one fails on the GPU too).
+    problem, dtype = (entry.problem, entry.dtype) if why else run_shape(spec, entry, interpret)
     derived = problem != entry.problem or dtype != entry.dtype
     details: dict[str, Any] = {
         "table": str(table.path), "key": entry.key, "config": entry.config.as_dict(),
-        "problem": spec.problem_key(problem), "dtype": dtype_name(dtype), "derived": derived, "seed": seed,
-        "device": "cpu (interpreter)" if interpret else "cuda", "tolerance": spec.tolerance.get(dtype),
-        "recorded_rel_error": entry.raw.get("rel_error"),
+        "problem": spec.problem_key(problem), "dtype": dtype_name(dtype), "derived": derived,
+        "device": "cpu (interpreter)" if interpret else "cuda", "recorded_rel_error": entry.raw.get("rel_error"),
     }
+    if why:
+        details["not_checkable"] = why
+    else:
+        details.update(seed=seed, tolerance=spec.tolerance.get(dtype))
     broken = spec.violations(problem, entry.config, dtype, limits)
     if broken:
         name, reason = broken[0]
         return NumericsOutcome(_check(table, entry, Status.FAIL, f"config breaks constraint {name} here: {reason}",
+                                      details), None)
+    if why:
+        return NumericsOutcome(_check(table, entry, Status.NOT_CHECKABLE, f"{NOT_CHECKABLE_UNDER_INTERPRETER}: {why}",
                                       details), None)
     try:
         runner = Runner(spec, problem, dtype, interpret=interpret, settings=MeasureSettings(seed=seed),
@@ -85,22 +92,6 @@ def check_entry(table: TableFile, entry: Entry, *, interpret: bool, limits: Devi
     else:
         summary = f"{status.value}: {detail}"
     return NumericsOutcome(_check(table, entry, Status.FAIL, summary, details), None, runner.context_lost)
-
-
-def _not_checkable(table: TableFile, entry: Entry, why: str, limits: DeviceLimits) -> Check:
-    """An entry the interpreter cannot run: not checkable here, unless its config breaks one of the
-    kernel's constraints for its own problem, which fails it on the GPU too."""
-    spec = table.spec
-    details: dict[str, Any] = {
-        "table": str(table.path), "key": entry.key, "config": entry.config.as_dict(),
-        "problem": spec.problem_key(entry.problem), "dtype": dtype_name(entry.dtype), "derived": False,
-        "device": "cpu (interpreter)", "recorded_rel_error": entry.raw.get("rel_error"), "not_checkable": why,
-    }
-    broken = spec.violations(entry.problem, entry.config, entry.dtype, limits)
-    if broken:
-        name, reason = broken[0]
-        return _check(table, entry, Status.FAIL, f"config breaks constraint {name} here: {reason}", details)
-    return _check(table, entry, Status.NOT_CHECKABLE, f"{NOT_CHECKABLE_UNDER_INTERPRETER}: {why}", details)
 
 
 def _check(table: TableFile, entry: Entry, status: Status, summary: str, details: dict) -> Check:
