@@ -12,7 +12,10 @@ name the config the runtime picked.
 explicitly (BACKEND=gluon_pingpong, 128-key tiles, 2 stages: its measured winner; sm_90 only), and
 adds UNTUNED's shapes: lengths no table holds and no multiple of 128, and cross-attention with
 Lq ≠ Lk (not causal: SDPA's is_causal is top-left aligned, the op's bottom-right), and SPANS:
-causal prefill with image spans, beside SDPA over the dense mask they make.
+causal prefill with image spans, beside SDPA over the dense mask they make. Every --gluon case also
+times the Gluon config launched with its TMA descriptors built and encoded on every call, as the
+op did before it kept them (omnitune_gluon_descriptors_per_call): the same run's baseline for the
+host time the kept tensor maps save.
 """
 
 from __future__ import annotations
@@ -38,13 +41,41 @@ GLUON = {"omnitune_gluon": {"BACKEND": "gluon_pingpong", "BLOCK_M": 128, "BLOCK_
 
 def cases(device, gluon: bool = False) -> list:
     # Calls take 1–7 ms: 20 eager calls and 2 replays of a 10-call graph per round are enough.
-    return [lambda b=b, h=h, hkv=hkv, lq=lq, lk=lk, causal=causal: attention_case(
-                device, b=b, h=h, hkv=hkv, l=lq, lk=lk, causal=causal, calls=20, graph_replays=2,
-                configs=GLUON if gluon else None)
-            for b, h, hkv, lq, lk, causal in SHAPES + (UNTUNED if gluon else [])] + \
-        [lambda b=b, h=h, hkv=hkv, n=n, spans=spans: attention_case(
-            device, b=b, h=h, hkv=hkv, l=n, spans=spans, calls=20, graph_replays=2, configs=GLUON)
-         for b, h, hkv, n, spans in (SPANS if gluon else [])]
+    plain = [lambda b=b, h=h, hkv=hkv, lq=lq, lk=lk, causal=causal: attention_case(
+                 device, b=b, h=h, hkv=hkv, l=lq, lk=lk, causal=causal, calls=20, graph_replays=2,
+                 configs=GLUON if gluon else None)
+             for b, h, hkv, lq, lk, causal in SHAPES + (UNTUNED if gluon else [])]
+    spans = [lambda b=b, h=h, hkv=hkv, n=n, spans=spans: attention_case(
+                 device, b=b, h=h, hkv=hkv, l=n, spans=spans, calls=20, graph_replays=2, configs=GLUON)
+             for b, h, hkv, n, spans in (SPANS if gluon else [])]
+    return [with_descriptors_per_call(make) for make in plain + spans] if gluon else plain
+
+
+def with_descriptors_per_call(make):
+    """The case `make` builds, plus the op with the Gluon config launched as before
+    omnitune/kernels/_tma_launch.py — its four TMA descriptors built and encoded on every call —
+    as the same run's baseline for the kept tensor maps' host time."""
+    def made():
+        case = make()
+        case.impls["omnitune_gluon_descriptors_per_call"] = _descriptors_per_call(case.impls["omnitune_gluon"])
+        return case
+    return made
+
+
+def _descriptors_per_call(call):
+    from omnitune.kernels import attention_gluon as gluon
+
+    def every_call(block_n, stages, mask):
+        bound = gluon._bound(block_n, stages, mask)
+        return lambda grid, views, args: bound(grid, (*(gluon.descriptor(t, rows) for t, rows in views), *args))
+
+    def run():
+        kept, gluon._launcher = gluon._launcher, every_call
+        try:
+            return call()
+        finally:
+            gluon._launcher = kept
+    return run
 
 
 def main(argv=None) -> int:

@@ -399,6 +399,31 @@ def test_gpu_a_captured_call_replayed_on_new_values_gives_the_new_answer(launche
 
 
 @pytest.mark.gpu
+def test_gpu_calls_on_kept_tensor_maps_stay_right_as_tensors_come_and_go(launches, gluon_module):
+    # The op keeps each view's encoded tensor map by address and shape (omnitune/kernels/
+    # _tma_launch.py): tensors freed and drawn again (the allocator hands the same addresses
+    # back), new values written into the same tensors, and a shape in between must each be read
+    # afresh.
+    q = k = v = None
+    for step, L in enumerate((256, 256, 384, 256, 256)):
+        del q, k, v
+        inputs = _inputs(1, 4, 2, L, torch.bfloat16, 40 + step, True)
+        q, k, v = inputs.q, inputs.k, inputs.v
+        out = attn.attention(q, k, v, causal=True, config=WINNER)
+        torch.cuda.synchronize()
+        _check(out, inputs)
+        again = _inputs(1, 4, 2, L, torch.bfloat16, 80 + step, True)
+        for mine, theirs in ((q, again.q), (k, again.k), (v, again.v)):
+            mine.copy_(theirs)
+        out = attn.attention(q, k, v, causal=True, config=WINNER)
+        torch.cuda.synchronize()
+        _check(out, again)
+    assert launches == ["ran"] * 10
+    kept = gluon_module._launcher(WINNER["BLOCK_N"], WINNER["num_stages"], 1)._kernels
+    assert any(kernel is not None and kernel.maps for kernel in kept.values()), "no call took the kept maps"
+
+
+@pytest.mark.gpu
 def test_gpu_a_transposed_view_falls_back_to_the_triton_kernel_and_is_right(launches, caplog):
     inputs = _inputs(1, 4, 2, 256, torch.bfloat16, 13, True)
     q = inputs.q.transpose(1, 2).contiguous().transpose(1, 2)  # [b, h, L, d] strided as [b, L, h, d]

@@ -57,6 +57,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from omnitune.kernels._gluon_target import GLUON_FIXED, GLUON_HEAD_DIM, GLUON_TUNED, gluon_device_refusal
 from omnitune.kernels._host import LOG2E
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher
+from omnitune.kernels._tma_launch import TmaLaunch
 
 # What the kernel is written for, as the attention spec states it (omnitune/kernels/_gluon_target.py)
 HEAD_DIM = GLUON_HEAD_DIM
@@ -408,15 +409,16 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, [t.numel() // d, d], [d, 1], [rows, d], _shared_layout(rows, d, t.dtype))
 
 
-def _launch_parts(q, k, v, out, sm_scale: float, block_n: int, spans) -> tuple[tuple, tuple]:
-    """(grid, runtime arguments) of one launch: Q/O under descriptors of 64-row halves (one per
-    consumer), K/V of block_n-row tiles, out also as a pointer (a tail half's masked store), then
-    the spans and their strides (out and zeros where there are none: never read)."""
+def _launch_parts(q, k, v, out, sm_scale: float, block_n: int, spans) -> tuple[tuple, tuple, tuple]:
+    """(grid, views, the other runtime arguments) of one launch: the views are (tensor, box rows)
+    for the kernel's four descriptors — Q/O in 64-row halves (one per consumer), K/V in
+    block_n-row tiles — then out also as a pointer (a tail half's masked store), the spans and
+    their strides (out and zeros where there are none: never read) and the plain values."""
     b, h, lq, _ = q.shape
-    descs = (descriptor(q, HALF_ROWS), descriptor(k, block_n), descriptor(v, block_n), descriptor(out, HALF_ROWS))
+    views = ((q, HALF_ROWS), (k, block_n), (v, block_n), (out, HALF_ROWS))
     span_args = (out, 0, 0, 0, 0) if spans is None else (spans, *spans.stride(), spans.shape[1])
-    return (b * h, triton.cdiv(lq, TILE_ROWS), 1), (*descs, out, *span_args, lq, k.shape[2], h, k.shape[1],
-                                                    sm_scale * LOG2E)
+    return (b * h, triton.cdiv(lq, TILE_ROWS), 1), views, (out, *span_args, lq, k.shape[2], h, k.shape[1],
+                                                          sm_scale * LOG2E)
 
 
 def _mask(causal: bool, spans) -> int:
@@ -430,20 +432,28 @@ def _constexprs(block_n: int, stages: int, mask: int) -> dict:
 def pingpong_launch_args(q, k, v, out, causal: bool, sm_scale: float, block_n: int, stages: int, spans=None):
     """(kernel, grid, positional args, keyword args) of one launch, nothing checked: q/k/v/out
     contiguous. The probe launches and compiles from these (offline too)."""
-    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
-    return _attn_fwd_pingpong, grid, args, _constexprs(block_n, stages, _mask(causal, spans))
+    grid, views, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
+    descriptors = tuple(descriptor(tensor, rows) for tensor, rows in views)
+    return _attn_fwd_pingpong, grid, (*descriptors, *args), _constexprs(block_n, stages, _mask(causal, spans))
 
 
 # Launched as the Triton kernels are (omnitune/kernels/_launch.py): the JIT's launch path re-binds
 # and re-specialises every argument on every call, most of a call's host time; the first call of
-# each (tile, stages, mask, argument kinds and shapes) takes it, later ones call the C launcher.
+# each (tile, stages, mask, argument kinds and shapes) takes it, later ones call the C launcher,
+# with each view's encoded tensor map kept (omnitune/kernels/_tma_launch.py).
 _PINGPONG = DirectLauncher(_attn_fwd_pingpong)
-_OBJECTS = 6  # the four descriptors, out and the spans, ahead of the plain arguments
+_DESCRIPTORS = 4  # Q, K, V, O
+_OBJECTS = _DESCRIPTORS + 2  # the descriptors, out and the spans, ahead of the plain arguments
 
 
 @functools.cache
 def _bound(block_n: int, stages: int, mask: int) -> BoundLauncher:
     return _PINGPONG.bind(_constexprs(block_n, stages, mask), _OBJECTS)
+
+
+@functools.cache
+def _launcher(block_n: int, stages: int, mask: int) -> TmaLaunch:
+    return TmaLaunch(_bound(block_n, stages, mask), descriptor, _DESCRIPTORS)
 
 
 def launch_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
@@ -462,5 +472,5 @@ def launch_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
         why = f"block_n must be one of {KEY_TILES} and stages at least {MIN_STAGES}; got {block_n}, {stages}"
     if why is not None:
         raise PingpongRefused(f"gluon_pingpong: {why}")
-    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
-    _bound(block_n, stages, _mask(causal, spans))(grid, args)
+    grid, views, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
+    _launcher(block_n, stages, _mask(causal, spans))(grid, views, args)
