@@ -13,9 +13,9 @@ explicitly (BACKEND=gluon_pingpong, 128-key tiles, 2 stages: its measured winner
 adds UNTUNED's shapes: lengths no table holds and no multiple of 128, and cross-attention with
 Lq ≠ Lk (not causal: SDPA's is_causal is top-left aligned, the op's bottom-right), and SPANS:
 causal prefill with image spans, beside SDPA over the dense mask they make. Every --gluon case also
-times the Gluon config launched with its TMA descriptors built and encoded on every call, as the
-op did before it kept them (omnitune_gluon_descriptors_per_call): the same run's baseline for the
-host time the kept tensor maps save.
+times the Gluon config (and a tables' pick of the Triton kernel with USE_TMA) launched with its TMA
+descriptors built and encoded on every call, as the op did before it kept them (*_descriptors_per_call):
+the same run's baseline for the host time the kept tensor maps save.
 """
 
 from __future__ import annotations
@@ -52,29 +52,31 @@ def cases(device, gluon: bool = False) -> list:
 
 
 def with_descriptors_per_call(make):
-    """The case `make` builds, plus the op with the Gluon config launched as before
-    omnitune/kernels/_tma_launch.py — its four TMA descriptors built and encoded on every call —
-    as the same run's baseline for the kept tensor maps' host time."""
+    """The case `make` builds, plus the op with the Gluon config — and the op with the tables'
+    pick where that pick loads K/V through TMA — launched as before omnitune/kernels/_tma_launch.py,
+    their descriptors built and encoded on every call: the same run's baseline for the host time
+    the kept tensor maps save."""
     def made():
         case = make()
-        case.impls["omnitune_gluon_descriptors_per_call"] = _descriptors_per_call(case.impls["omnitune_gluon"])
+        case.impls["omnitune_gluon_descriptors_per_call"] = descriptors_per_call(case.impls["omnitune_gluon"])
+        if "USE_TMA=1" in case.notes and "BACKEND=triton" in case.notes:
+            case.impls["omnitune_descriptors_per_call"] = descriptors_per_call(case.impls["omnitune"])
         return case
     return made
 
 
-def _descriptors_per_call(call):
-    from omnitune.kernels import attention_gluon as gluon
-
-    def every_call(block_n, stages, mask):
-        bound = gluon._bound(block_n, stages, mask)
-        return lambda grid, views, args: bound(grid, (*(gluon.descriptor(t, rows) for t, rows in views), *args))
+def descriptors_per_call(call):
+    """`call` with every TmaLaunch taking its bound launcher's path: descriptors built, keyed and
+    encoded on every launch."""
+    from omnitune.kernels._tma_launch import TmaLaunch
 
     def run():
-        kept, gluon._launcher = gluon._launcher, every_call
+        kept = TmaLaunch.__call__
+        TmaLaunch.__call__ = lambda self, grid, args: self._bound(grid, self._bound_args(args))
         try:
             return call()
         finally:
-            gluon._launcher = kept
+            TmaLaunch.__call__ = kept
     return run
 
 

@@ -268,6 +268,30 @@ def test_gpu_real_shapes_default_and_tma(shape, dtype):
         assert err <= SPEC.tolerance[dtype], f"{config.label()} err={err:.3g}"
 
 
+@pytest.mark.gpu
+def test_gpu_tma_calls_on_kept_tensor_maps_stay_right_as_tensors_come_and_go():
+    # With USE_TMA the op keeps K's and V's encoded tensor maps by address, shape and strides
+    # (omnitune/kernels/_tma_launch.py): tensors freed and drawn again (the allocator hands the
+    # same addresses back), new values in the same tensors, another length, and strided views
+    # (SDPA's [B, L, H, D] storage) must each be read afresh.
+    config = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, PACK_GQA=False, USE_TMA=True)
+    q = k = v = None
+    for step, (L, strided) in enumerate(((256, False), (256, False), (320, False), (256, True), (256, False))):
+        del q, k, v
+        gen = torch.Generator(device="cuda").manual_seed(step)
+        shapes = ((1, L, 8, 128), (1, L, 2, 128), (1, L, 2, 128)) if strided else \
+            ((1, 8, L, 128), (1, 2, L, 128), (1, 2, L, 128))
+        q, k, v = (torch.randn(s, generator=gen, device="cuda", dtype=torch.bfloat16) for s in shapes)
+        if strided:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        for _ in range(2):
+            out = attention(q, k, v, causal=True, config=config)
+            ref = reference(AttentionInputs(q, k, v, True, 1 / math.sqrt(128), None))
+            assert relative_error(out, ref) <= SPEC.tolerance[torch.bfloat16], (step, L, strided)
+            for t in (q, k, v):
+                t.copy_(torch.randn(t.shape, generator=gen, device="cuda", dtype=t.dtype))
+
+
 def test_flop_and_byte_model():
     full = AttentionProblem(b=2, h=4, hkv=2, lq=10, lk=10, d=64)
     causal = AttentionProblem(b=2, h=4, hkv=2, lq=10, lk=10, d=64, causal=True)

@@ -66,11 +66,15 @@ def rig(monkeypatch):
     monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
     monkeypatch.setattr(_launch, "_current_device", lambda: 0)
     bound = launcher.bind({"BLOCK": 3}, 5)
-    return _tma_launch.TmaLaunch(bound, _descriptor, 4), log, encoded, wrapper
+    return _tma_launch.TmaLaunch(bound, _descriptor, (0, 1, 2, 3)), log, encoded, wrapper
 
 
 def _views(q, k, v, o):
     return ((q, 8), (k, 4), (v, 4), (o, 8))
+
+
+def _args(q, k, v, o, n=7):
+    return (*_views(q, k, v, o), o, n, 0.5)
 
 
 def _tensors():
@@ -81,7 +85,7 @@ def test_a_repeated_call_passes_the_c_function_what_tritons_wrapper_would(rig):
     launch, log, encoded, wrapper = rig
     q, k, v, o = _tensors()
     for _ in range(3):
-        launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
+        launch((1, 1, 1), _args(q, k, v, o, 7))
     assert [kind for kind, _ in log] == ["jit", "c", "c"]
     # Triton's wrapper, called with the descriptors themselves, hands its C function the same
     descriptors = [_descriptor(t, rows) for t, rows in _views(q, k, v, o)]
@@ -93,13 +97,13 @@ def test_a_repeated_call_passes_the_c_function_what_tritons_wrapper_would(rig):
 def test_each_view_is_encoded_once_and_again_only_where_it_changes(rig):
     launch, log, encoded, _ = rig
     q, k, v, o = _tensors()
-    launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))  # the bound launcher's path
-    launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
+    launch((1, 1, 1), _args(q, k, v, o, 7))  # the bound launcher's path
+    launch((1, 1, 1), _args(q, k, v, o, 7))
     assert len(encoded) == 4
-    launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
+    launch((1, 1, 1), _args(q, k, v, o, 7))
     assert len(encoded) == 4
     o2 = torch.empty_like(o)  # a new output: only its map is new
-    launch((1, 1, 1), _views(q, k, v, o2), (o2, 7, 0.5))
+    launch((1, 1, 1), _args(q, k, v, o2, 7))
     assert encoded[4:] == [(o2.data_ptr(), (16, D))]
     assert log[-1][1][-4] == o2.data_ptr() and log[-1][1][15] == ("map", o2.data_ptr(), (8, D), 3)
 
@@ -107,11 +111,11 @@ def test_each_view_is_encoded_once_and_again_only_where_it_changes(rig):
 def test_a_new_shape_or_plain_value_takes_the_bound_path_first(rig):
     launch, log, _, _ = rig
     q, k, v, o = _tensors()
-    launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
-    launch((1, 1, 1), _views(q, k, v, o), (o, 8, 0.5))  # another int
+    launch((1, 1, 1), _args(q, k, v, o, 7))
+    launch((1, 1, 1), _args(q, k, v, o, 8))  # another int
     q3, o3 = torch.randn(3, 8, D), torch.empty(3, 8, D)
-    launch((1, 1, 1), _views(q3, k, v, o3), (o3, 7, 0.5))  # another view shape
-    launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
+    launch((1, 1, 1), _args(q3, k, v, o3, 7))  # another view shape
+    launch((1, 1, 1), _args(q, k, v, o, 7))
     assert [kind for kind, _ in log] == ["jit", "jit", "jit", "c"]
 
 
@@ -120,11 +124,11 @@ def test_a_launch_hook_sends_the_call_down_the_bound_path(rig):
 
     launch, log, encoded, _ = rig
     q, k, v, o = _tensors()
-    launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
+    launch((1, 1, 1), _args(q, k, v, o, 7))
     hook = lambda *args, **kwargs: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)
     try:
-        launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
+        launch((1, 1, 1), _args(q, k, v, o, 7))
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert [kind for kind, _ in log] == ["jit", "jit"]  # the bound path under a hook: the JIT's
@@ -138,15 +142,42 @@ def test_a_wrapper_it_does_not_know_is_never_taken_apart(wrapper):
               "no metadata": driver.wrap_handle_tensordesc(raw, SIGNATURE, None),
               "other positions": driver.wrap_handle_tensordesc(raw, {0: "i32", **{i + 1: s for i, s in
                                                                                   SIGNATURE.items()}}, METAS)}[wrapper]
-    assert _tma_launch.unwrap_descriptor_launch(launch, 4) is None
+    assert _tma_launch.unwrap_descriptor_launch(launch, (0, 1, 2, 3)) is None
 
 
 def test_a_kernel_it_cannot_take_apart_keeps_every_call_on_the_bound_path(rig, monkeypatch):
     launch, log, encoded, _ = rig
-    monkeypatch.setattr(_tma_launch, "unwrap_descriptor_launch", lambda launch, descriptors: None)
+    monkeypatch.setattr(_tma_launch, "unwrap_descriptor_launch", lambda launch, positions: None)
     q, k, v, o = _tensors()
     for _ in range(3):
-        launch((1, 1, 1), _views(q, k, v, o), (o, 7, 0.5))
+        launch((1, 1, 1), _args(q, k, v, o, 7))
     # the bound launcher's own direct path, through Triton's wrapper, which encodes every call
     assert [kind for kind, _ in log] == ["jit", "c", "c"]
     assert len(encoded) == 8
+
+
+def test_descriptors_among_other_tensors_keep_their_places(monkeypatch):
+    # attention's Triton kernel: tensors, then K's and V's descriptors, then plain values
+    log, encoded = [], []
+    monkeypatch.setattr(driver, "make_tensordesc_arg",
+                        lambda desc, meta: encoded.append(desc.base.data_ptr()) or [("map", desc.base.data_ptr()),
+                                                                                    *desc.shape, *desc.strides])
+    signature = {0: "*fp32", 1: "tensordesc<fp32[4, 16]>", 2: "*fp32", 3: "tensordesc<fp32[4, 16]>", 4: "i32",
+                 5: "constexpr"}
+    c_function = lambda *args: log.append(("c", args[BASE_ARGS:]))  # noqa: E731
+    wrapper = driver.wrap_handle_tensordesc(c_function, signature, [{"swizzle": 0}, {"swizzle": 1}])
+    launcher = _launch.DirectLauncher(kvw._kv_cache_write)
+    launcher.jit, launcher._direct = _Jit(_Kernel(wrapper), log), True
+    launcher._runtime_count, launcher._constexpr_names = 5, ["BLOCK"]
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    make = lambda t, block: TensorDescriptor(t, list(t.shape), list(t.stride()), list(block))  # noqa: E731
+    launch = _tma_launch.TmaLaunch(launcher.bind({"BLOCK": 3}, 4), make, (1, 3))
+    a, k, b, v = torch.randn(8), torch.randn(32, D), torch.randn(8), torch.randn(32, D)
+    for _ in range(3):
+        launch((1, 1, 1), (a, (k, (4, D)), b, (v, (4, D)), 5))
+    assert [kind for kind, _ in log] == ["jit", "c", "c"] and encoded == [k.data_ptr(), v.data_ptr()]
+    descriptors = [make(t, (4, D)) for t in (k, v)]
+    wrapper(1, 1, 1, 0, *[None] * (BASE_ARGS - 4), a.data_ptr(), descriptors[0], b.data_ptr(), descriptors[1], 5, 3)
+    assert log[-1][1] == log[-2][1]
+    assert log[-1][1][:2] == (a.data_ptr(), ("map", k.data_ptr()))

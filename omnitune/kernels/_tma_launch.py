@@ -1,5 +1,5 @@
-"""Launch a compiled kernel whose leading arguments are host TMA descriptors, keeping each
-descriptor's encoded tensor map instead of building and encoding it again on every call.
+"""Launch a compiled kernel that takes host TMA descriptors, keeping each descriptor's encoded
+tensor map instead of building and encoding it again on every call.
 
 For a kernel that takes host tensor descriptors, a call through the library's direct path
 (omnitune/kernels/_launch.py) still does three things per launch that depend only on the views
@@ -8,25 +8,24 @@ launcher keys each one field by field (the slow branch of its key), and Triton's
 (`wrap_handle_tensordesc` in its CUDA driver) walks every argument in Python and encodes each
 descriptor into a CUtensorMap (`make_tensordesc_arg`: a cuTensorMapEncodeTiled call and a new
 object) before it calls the C launch function. On attention's Gluon kernel, with four
-descriptors, that made its op's host time 65–90 µs a call where the op's Triton and SDPA paths
-take 27–52 (benchmarks/results/prefill_gluon_h100_round42.json, an H100).
+descriptors, that came to 27–56 µs of host time a call on an H100, its op's 65–122 µs against
+37–73 with the maps kept (benchmarks/results/prefill_gluon_h100_round46.json).
 
-A tensor map is a function of its view alone: base address, shape, strides, box, dtype and the
-compiled kernel's shared-memory layout for it (Triton's per-descriptor metadata). So
+A tensor map is a function of its view alone: base address, shape, strides, block, dtype and
+the compiled kernel's shared-memory layout for it (Triton's per-descriptor metadata). So
 `TmaLaunch` keeps each view's expanded arguments (the map and the shape and strides that travel
-beside it) under its position, address, element count, row width and box — everything the map
-encodes, given the compiled kernel — and calls the C function that Triton's wrapper wraps, with
-the kept maps, directly. A map kept for an address whose tensor has since been freed is still
+beside it) per compiled kernel, under the view's position, address, shape, strides and block —
+everything the map encodes — and calls the C function that Triton's wrapper wraps, with the
+kept maps, directly. A map kept for an address whose tensor has since been freed is still
 exactly the map a new tensor of the same view there needs: it names memory by address only, and
 the launch copies it into the kernel's parameters. It holds no reference to any tensor.
 
-The views must be contiguous tensors read as 2-D [numel / d, d] (d their last dimension), the
-form attention_gluon.descriptor builds; the caller checks contiguity and alignment first (the
-Gluon kernel's `refusal`). The first call for each compiled kernel takes the bound launcher's
-path (it compiles or loads the kernel and launches), then this launcher takes Triton's wrapper
-apart: where it is not what this module expects (another Triton, a kernel needing scratch
-memory, a descriptor without metadata), every call keeps taking the bound path, as before. A
-launch hook (a profiler's) also sends a call down the bound path, which calls it.
+The caller checks what a descriptor needs (contiguity, alignment) first, as it did before. The
+first call for each compiled kernel takes the bound launcher's path (it compiles or loads the
+kernel and launches), then this launcher takes Triton's wrapper apart: where it is not what this
+module expects (another Triton, a kernel needing scratch memory, a descriptor without metadata,
+the interpreter), every call keeps taking the bound path, as before. A launch hook (a
+profiler's) also sends a call down the bound path, which calls it.
 """
 
 from __future__ import annotations
@@ -48,27 +47,28 @@ class _Unwrapped:
     itself, the arguments it takes before the kernel's own, each descriptor's metadata, the
     constexpr values it takes last, and the views' expanded arguments kept so far."""
 
-    __slots__ = ("launch", "before_args", "metas", "constexpr_values", "maps")
+    __slots__ = ("launch", "before_args", "metas", "constexpr_values", "order", "maps")
 
-    def __init__(self, launch, before_args: tuple, metas: list, constexpr_values: tuple):
+    def __init__(self, launch, before_args: tuple, metas: list, constexpr_values: tuple, order: tuple):
         self.launch, self.before_args, self.metas, self.constexpr_values = launch, before_args, metas, constexpr_values
+        self.order = order
         self.maps: dict[tuple, tuple] = {}
 
 
-def unwrap_descriptor_launch(launch, descriptors: int) -> tuple[Callable, list] | None:
+def unwrap_descriptor_launch(launch, positions: tuple[int, ...]) -> tuple[Callable, list] | None:
     """(the C launch function, each descriptor's metadata) inside Triton's wrapper `launch` for a
-    kernel whose first `descriptors` arguments are its only tensor descriptors; None where the
-    wrapper is not the one this module knows (Triton 3.6's wrap_handle_tensordesc closure over
-    `launcher`, `tensordesc_indices` and `tensordesc_meta`) or a descriptor has no metadata (the
-    wrapper would then pass the base tensor on, which a kept entry must not hold)."""
+    kernel whose tensor descriptors are its arguments at `positions` and no others; None where
+    the wrapper is not the one this module knows (Triton 3.6's wrap_handle_tensordesc closure
+    over `launcher`, `tensordesc_indices` and `tensordesc_meta`) or a descriptor has no metadata
+    (the wrapper would then pass the base tensor on, which a kept entry must not hold)."""
     try:
         names = inspect.getclosurevars(launch).nonlocals
     except TypeError:  # a builtin: no wrapper around it
         return None
     raw, indices, metas = names.get("launcher"), names.get("tensordesc_indices"), names.get("tensordesc_meta")
-    if not callable(raw) or indices != set(range(descriptors)) or not isinstance(metas, list | tuple):
+    if not callable(raw) or indices != set(positions) or not isinstance(metas, list | tuple):
         return None
-    if len(metas) != descriptors or any(not isinstance(meta, dict) for meta in metas):
+    if len(metas) != len(positions) or any(not isinstance(meta, dict) for meta in metas):
         return None
     return raw, list(metas)
 
@@ -84,46 +84,65 @@ def _expand_descriptor(descriptor, meta: dict) -> tuple:
 
 
 class TmaLaunch:
-    """`launch(grid, views, args)`: one launch of `bound`'s kernel, whose first arguments are one
-    descriptor per view — `views` a tuple of (tensor, box rows), each tensor contiguous, read as
-    [numel / d, d] in boxes of [box rows, d] — followed by `args`, the rest of the kernel's
-    runtime arguments as the bound launcher takes them (tensors first, then plain values).
-    `make_descriptor(tensor, box_rows)` builds a view's TensorDescriptor on the bound path."""
+    """`launch(grid, args)`: one launch of `bound`'s kernel, whose arguments at `positions` (among
+    its leading `bound` objects) are tensor descriptors, given here as views: (tensor, block), the
+    block a tuple or an int as `make_descriptor(tensor, block)` takes it to build the descriptor on
+    the bound path. The other objects are tensors (passed as addresses), then plain values, as the
+    bound launcher takes them. A view is keyed by its tensor's address, shape and strides and its
+    block: `make_descriptor` must build its descriptor from those alone."""
 
-    def __init__(self, bound: BoundLauncher, make_descriptor: Callable, descriptors: int):
-        self._bound, self._make, self._descriptors = bound, make_descriptor, descriptors
-        self._tensors = bound._objects - descriptors  # tensors after the descriptors (passed as addresses)
+    def __init__(self, bound: BoundLauncher, make_descriptor: Callable, positions: tuple[int, ...]):
+        self._bound, self._make, self._positions = bound, make_descriptor, tuple(positions)
+        self._objects = bound._objects
+        self._tensor_positions = tuple(i for i in range(self._objects) if i not in self._positions)
         # key → _Unwrapped, or None where the kernel's launch could not be taken apart
         self._kernels: dict[tuple, _Unwrapped | None] = {}
 
-    def __call__(self, grid: tuple, views: tuple, args: tuple) -> None:
-        tensors = args[:self._tensors]
+    def __call__(self, grid: tuple, args: tuple) -> None:
+        if not self._bound._launcher._direct:  # the interpreter, no CUDA: the JIT's path, as the bound launcher's
+            self._bound(grid, self._bound_args(args))
+            return
+        objects = self._objects
+        views = [args[i] for i in self._positions]
+        tensors = [args[i] for i in self._tensor_positions]
         addresses = [t.data_ptr() for t in tensors]
+        shapes = [(t.shape, t.stride()) for t, _ in views]
         device = _launch._current_device()
         # The compiled kernel's key, as fine as the bound launcher's (omnitune/kernels/_launch.py):
-        # each view's dtype, box and 2-D shape (its descriptor's), every tensor's dtype and
-        # address mod 16, the plain values.
-        key = (device, tuple([(t.dtype, t.numel(), t.shape[-1], box) for t, box in views]),
-               tuple([t.dtype for t in tensors]), tuple([a & 15 for a in addresses]), args[self._tensors:])
+        # each view's dtype, shape, strides and block (its descriptor's), every other tensor's
+        # dtype and address mod 16, the plain values.
+        key = (device, tuple([(t.dtype, shape, block) for (t, block), shape in zip(views, shapes, strict=True)]),
+               tuple([t.dtype for t in tensors]), tuple([a & 15 for a in addresses]), args[objects:])
         kernel = self._kernels.get(key, False)
         if kernel is False or kernel is None or _launch._hooked():
-            self._bound_path(grid, views, args, key, device, record=kernel is False)
+            self._bound_path(grid, args, key, device, record=kernel is False)
             return
-        launch_args = []
         maps = kernel.maps
-        for position, (tensor, box) in enumerate(views):
-            width = tensor.shape[-1]
-            view_key = (position, tensor.data_ptr(), tensor.numel(), width, box)
-            expanded = maps.get(view_key)
-            if expanded is None:
-                expanded = bounded_put(maps, view_key, _expand_descriptor(self._make(tensor, box),
-                                                                         kernel.metas[position]), _MAPS)
-            launch_args.extend(expanded)
+        expanded = []
+        for position, (tensor, block), shape in zip(self._positions, views, shapes, strict=True):
+            view_key = (position, tensor.data_ptr(), shape, block)
+            kept = maps.get(view_key)
+            if kept is None:
+                kept = bounded_put(maps, view_key, _expand_descriptor(self._make(tensor, block),
+                                                                     kernel.metas[len(expanded)]), _MAPS)
+            expanded.append(kept)
+        launch_args = []
+        for kind, index in kernel.order:
+            if kind:
+                launch_args.extend(expanded[index])
+            else:
+                launch_args.append(addresses[index])
         kernel.launch(grid[0], grid[1], grid[2], _launch._raw_stream(device), *kernel.before_args, *launch_args,
-                      *addresses, *args[self._tensors:], *kernel.constexpr_values)
+                      *args[objects:], *kernel.constexpr_values)
 
-    def _bound_path(self, grid: tuple, views: tuple, args: tuple, key: tuple, device: int, record: bool) -> None:
-        bound_args = (*(self._make(tensor, box) for tensor, box in views), *args)
+    def _bound_args(self, args: tuple) -> tuple:
+        made = list(args)
+        for i in self._positions:
+            made[i] = self._make(*args[i])
+        return tuple(made)
+
+    def _bound_path(self, grid: tuple, args: tuple, key: tuple, device: int, record: bool) -> None:
+        bound_args = self._bound_args(args)
         self._bound(grid, bound_args)
         if record:
             bounded_put(self._kernels, key, self._unwrap(bound_args, device), _KERNELS)
@@ -133,8 +152,12 @@ class TmaLaunch:
         if entry is None:
             return None
         launch, before_args, _, constexpr_values = entry
-        found = unwrap_descriptor_launch(launch, self._descriptors)
+        found = unwrap_descriptor_launch(launch, self._positions)
         if found is None:
             return None
         raw, metas = found
-        return _Unwrapped(raw, before_args, metas, constexpr_values)
+        # The objects in signature order: (1, i) the i-th view's expanded arguments, (0, i) the
+        # i-th other tensor's address.
+        order = tuple((1, self._positions.index(i)) if i in self._positions else (0, self._tensor_positions.index(i))
+                      for i in range(self._objects))
+        return _Unwrapped(raw, before_args, metas, constexpr_values, order)

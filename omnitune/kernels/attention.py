@@ -56,6 +56,7 @@ from omnitune.kernels._gluon_target import (
 )
 from omnitune.kernels._host import LOG2E, flag, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
+from omnitune.kernels._tma_launch import TmaLaunch
 from omnitune.runtime import _device_limits
 from omnitune.spec import (
     Config,
@@ -459,8 +460,17 @@ def _launch_plan(config: Config, b: int, h: int, hkv: int, lq: int, d: int, mask
                       MASK_MODE=mask_mode, PACK_GQA=pack, USE_TMA=use_tma, IEEE_DOT=dtype == torch.float32,
                       num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
     # Without TMA the two descriptor arguments are plain zeros, keyed with the other ints, so the
-    # bound launcher's objects are all tensors (its fast key).
-    return grid, _ATTENTION.bind(constexprs, 7 if use_tma else 5), [1, 1, block_n, block_d] if use_tma else None
+    # bound launcher's objects are all tensors (its fast key); with TMA they are K's and V's views,
+    # their encoded tensor maps kept by address and shape (omnitune/kernels/_tma_launch.py).
+    if not use_tma:
+        return grid, _ATTENTION.bind(constexprs, 5), None
+    return grid, TmaLaunch(_ATTENTION.bind(constexprs, 7), _kv_descriptor, (5, 6)), (1, 1, block_n, block_d)
+
+
+def _kv_descriptor(t: torch.Tensor, block: tuple) -> _TensorDescriptor:
+    """K's or V's [b, hkv, Lk, d] tensor descriptor, loading `block` tiles (from its own shape and
+    strides alone, as a kept tensor map requires)."""
+    return _TensorDescriptor(t, list(t.shape), list(t.stride()), list(block))
 
 
 # (config, shapes, mask mode, dtype) → grid, bound kernel and TMA block: what a repeated call
@@ -589,8 +599,7 @@ def _launch(q, k, v, causal: bool, sm_scale: float, spans: torch.Tensor | None, 
             k = k.contiguous()
         if not _tma_ok(v):
             v = v.contiguous()
-        k_desc = _TensorDescriptor(k, list(k.shape), list(k.stride()), tma_block)
-        v_desc = _TensorDescriptor(v, list(v.shape), list(v.stride()), tma_block)
+        k_desc, v_desc = (k, tma_block), (v, tma_block)
     else:
         k_desc = v_desc = 0
     kernel(grid, (

@@ -409,16 +409,15 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, [t.numel() // d, d], [d, 1], [rows, d], _shared_layout(rows, d, t.dtype))
 
 
-def _launch_parts(q, k, v, out, sm_scale: float, block_n: int, spans) -> tuple[tuple, tuple, tuple]:
-    """(grid, views, the other runtime arguments) of one launch: the views are (tensor, box rows)
-    for the kernel's four descriptors — Q/O in 64-row halves (one per consumer), K/V in
-    block_n-row tiles — then out also as a pointer (a tail half's masked store), the spans and
-    their strides (out and zeros where there are none: never read) and the plain values."""
+def _launch_parts(q, k, v, out, sm_scale: float, block_n: int, spans) -> tuple[tuple, tuple]:
+    """(grid, runtime arguments) of one launch, each descriptor given as its view, (tensor, box
+    rows): Q/O in 64-row halves (one per consumer), K/V in block_n-row tiles; then out also as a
+    pointer (a tail half's masked store), the spans and their strides (out and zeros where there
+    are none: never read) and the plain values."""
     b, h, lq, _ = q.shape
-    views = ((q, HALF_ROWS), (k, block_n), (v, block_n), (out, HALF_ROWS))
     span_args = (out, 0, 0, 0, 0) if spans is None else (spans, *spans.stride(), spans.shape[1])
-    return (b * h, triton.cdiv(lq, TILE_ROWS), 1), views, (out, *span_args, lq, k.shape[2], h, k.shape[1],
-                                                          sm_scale * LOG2E)
+    return (b * h, triton.cdiv(lq, TILE_ROWS), 1), ((q, HALF_ROWS), (k, block_n), (v, block_n), (out, HALF_ROWS),
+                                                   out, *span_args, lq, k.shape[2], h, k.shape[1], sm_scale * LOG2E)
 
 
 def _mask(causal: bool, spans) -> int:
@@ -432,9 +431,10 @@ def _constexprs(block_n: int, stages: int, mask: int) -> dict:
 def pingpong_launch_args(q, k, v, out, causal: bool, sm_scale: float, block_n: int, stages: int, spans=None):
     """(kernel, grid, positional args, keyword args) of one launch, nothing checked: q/k/v/out
     contiguous. The probe launches and compiles from these (offline too)."""
-    grid, views, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
-    descriptors = tuple(descriptor(tensor, rows) for tensor, rows in views)
-    return _attn_fwd_pingpong, grid, (*descriptors, *args), _constexprs(block_n, stages, _mask(causal, spans))
+    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
+    descriptors = tuple(descriptor(tensor, rows) for tensor, rows in args[:_DESCRIPTORS])
+    return _attn_fwd_pingpong, grid, (*descriptors, *args[_DESCRIPTORS:]), _constexprs(block_n, stages,
+                                                                                      _mask(causal, spans))
 
 
 # Launched as the Triton kernels are (omnitune/kernels/_launch.py): the JIT's launch path re-binds
@@ -453,7 +453,7 @@ def _bound(block_n: int, stages: int, mask: int) -> BoundLauncher:
 
 @functools.cache
 def _launcher(block_n: int, stages: int, mask: int) -> TmaLaunch:
-    return TmaLaunch(_bound(block_n, stages, mask), descriptor, _DESCRIPTORS)
+    return TmaLaunch(_bound(block_n, stages, mask), descriptor, tuple(range(_DESCRIPTORS)))
 
 
 def launch_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
@@ -472,5 +472,5 @@ def launch_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
         why = f"block_n must be one of {KEY_TILES} and stages at least {MIN_STAGES}; got {block_n}, {stages}"
     if why is not None:
         raise PingpongRefused(f"gluon_pingpong: {why}")
-    grid, views, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
-    _launcher(block_n, stages, _mask(causal, spans))(grid, views, args)
+    grid, args = _launch_parts(q, k, v, out, sm_scale, block_n, spans)
+    _launcher(block_n, stages, _mask(causal, spans))(grid, args)
