@@ -8,7 +8,7 @@ launcher keys each one field by field (the slow branch of its key), and Triton's
 (`wrap_handle_tensordesc` in its CUDA driver) walks every argument in Python and encodes each
 descriptor into a CUtensorMap (`make_tensordesc_arg`: a cuTensorMapEncodeTiled call and a new
 object) before it calls the C launch function. On attention's Gluon kernel, with four
-descriptors, that came to 27–56 µs of host time a call on an H100, its op's 65–122 µs against
+descriptors, that came to 24–56 µs of host time a call on an H100, its op's 67–122 µs against
 37–73 with the maps kept (benchmarks/results/prefill_gluon_h100_round46.json).
 
 A tensor map is a function of its view alone: base address, shape, strides, block, dtype and
