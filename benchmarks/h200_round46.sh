@@ -13,12 +13,19 @@
 #          pick beside its per-call form), then `omnitune verify --fix` of the H100's own attention
 #          table alone, whose Gluon entry's source hash (the Gluon module, launcher included) moved
 #          with the launch path (about 550 s).
+#   C      on an H200, round 39's part L as without a part; on another card every gpu-marked test of
+#          the slow files (the search's lanes, precompile workers, verify, workers, ncu: they launch
+#          attention through the kept maps in other processes), about 300 s.
 #   G      the first part on an H200 too.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 part=${1:-}
 if [ "$card" = h200 ] && [ "$part" != G ]; then
   H200_PART=${H200_PART:-L} exec bash "$(dirname "$0")/h200_round39.sh"
+fi
+if [ "$part" = C ]; then
+  gpu_tests_second_half
+  exit 0
 fi
 if [ "$part" = B ]; then
   step 60 python -m pytest -q -p no:cacheprovider tests/test_tma_launch.py
