@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import time
+import types
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -284,9 +285,18 @@ def _compile_omnitune(p: dict):
                     num_stages=p["num_stages"], PACK_GQA=p.get("pack_gqa", False), USE_TMA=p["use_tma"])
     calls = []
 
+    class Bound:  # a bound launcher off the direct path: a TmaLaunch hands it built descriptors
+        _launcher = types.SimpleNamespace(_direct=False)
+
+        def __init__(self, constexprs, objects):
+            self._constexprs, self._objects = constexprs, objects
+
+        def __call__(self, grid, args, dtypes=None):
+            calls.append((args, dict(self._constexprs)))
+
     class Recorder:  # stands in for the kernel's DirectLauncher: what a launch would pass it
         def bind(self, constexprs, objects):
-            return lambda grid, args, dtypes=None: calls.append((args, dict(constexprs)))
+            return Bound(constexprs, objects)
 
     real = attention._ATTENTION
     attention._ATTENTION = Recorder()
