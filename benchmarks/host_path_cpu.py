@@ -28,34 +28,69 @@ class _NoOpKernel:
         return None
 
 
+class _NoOpDescriptorRun:
+    """A compiled kernel's launcher whose arguments at `positions` are tensor descriptors: Triton's
+    own wrapper (wrap_handle_tensordesc) around a C function that does nothing."""
+
+    launch_cooperative_grid = launch_pdl = False
+    num_ctas, global_scratch_size, profile_scratch_size = 1, 0, 0
+
+    def __init__(self, positions):
+        from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+        signature = {i: "tensordesc<bf16[64, 128]>" if i in positions else "i32" for i in range(max(positions) + 1)}
+        self.launch = wrap_handle_tensordesc(lambda *args: None, signature, [{"swizzle": 3} for _ in positions])
+
+
 class _NoOpJit:
-    """Stands in for a @triton.jit function: `jit[grid](*args, **constexprs)` compiles nothing."""
+    """Stands in for a @triton.jit function: `jit[grid](*args, **constexprs)` compiles nothing.
+    descriptor_positions: the arguments its kernel takes as tensor descriptors."""
+
+    def __init__(self, descriptor_positions=()):
+        self._positions = descriptor_positions
+        self._plain, self._with_descriptors = _NoOpKernel(), _NoOpKernel()
+        if descriptor_positions:
+            self._with_descriptors.run = _NoOpDescriptorRun(descriptor_positions)
 
     def __getitem__(self, grid):
-        return lambda *args, **constexprs: _NoOpKernel()
+        # a kernel given ints where it can take descriptors (attention's without USE_TMA) has none
+        return lambda *args, **constexprs: (self._with_descriptors if self._positions
+                                            and hasattr(args[self._positions[0]], "block_shape") else self._plain)
+
+
+def _encoded_stand_in(descriptor, meta):
+    """make_tensordesc_arg without the CUDA driver: a stand-in for the CUtensorMap, then the shape
+    and strides, as the real one returns (cuTensorMapEncodeTiled's own cost is not in the figures)."""
+    return [object(), *descriptor.shape, *descriptor.strides]
 
 
 @contextlib.contextmanager
 def stubbed_launches():
     """Every DirectLauncher launches directly into a no-op kernel; the CPU tensors pass the ops'
     device checks (their fast predicates still run in full: only the error path is skipped)."""
+    from triton.backends.nvidia import driver
+
     from omnitune.kernels import _launch
     from omnitune.kernels import attention as attn
+    from omnitune.kernels import attention_gluon as gluon
     from omnitune.kernels import cross_attention_layer as layer
     from omnitune.kernels import kv_cache_write as kvw
     from omnitune.kernels import kv_compress as kvc
     from omnitune.kernels import paged_decode_attention as pda
 
-    launchers = [attn._ATTENTION, kvw._WRITE, pda._SPLIT, pda._COMBINE, layer._LAYER, kvc._STATS, kvc._SCORES]
+    launchers = [attn._ATTENTION, kvw._WRITE, pda._SPLIT, pda._COMBINE, layer._LAYER, kvc._STATS, kvc._SCORES,
+                 gluon._PINGPONG]
+    descriptors = {attn._ATTENTION: (5, 6), gluon._PINGPONG: (0, 1, 2, 3)}
     saved = [(launcher.jit, launcher._direct) for launcher in launchers]
     patched = [(_launch, "_raw_stream", lambda device: 0), (_launch, "_current_device", lambda: 0),
                (pda, "_explain_metadata", lambda *a: None), (kvw, "_explain_metadata", lambda *a: None),
-               (attn, "_explain_inputs", lambda *a: None)]
+               (attn, "_explain_inputs", lambda *a: None), (driver, "make_tensordesc_arg", _encoded_stand_in),
+               (attn, "gluon_device_refusal", lambda q: None), (gluon, "gluon_device_refusal", lambda q: None)]
     patched += [(module, "require_runnable_device", lambda t: None) for module in (pda, kvw, attn, layer, kvc)
                 if hasattr(module, "require_runnable_device")]
     originals = [(module, name, getattr(module, name)) for module, name, _ in patched]
     for launcher in launchers:
-        launcher.jit, launcher._direct = _NoOpJit(), True
+        launcher.jit, launcher._direct = _NoOpJit(descriptors.get(launcher, ())), True
         launcher.__dict__.pop("_bound", None)
     for module, name, stub in patched:
         setattr(module, name, stub)
@@ -114,14 +149,14 @@ def _kv_write_case():
     return lambda: kvw.write_kv_cache(key, key, key_cache, value_cache, slots, check=False)
 
 
-def _attention_case(spans):
+def _attention_case(spans, backend="triton", use_tma=False):
     from omnitune.kernels import attention as attn
 
     q = torch.zeros(1, 28, 2048, 128, dtype=torch.bfloat16)
     k = torch.zeros(1, 4, 2048, 128, dtype=torch.bfloat16)
     span_tensor = None if spans is None else torch.tensor([spans], dtype=torch.int32)
-    config = attn.Config(BACKEND="triton", BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, PACK_GQA=False,
-                         USE_TMA=False)
+    config = attn.Config(BACKEND=backend, BLOCK_M=128, BLOCK_N=64 if backend == "triton" else 128, num_warps=8,
+                         num_stages=3 if backend == "triton" else 2, PACK_GQA=False, USE_TMA=use_tma)
     return lambda: attn.attention(q, k, k, causal=True, mm_spans=span_tensor, config=config, check=False)
 
 
@@ -156,6 +191,8 @@ def cases():
         "write_kv_cache T256": _kv_write_case(),
         "attention causal": _attention_case(None),
         "attention causal + 2 image spans": _attention_case([(300, 556), (1200, 1456)]),
+        "attention causal, USE_TMA": _attention_case(None, use_tma=True),
+        "attention causal, Gluon": _attention_case(None, backend="gluon_pingpong"),
         "cross_attention_layer fused (q), small": _layer_case(),
         "kv_importance b1 h28/4 window 32 n4096": _importance_case(),
     }

@@ -47,11 +47,10 @@ class _Unwrapped:
     itself, the arguments it takes before the kernel's own, each descriptor's metadata, the
     constexpr values it takes last, and the views' expanded arguments kept so far."""
 
-    __slots__ = ("launch", "before_args", "metas", "constexpr_values", "order", "maps")
+    __slots__ = ("launch", "before_args", "metas", "constexpr_values", "maps")
 
-    def __init__(self, launch, before_args: tuple, metas: list, constexpr_values: tuple, order: tuple):
+    def __init__(self, launch, before_args: tuple, metas: list, constexpr_values: tuple):
         self.launch, self.before_args, self.metas, self.constexpr_values = launch, before_args, metas, constexpr_values
-        self.order = order
         self.maps: dict[tuple, tuple] = {}
 
 
@@ -94,7 +93,7 @@ class TmaLaunch:
     def __init__(self, bound: BoundLauncher, make_descriptor: Callable, positions: tuple[int, ...]):
         self._bound, self._make, self._positions = bound, make_descriptor, tuple(positions)
         self._objects = bound._objects
-        self._tensor_positions = tuple(i for i in range(self._objects) if i not in self._positions)
+        self._views = {position: index for index, position in enumerate(self._positions)}  # → its metadata's index
         # key → _Unwrapped, or None where the kernel's launch could not be taken apart
         self._kernels: dict[tuple, _Unwrapped | None] = {}
 
@@ -103,35 +102,39 @@ class TmaLaunch:
             self._bound(grid, self._bound_args(args))
             return
         objects = self._objects
-        views = [args[i] for i in self._positions]
-        tensors = [args[i] for i in self._tensor_positions]
-        addresses = [t.data_ptr() for t in tensors]
-        shapes = [(t.shape, t.stride()) for t, _ in views]
         device = _launch._current_device()
-        # The compiled kernel's key, as fine as the bound launcher's (omnitune/kernels/_launch.py):
-        # each view's dtype, shape, strides and block (its descriptor's), every other tensor's
-        # dtype and address mod 16, the plain values.
-        key = (device, tuple([(t.dtype, shape, block) for (t, block), shape in zip(views, shapes, strict=True)]),
-               tuple([t.dtype for t in tensors]), tuple([a & 15 for a in addresses]), args[objects:])
+        # One pass over the objects in signature order. Each one's part of the compiled kernel's
+        # key, as fine as the bound launcher's (omnitune/kernels/_launch.py): a view's dtype,
+        # shape, strides and block (its descriptor's), another tensor's dtype and address mod 16;
+        # and what the launch passes for it: a view's map key, a tensor's address.
+        kinds, passed = [], []
+        for i in range(objects):
+            obj = args[i]
+            if i in self._views:
+                tensor, block = obj
+                shape, strides = tensor.shape, tensor.stride()
+                kinds.append((tensor.dtype, shape, strides, block))
+                passed.append((i, tensor.data_ptr(), shape, strides, block))
+            else:
+                address = obj.data_ptr()
+                kinds.append((obj.dtype, address & 15))
+                passed.append(address)
+        key = (device, tuple(kinds), args[objects:])
         kernel = self._kernels.get(key, False)
         if kernel is False or kernel is None or _launch._hooked():
             self._bound_path(grid, args, key, device, record=kernel is False)
             return
-        maps = kernel.maps
-        expanded = []
-        for position, (tensor, block), shape in zip(self._positions, views, shapes, strict=True):
-            view_key = (position, tensor.data_ptr(), shape, block)
-            kept = maps.get(view_key)
+        maps, launch_args = kernel.maps, []
+        for i in range(objects):
+            view = self._views.get(i)
+            if view is None:
+                launch_args.append(passed[i])
+                continue
+            kept = maps.get(passed[i])
             if kept is None:
-                kept = bounded_put(maps, view_key, _expand_descriptor(self._make(tensor, block),
-                                                                     kernel.metas[len(expanded)]), _MAPS)
-            expanded.append(kept)
-        launch_args = []
-        for kind, index in kernel.order:
-            if kind:
-                launch_args.extend(expanded[index])
-            else:
-                launch_args.append(addresses[index])
+                kept = bounded_put(maps, passed[i], _expand_descriptor(self._make(*args[i]), kernel.metas[view]),
+                                   _MAPS)
+            launch_args.extend(kept)
         kernel.launch(grid[0], grid[1], grid[2], _launch._raw_stream(device), *kernel.before_args, *launch_args,
                       *args[objects:], *kernel.constexpr_values)
 
@@ -156,8 +159,4 @@ class TmaLaunch:
         if found is None:
             return None
         raw, metas = found
-        # The objects in signature order: (1, i) the i-th view's expanded arguments, (0, i) the
-        # i-th other tensor's address.
-        order = tuple((1, self._positions.index(i)) if i in self._positions else (0, self._tensor_positions.index(i))
-                      for i in range(self._objects))
-        return _Unwrapped(raw, before_args, metas, constexpr_values, order)
+        return _Unwrapped(raw, before_args, metas, constexpr_values)
