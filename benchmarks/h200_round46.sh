@@ -16,12 +16,27 @@
 #   C      on an H200, round 39's part L as without a part; on another card every gpu-marked test of
 #          the slow files (the search's lanes, precompile workers, verify, workers, ncu: they launch
 #          attention through the kept maps in other processes), about 300 s.
+#   D      on an H200, round 39's part M (about 340 s); elsewhere, after the kept maps' launch became
+#          one pass over its objects: the descriptor launcher's tests, attention's gpu tests, the
+#          Gluon kernel's on the op's paths, and prefill_bench --gluon on three cases (about 220 s).
 #   G      the first part on an H200 too.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 part=${1:-}
+if [ "$card" = h200 ] && [ "$part" = D ]; then
+  H200_PART=M exec bash "$(dirname "$0")/h200_round39.sh"
+fi
 if [ "$card" = h200 ] && [ "$part" != G ]; then
   H200_PART=${H200_PART:-L} exec bash "$(dirname "$0")/h200_round39.sh"
+fi
+if [ "$part" = D ]; then
+  step 60 python -m pytest -q -p no:cacheprovider tests/test_tma_launch.py
+  step 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py
+  step 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention_gluon.py \
+    -k "kept or public_op or captured or image_spans or transposed or torch_compile"
+  step 60 python benchmarks/prefill_bench.py --gluon --only "l1000,l765,h32/4 l8192 d128 causal" \
+    --out "$OUT/prefill_gluon_${card}_round46_D.json"
+  exit 0
 fi
 if [ "$part" = C ]; then
   gpu_tests_second_half
