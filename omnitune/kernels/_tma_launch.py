@@ -91,7 +91,8 @@ class TmaLaunch:
     block: `make_descriptor` must build its descriptor from those alone."""
 
     def __init__(self, bound: BoundLauncher, make_descriptor: Callable, positions: tuple[int, ...]):
-        self._bound, self._make, self._positions = bound, make_descriptor, tuple(positions)
+        # ascending, as Triton's wrapper numbers the descriptors' metadata
+        self._bound, self._make, self._positions = bound, make_descriptor, tuple(sorted(positions))
         self._objects = bound._objects
         self._views = {position: index for index, position in enumerate(self._positions)}  # → its metadata's index
         # key → _Unwrapped, or None where the kernel's launch could not be taken apart
