@@ -19,10 +19,25 @@
 #   D      on an H200, round 39's part M (about 340 s); elsewhere, after the kept maps' launch became
 #          one pass over its objects: the descriptor launcher's tests, attention's gpu tests, the
 #          Gluon kernel's on the op's paths, and prefill_bench --gluon on three cases (about 220 s).
+#   E      the shortest (about 180 s): on an H200, issue 16's two fp8 loop variants applied, the decode
+#          and fp8 gpu tests, fp8_kv_bench --quick (fp8 ÷ bf16 at batch 64, 4k and 16k); elsewhere D's tests.
 #   G      the first part on an H200 too.
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 part=${1:-}
+if [ "$part" = E ]; then
+  if [ "$card" = h200 ]; then
+    fp8_variants_applied || exit 2
+    step 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py tests/test_fp8_kv_cache.py
+    step 90 python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_round46_E.json"
+    exit 0
+  fi
+  step 40 python -m pytest -q -p no:cacheprovider tests/test_tma_launch.py
+  step 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py
+  step 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention_gluon.py \
+    -k "kept or public_op or captured or image_spans or transposed or torch_compile"
+  exit 0
+fi
 if [ "$card" = h200 ] && [ "$part" = D ]; then
   H200_PART=M exec bash "$(dirname "$0")/h200_round39.sh"
 fi
