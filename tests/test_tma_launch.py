@@ -181,3 +181,17 @@ def test_descriptors_among_other_tensors_keep_their_places(monkeypatch):
     wrapper(1, 1, 1, 0, *[None] * (BASE_ARGS - 4), a.data_ptr(), descriptors[0], b.data_ptr(), descriptors[1], 5, 3)
     assert log[-1][1] == log[-2][1]
     assert log[-1][1][:2] == (a.data_ptr(), ("map", k.data_ptr()))
+
+
+def test_a_view_of_another_shape_at_the_same_address_gets_its_own_map(rig):
+    # q[:1] starts where q does: a map kept for q must not serve it (its shape is another)
+    launch, log, encoded, _ = rig
+    q, k, v, o = _tensors()
+    launch((1, 1, 1), _args(q, k, v, o))
+    launch((1, 1, 1), _args(q, k, v, o))
+    launch((1, 1, 1), _args(q[:1], k, v, o))  # a new view shape: the bound path first
+    launch((1, 1, 1), _args(q[:1], k, v, o))
+    assert q[:1].data_ptr() == q.data_ptr()
+    # its own compiled kernel's maps, its own map among them: q[:1] as [8, D] rows, q as [16, D]
+    assert encoded[:4].count((q.data_ptr(), (16, D))) == 1 and encoded[4:].count((q.data_ptr(), (8, D))) == 1
+    assert log[-1][1][:3] == (("map", q.data_ptr(), (8, D), 0), 8, D)
