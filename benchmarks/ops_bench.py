@@ -288,8 +288,7 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None, causal=T
 
         impls["sdpa_cudnn"] = cudnn
         impls["omnitune"] = lambda: attn.attention(q, k, v, causal=causal)
-        for name, config in (configs or {}).items():
-            impls[name] = lambda config=config: attn.attention(q, k, v, causal=causal, config=config)
+        op_spans = None
         pairs = l * (l + 1) // 2 if causal else l * lk
         lengths = f"l{l}" if lk == l else f"lq{l} lk{lk}"
         name = f"attention b{b} h{h}/{hkv} {lengths} d{d} {'causal' if causal else 'no mask'}"
@@ -300,10 +299,11 @@ def attention_case(device, b=1, h=28, hkv=4, l=2048, d=128, spans=None, causal=T
         impls["sdpa_dense_mask"] = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         impls["omnitune_spans_tensor"] = lambda: attn.attention(q, k, v, causal=True, mm_spans=span_t)
         impls["omnitune_spans_list"] = lambda: attn.attention(q, k, v, causal=True, mm_spans=[spans] * b)
-        for name, config in (configs or {}).items():
-            impls[name] = lambda config=config: attn.attention(q, k, v, causal=True, mm_spans=span_t, config=config)
+        causal, op_spans = True, span_t
         pairs = int(limits[0].sum())
         name = f"attention b{b} h{h}/{hkv} l{l} d{d} causal + {len(spans)} image spans"
+    for label, config in (configs or {}).items():  # after the baselines: the first impl is the check's reference
+        impls[label] = lambda config=config: attn.attention(q, k, v, causal=causal, mm_spans=op_spans, config=config)
 
     def check(outs):
         base = next(iter(outs.values()))
