@@ -528,14 +528,8 @@ class KernelSpec:
         return kernel_source_hash(mod, self.extra_source_modules)
 
     def source_matches(self, recorded: str | None, configs: Iterable[Config] | None = None) -> str | None:
-        """Which hash of the kernel's current source a table's `recorded` one is: "jit" (today's:
-        SourceCheck.is_current), "module" (the whole-module hash of an older export), or None."""
-        if self.source_check().is_current(recorded, configs):
-            return "jit"
-        module = sys.modules.get(self.module)
-        if module is not None and recorded not in (None, "", UNKNOWN) and recorded == module_source_hash(module):
-            return "module"
-        return None
+        """Which hash of the kernel's current source a table's `recorded` one is (SourceCheck.matches)."""
+        return self.source_check().matches(recorded, configs)
 
     def source_check(self) -> SourceCheck:
         """Today's source hashes, each computed once (reading and parsing the kernel's source
@@ -552,6 +546,19 @@ class SourceCheck:
     spec: KernelSpec
     today: str
     _own_code: str | None = None
+    _whole_module: str | None = None
+
+    def matches(self, recorded: str | None, configs: Iterable[Config] | None = None) -> str | None:
+        """Which hash of the kernel's current source `recorded` is: "jit" (today's: is_current),
+        "module" (the whole-module hash of an older export, computed on first need), or None."""
+        if self.is_current(recorded, configs):
+            return "jit"
+        if recorded in (None, "", UNKNOWN):
+            return None
+        if self._whole_module is None:
+            module = sys.modules.get(self.spec.module)
+            self._whole_module = UNKNOWN if module is None else module_source_hash(module)
+        return "module" if recorded == self._whole_module else None
 
     def is_current(self, recorded: str | None, configs: Iterable[Config] | None = None) -> bool:
         """Whether `recorded` is today's hash of the code that `configs` — the configs it speaks

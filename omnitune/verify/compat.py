@@ -36,6 +36,7 @@ from typing import Any
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key, same_chip_keys
 from omnitune.provenance import ENTRY_SOURCE_HASH
 from omnitune.source_hash import UNKNOWN
+from omnitune.spec import SourceCheck
 from omnitune.verify.tables import TableFile
 from omnitune.verify.verdict import Check, Status
 
@@ -83,9 +84,11 @@ def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = Fa
             soft.append(Difference(name, None, here, "not recorded"))
         elif recorded != here:
             soft.append(Difference(name, recorded, here, version_change(recorded, here)))
-    _compare_source(table, doc.get("kernel_source_hash"), hard, soft, notes)
-    entry_checks = _entry_source_checks(table, device, [d for d in hard if d.field != "kernel_source_hash"], skipped,
-                                        twin)
+    # today's source hashes, computed once for the table and its entries (tens of ms each)
+    source = table.spec.source_check() if table.spec is not None else None
+    _compare_source(table, source, doc.get("kernel_source_hash"), hard, soft, notes)
+    entry_checks = _entry_source_checks(table, source, device, [d for d in hard if d.field != "kernel_source_hash"],
+                                        skipped, twin)
 
     revalidation = _revalidation(table, device, hard, skipped, twin=twin)
     status = Status.FAIL if hard else Status.WARN if soft else Status.PASS
@@ -119,14 +122,14 @@ def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = Fa
     return checks + entry_checks
 
 
-def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_hard: list[Difference],
-                         skipped: list[str], twin: bool = False) -> list[Check]:
+def _entry_source_checks(table: TableFile, source: SourceCheck | None, device: Mapping[str, Any],
+                         device_hard: list[Difference], skipped: list[str], twin: bool = False) -> list[Check]:
     """A check for each entry that carries its own kernel source hash and is not good for today's
     source: failed as a stale table is (revalidatable on the same conditions), or warned about
     when the hash it carries says nothing (not recorded). Entries good for today's source, and
     those without a hash of their own (the table's check covers them), get none."""
     checks = []
-    here = table.spec.source_hash() if table.spec is not None else None
+    here = source.today if source is not None else None
     for entry in table.entries:
         if ENTRY_SOURCE_HASH not in entry.raw:
             continue
@@ -138,7 +141,7 @@ def _entry_source_checks(table: TableFile, device: Mapping[str, Any], device_har
             checks.append(Check(PART, entry.key, Status.WARN, f"soft: {stale.text()} for this entry", table.kernel,
                                 {**details, "hard": [], "soft": [stale.as_record()]}))
             continue
-        if table.spec is not None and table.spec.source_matches(recorded, [entry.config]) is not None:
+        if source is not None and source.matches(recorded, [entry.config]) is not None:
             continue
         stale = Difference("kernel_source_hash", recorded, here, "kernel source changed since this entry was measured")
         revalidation = _revalidation(table, device, [stale, *device_hard], skipped, entry_count=False, twin=twin)
@@ -242,16 +245,15 @@ def _compare_device(device: Mapping[str, Any], machine: Mapping[str, Any], hard:
         soft.append(Difference("driver", driver, here_driver, version_change(driver, here_driver)))
 
 
-def _compare_source(table: TableFile, recorded: Any, hard: list, soft: list, notes: list) -> None:
+def _compare_source(table: TableFile, source: SourceCheck | None, recorded: Any, hard: list, soft: list,
+                    notes: list) -> None:
+    here = source.today if source is not None else None
     if not recorded or recorded == "unknown":
-        soft.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
-                               "not recorded"))
+        soft.append(Difference("kernel_source_hash", recorded, here, "not recorded"))
         return
-    configs = [entry.config for entry in table.entries]
-    matched = table.spec.source_matches(recorded, configs) if table.spec is not None else None
+    matched = source.matches(recorded, [entry.config for entry in table.entries]) if source is not None else None
     if matched is None:
-        hard.append(Difference("kernel_source_hash", recorded, table.spec.source_hash() if table.spec else None,
-                               "kernel source changed since the measurement"))
+        hard.append(Difference("kernel_source_hash", recorded, here, "kernel source changed since the measurement"))
     elif matched == "module":
         notes.append("kernel_source_hash is the whole-module hash of an older export; it matches today's "
                      "module, and omnitune export now records the jit-source hash")
