@@ -48,9 +48,9 @@ class _Jit:
         return launch
 
 
-@pytest.fixture
-def rig(monkeypatch):
-    """(the descriptor launcher, the log of every launch, the log of every map encoded)."""
+def _recorded_launch(monkeypatch, signature, metas, runtime_count, objects, make, positions):
+    """(a TmaLaunch of a kernel whose launch wrapper is Triton's own around a recording C function,
+    the log of every launch, the log of every map encoded, that wrapper)."""
     log, encoded = [], []
 
     def encode(desc, meta):  # what fill_tma_descriptor's result stands for: the view it encodes
@@ -59,14 +59,19 @@ def rig(monkeypatch):
 
     monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
     c_function = lambda *args: log.append(("c", args[BASE_ARGS:]))  # noqa: E731
-    wrapper = driver.wrap_handle_tensordesc(c_function, SIGNATURE, METAS)
+    wrapper = driver.wrap_handle_tensordesc(c_function, signature, metas)
     launcher = _launch.DirectLauncher(kvw._kv_cache_write)
     launcher.jit, launcher._direct = _Jit(_Kernel(wrapper), log), True
-    launcher._runtime_count, launcher._constexpr_names = 7, ["BLOCK"]
+    launcher._runtime_count, launcher._constexpr_names = runtime_count, ["BLOCK"]
     monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
     monkeypatch.setattr(_launch, "_current_device", lambda: 0)
-    bound = launcher.bind({"BLOCK": 3}, 5)
-    return _tma_launch.TmaLaunch(bound, _descriptor, (0, 1, 2, 3)), log, encoded, wrapper
+    return _tma_launch.TmaLaunch(launcher.bind({"BLOCK": 3}, objects), make, positions), log, encoded, wrapper
+
+
+@pytest.fixture
+def rig(monkeypatch):
+    """The Gluon kernel's layout: four descriptors, a tensor, then plain values."""
+    return _recorded_launch(monkeypatch, SIGNATURE, METAS, 7, 5, _descriptor, (0, 1, 2, 3))
 
 
 def _views(q, k, v, o):
@@ -158,29 +163,20 @@ def test_a_kernel_it_cannot_take_apart_keeps_every_call_on_the_bound_path(rig, m
 
 def test_descriptors_among_other_tensors_keep_their_places(monkeypatch):
     # attention's Triton kernel: tensors, then K's and V's descriptors, then plain values
-    log, encoded = [], []
-    monkeypatch.setattr(driver, "make_tensordesc_arg",
-                        lambda desc, meta: encoded.append(desc.base.data_ptr()) or [("map", desc.base.data_ptr()),
-                                                                                    *desc.shape, *desc.strides])
     signature = {0: "*fp32", 1: "tensordesc<fp32[4, 16]>", 2: "*fp32", 3: "tensordesc<fp32[4, 16]>", 4: "i32",
                  5: "constexpr"}
-    c_function = lambda *args: log.append(("c", args[BASE_ARGS:]))  # noqa: E731
-    wrapper = driver.wrap_handle_tensordesc(c_function, signature, [{"swizzle": 0}, {"swizzle": 1}])
-    launcher = _launch.DirectLauncher(kvw._kv_cache_write)
-    launcher.jit, launcher._direct = _Jit(_Kernel(wrapper), log), True
-    launcher._runtime_count, launcher._constexpr_names = 5, ["BLOCK"]
-    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 0)
-    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
     make = lambda t, block: TensorDescriptor(t, list(t.shape), list(t.stride()), list(block))  # noqa: E731
-    launch = _tma_launch.TmaLaunch(launcher.bind({"BLOCK": 3}, 4), make, (1, 3))
+    launch, log, encoded, wrapper = _recorded_launch(monkeypatch, signature, [{"swizzle": 0}, {"swizzle": 1}], 5, 4,
+                                                     make, (1, 3))
     a, k, b, v = torch.randn(8), torch.randn(32, D), torch.randn(8), torch.randn(32, D)
     for _ in range(3):
         launch((1, 1, 1), (a, (k, (4, D)), b, (v, (4, D)), 5))
-    assert [kind for kind, _ in log] == ["jit", "c", "c"] and encoded == [k.data_ptr(), v.data_ptr()]
+    assert [kind for kind, _ in log] == ["jit", "c", "c"]
+    assert [address for address, _ in encoded] == [k.data_ptr(), v.data_ptr()]
     descriptors = [make(t, (4, D)) for t in (k, v)]
     wrapper(1, 1, 1, 0, *[None] * (BASE_ARGS - 4), a.data_ptr(), descriptors[0], b.data_ptr(), descriptors[1], 5, 3)
     assert log[-1][1] == log[-2][1]
-    assert log[-1][1][:2] == (a.data_ptr(), ("map", k.data_ptr()))
+    assert log[-1][1][:2] == (a.data_ptr(), ("map", k.data_ptr(), (4, D), 0))
 
 
 def test_a_view_of_another_shape_at_the_same_address_gets_its_own_map(rig):
