@@ -165,3 +165,54 @@ def test_export_says_when_the_runtime_would_not_read_its_folder(tmp_path, monkey
     again = invoke("export", "--db", db, "--out", out)
     assert again.exit_code == 0, again.output
     assert "does not read" not in again.stderr
+
+
+# --- a results database with damaged pages ----------------------------------------------------------
+
+
+def damage_trials_pages(db: Path) -> None:
+    """Overwrite the page that holds the trials table's rows, as a copy cut short or a disk error
+    leaves it: the file still opens and its schema still reads, only those rows do not."""
+    with sqlite3.connect(db) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'trials'").fetchone()
+    conn.close()
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(b"\xff" * page_size)
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_report_and_export_of_a_database_with_damaged_pages_are_one_line(command, tmp_path):
+    db = searched_db(tmp_path)
+    damage_trials_pages(db)
+    out = tmp_path / "tables"
+    args = {"report": ["report", "--db", db], "export": ["export", "--db", db, "--out", out]}[command]
+    assert_one_line_error(invoke(*args), f"{db} is a damaged omnitune results database")
+    assert not out.exists()
+
+
+def test_a_search_into_a_database_with_damaged_pages_is_refused_before_it_runs(tmp_path):
+    db = searched_db(tmp_path)
+    damage_trials_pages(db)
+    damaged = db.read_bytes()
+    result = invoke("search", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--trials", 3,
+                    "--db", db)
+    assert_one_line_error(result, "is a damaged omnitune results database")
+    assert "trial 2/3" not in result.stdout  # refused up front, not after measuring
+    assert db.read_bytes() == damaged
+
+
+# --- export of a database whose best rows cannot make entries ---------------------------------------
+
+
+def test_export_of_best_rows_that_make_no_entry_does_not_say_no_trial_ran_ok(tmp_path, caplog):
+    db = searched_db(tmp_path)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE trials SET config_json = '[1, 2]'")
+    conn.close()
+    result = invoke("export", "--db", db, "--out", tmp_path / "tables")
+    assert result.exit_code == 0, result.output
+    assert "no trial there ran ok" not in result.stdout
+    assert "the best trial of each of its problems cannot make a table entry" in result.stdout
+    assert "cannot make a table entry (changed by hand, or corrupt)" in caplog.text  # the warning it points to

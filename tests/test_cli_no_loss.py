@@ -194,3 +194,24 @@ def test_bench_causal_on_a_kernel_without_the_flag_is_one_line(flag, monkeypatch
     monkeypatch.setattr(bench, "run_bench", must_not_run)
     assert_one_line_error(invoke("bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, flag),
                           f"{flag}: kv_cache_write has no causal flag")
+
+
+# --- 7. verify --kernels and search --storage given empty -------------------------------------------------
+
+
+@pytest.mark.parametrize("kernels", ["", ",", " , "])
+def test_verify_kernels_that_name_no_kernel_is_one_line_not_every_table(kernels, tmp_path, monkeypatch):
+    from omnitune.verify import pipeline
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("verify checked the tables")
+
+    monkeypatch.setattr(pipeline, "run_verify", must_not_run)
+    assert_one_line_error(invoke("verify", *MODE, "--kernels", kernels), f"--kernels {kernels!r} names no kernel")
+
+
+@pytest.mark.parametrize("storage", ["", " "])
+def test_search_storage_empty_is_one_line_not_the_journal_beside_the_db(storage, tmp_path):
+    db = tmp_path / "omnitune.db"
+    assert_one_line_error(invoke(*search_args(db, "--trials", 1, "--storage", storage)), "--storage is empty")
+    assert list(tmp_path.iterdir()) == []  # no database, no journal

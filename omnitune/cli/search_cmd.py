@@ -28,6 +28,7 @@ from omnitune.cli.common import (
     parse_problems,
     parse_tries,
     preset_kernel_names,
+    require_named,
     search_dtype,
     search_dtype_names,
     search_dtype_option,
@@ -180,6 +181,10 @@ def search(
     b=1,h=28,hkv=4,lq=1,lk=4096,d=128 --trials 60, or omnitune search --model qwen2.5-omni-7b.
     """
     db_path(db)  # an empty --db is refused before lanes start or anything is checked at length
+    # So is an empty --storage: taken as not given, the studies went to the journal beside --db,
+    # not to the storage the user meant to share (an unset variable in a worker script).
+    require_named(storage, "--storage", "the Optuna storage (e.g. --storage journal:///studies.log), or leave "
+                  "--storage out for the journal beside --db")
     deadline = None if timeout is None else time.monotonic() + timeout
     in_lane = lane_session is not None
     if in_lane and _precompile_workers(precompile, interpret):

@@ -189,7 +189,8 @@ def export(
     out = Path(out_text)
     preflight.require_writable_folder(out, "--out")
     _import_storage(path, storage)
-    if not _has_results(load_trials(path, kernel), path, kernel):
+    trials = load_trials(path, kernel)
+    if not _has_results(trials, path, kernel):
         typer.echo(_nothing_measured(path))
         return
     try:
@@ -198,7 +199,11 @@ def export(
         where = f" ({exc.filename})" if exc.filename else ""
         raise StoreError(f"cannot write the tables under --out {out}: {exc.strerror or exc}{where}") from None
     if not written:
-        typer.echo(f"nothing to export from {path}: no trial there ran ok")
+        # Trials that ran ok whose rows make no entry (changed by hand, or corrupt) were named in
+        # the warning above: "no trial ran ok" would contradict it.
+        why = ("the best trial of each of its problems cannot make a table entry (see the warning)"
+               if (trials["status"] == "ok").any() else "no trial there ran ok")
+        typer.echo(f"nothing to export from {path}: {why}")
         return
     for f in written:
         verb = "wrote" if f.changed else "unchanged"

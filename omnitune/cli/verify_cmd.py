@@ -91,8 +91,13 @@ def verify(
         enable_interpreter()
     elif not torch.cuda.is_available():
         raise DeviceError("no CUDA GPU here; verify needs one (or --interpret for compatibility and numerics on the CPU)")
+    names = [k.strip() for k in (kernels or "").split(",") if k.strip()]
+    if kernels is not None and not names:
+        # Not every table: --kernels '' (an unset variable in a script) would otherwise check them all.
+        raise OmnituneError(f"--kernels {kernels!r} names no kernel; give kernels comma-separated (e.g. --kernels "
+                            "attention), or leave --kernels out to check every table found")
     specs = {}
-    for name in filter(None, (k.strip() for k in (kernels or "").split(","))):
+    for name in names:
         spec = load_spec(name, interpret)
         specs[spec.name] = spec
     folders = _folders(tables)

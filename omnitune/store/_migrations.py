@@ -231,6 +231,7 @@ def open_db(path: str | Path) -> sqlite_utils.Database:
     _require_writable(path)
     try:
         db = sqlite_utils.Database(path)
+        _require_intact(db, path)
         _migrate(db, path)
     except sqlite3.OperationalError as exc:  # locked, read-only, no room: a database, but unusable now
         raise StoreError(f"cannot use the results database {str(path)!r}: {exc}") from None
@@ -251,6 +252,24 @@ def _require_writable(path: Path) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise StoreError(f"cannot write the results database {str(path)!r}: its folder {str(folder)!r} is "
                          "read-only (SQLite writes its journal there); give a writable --db")
+
+
+def _require_intact(db: sqlite_utils.Database, path: Path) -> None:
+    """A StoreError for a database with damaged pages (a copy cut short, a disk error): SQLite
+    opens one and reads its schema, then fails at the first read of a damaged page — in the middle
+    of a search, as a traceback, after work it could not store. quick_check reads every page once
+    (a fraction of a second for a database of hundreds of thousands of trials)."""
+    try:
+        found = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+    except sqlite3.OperationalError:
+        raise  # locked, or cannot be read now: said by open_db
+    except sqlite3.DatabaseError as exc:
+        if "malformed" not in str(exc):
+            raise  # no database at all: said by open_db
+        found = str(exc)
+    if found != "ok":
+        raise StoreError(f"{str(path)!r} is a damaged omnitune results database ({found}); restore it from a "
+                         "copy, or give a new --db")
 
 
 def schema_version(db: sqlite_utils.Database) -> int:

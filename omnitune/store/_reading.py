@@ -52,13 +52,36 @@ def read_table(db_path: str | Path, table: str, columns: Sequence[str], *, where
         if where is not None and value is not None:
             query += f' WHERE "{where}" = ?'
             params = (value,)
-        return _numbers_as_numbers(pd.read_sql_query(query, con, params=params), con, db_path, table)
+        return _numbers_as_numbers(_read_query(query, con, params), con, db_path, table)
     except sqlite3.OperationalError as exc:  # a database that cannot be read now (I/O, a lock): not a foreign file
         raise StoreError(f"cannot read {db_path}: {exc}") from None
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
+        raise _unreadable(db_path, exc) from None
     finally:
         con.close()
+
+
+def _unreadable(db_path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    """What a read says of a file SQLite refuses: damaged pages (SQLite's "malformed", in a
+    results database as often as anywhere: a copy cut short, a disk error) or no database of ours."""
+    if "malformed" in str(exc):
+        return StoreError(f"{db_path} is a damaged omnitune results database ({exc}); restore it from a copy")
+    return StoreError(f"{db_path} is not an omnitune results database: {exc}")
+
+
+def _read_query(query: str, con: sqlite3.Connection, params: tuple) -> pd.DataFrame:
+    """pd.read_sql_query, raising the sqlite3 error it met: pandas wraps it in an error of its own
+    (pandas.errors.DatabaseError, no sqlite3.Error), which read_table's handlers would miss — a
+    database whose rows lie on damaged pages (a copy cut short, a disk error) opens, and fails only
+    here."""
+    import pandas as pd
+
+    try:
+        return pd.read_sql_query(query, con, params=params)
+    except pd.errors.DatabaseError as exc:
+        if isinstance(exc.__cause__, sqlite3.Error):
+            raise exc.__cause__ from None
+        raise
 
 
 def _numbers_as_numbers(frame: pd.DataFrame, con: sqlite3.Connection, db_path: Path, table: str) -> pd.DataFrame:
@@ -105,7 +128,7 @@ def read_study_configs(db_path: str | Path, study: str) -> dict[str, str]:
     except sqlite3.OperationalError as exc:  # a database that cannot be read now (I/O, a lock): not a foreign file
         raise StoreError(f"cannot read {db_path}: {exc}") from None
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{db_path} is not an omnitune results database: {exc}") from None
+        raise _unreadable(db_path, exc) from None
     finally:
         con.close()
 
