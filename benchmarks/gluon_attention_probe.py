@@ -208,7 +208,9 @@ def _attn_fwd_pipelined(q_desc, k_desc, v_desc, o_desc, L, H, HKV, qk_scale,
                                                        instr_shape=[16, HEAD_D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(L, L, H, HKV, BLOCK_M, BLOCK_N, CAUSAL)
+    # heads fastest, query blocks last-first (the order this form was measured in)
+    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(gl.program_id(0), gl.num_programs(1) - 1 - gl.program_id(1),
+                                                         L, L, H, HKV, BLOCK_M, BLOCK_N, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)

@@ -464,6 +464,28 @@ def test_gpu_image_spans_run_on_the_gluon_kernel_and_are_right(launches, lq, lk,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("b, h, hkv", [(3, 6, 3), (1, 20, 4), (2, 8, 8)], ids=["b3h6kv3", "b1h20kv4", "b2h8kv8"])
+@pytest.mark.parametrize("mask", ["none", "causal", "spans"])
+def test_gpu_every_tile_of_every_section_of_the_launch_order_is_right(launches, gluon_module, b, h, hkv, mask):
+    # The launch order walks L2_SECTION (batch·head)s at a time (_sectioned_program): several
+    # sections and a last one of fewer heads (18 = 8 + 8 + 2, 20 = 8 + 8 + 4), and exactly two
+    # (16), each with three query blocks (the last a tail), and spans that differ by sequence
+    # (a span read through the wrong program's batch shows). Poisoned output: an unwritten tile fails.
+    assert b * h > gluon_module.L2_SECTION.value
+    lq = 300
+    for seed in (b * h + lq, b * h + lq + 100):
+        inputs = _inputs(b, h, hkv, lq, torch.bfloat16, seed, mask != "none")
+        if mask == "spans":
+            spans = [[[17 + 40 * i, 140 + 50 * i]] for i in range(b)]
+            inputs = dataclasses.replace(inputs, spans=torch.tensor(spans, dtype=torch.int32, device=DEVICE))
+        out = SPEC.new_output(inputs)
+        assert SPEC.launch(inputs, out, WINNER_CONFIG) is None
+        torch.cuda.synchronize()
+        _check(out, inputs)
+    assert launches == ["ran", "ran"]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("sm_scale", [0.02, 0.3])
 def test_gpu_a_softmax_scale_other_than_one_over_sqrt_d_is_right(launches, sm_scale):
     for causal in (False, True):

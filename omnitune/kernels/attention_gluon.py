@@ -18,8 +18,9 @@ head's at (batch·hkv + head // (h / hkv))·Lk. Tails: a key tile past Lk reads 
 (or, past the tensor's end, TMA's zeros) and masks them out of the softmax (their P is 0, so the
 P·V GEMM adds 0·V: finite values, as every head's are, add nothing); a query tile past Lq computes
 rows nobody reads and writes only its rows below Lq (a masked store from registers; whole halves
-go out by TMA). Rows that see no key (causal, Lq > Lk) write zeros. Grid (b·h, ⌈Lq / 128⌉), heads
-fastest and query blocks last-first: under a causal mask the heaviest blocks start first.
+go out by TMA). Rows that see no key (causal, Lq > Lk) write zeros. Grid (b·h, ⌈Lq / 128⌉), walked
+in sections of 8 (batch·head)s, each section's query blocks last-first and its heads fastest: a
+wave reads the K/V of 8 heads, and under a causal mask a section's heaviest blocks start first.
 
 The form (warp-specialized, gl.warp_specialize): a producer (the default partition, 4 warps at 40
 registers, one thread issuing) loads both 64-row halves of Q and streams K/V into STAGES-deep
@@ -65,6 +66,13 @@ TILE_ROWS = GLUON_FIXED["BLOCK_M"]  # query rows per program: two consumers of 6
 HALF_ROWS = TILE_ROWS // 2
 LAUNCH_WARPS = GLUON_FIXED["num_warps"]  # the producer's (the consumers' 8 warps come on top)
 KEY_TILES = GLUON_TUNED["BLOCK_N"]  # the wgmma instruction shapes the consumers' layouts are written for
+# (batch·head)s a section of the launch order (_sectioned_program). On an H100, through the op, in
+# graphs of 30 calls (sustained load): b1 h24/24 16k with no mask 1.04x SDPA's cuDNN against 0.92–
+# 0.95x walking every head at once, b2 h28/4 3,000 causal 1.05x against 1.02x, issue 15's other
+# shapes within ±0.02x of it or above; in short graphs one run of two had h32/4 16k with no mask at
+# 0.97x against 1.01x. Sections of 1–2 lose under a causal mask (the heavy blocks no longer lead).
+# benchmarks/results/gluon_head_groups_h100*.json
+L2_SECTION = gl.constexpr(8)
 MIN_STAGES = 2  # the ring must hold the tile a consumer's P·V still reads and the next one's K
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -98,16 +106,34 @@ def _online_softmax(s, m_i, l_i, qk_scale, key_ends, start_n, MASKED: gl.constex
 
 
 @gluon.jit
-def _tile_coords(LQ, LK, H, HKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """This program's (batch·head, query block) and what it reads. Grid (b·h, ⌈LQ / BLOCK_M⌉): the
-    heads vary fastest, so the first wave holds every head's last (under a causal mask, heaviest)
-    query block, and the heads of one kv group run side by side (their K/V shared through L2).
-    Q/O are [b·h·LQ, d] and K/V [b·hkv·LK, d] 2-D views: the rows of (batch, head) start at
-    (batch·h + head)·LQ, those of its kv head at (batch·hkv + head // (h / hkv))·LK. n_tiles: the
-    key tiles the block reads (at least one: a block that sees no key masks tile 0 wholly and
-    writes zeros); n_full: those every row of the block sees whole (tile 0 is masked regardless)."""
-    pid_bh = gl.program_id(0)
-    off_m = (gl.num_programs(1) - 1 - gl.program_id(1)) * BLOCK_M
+def _sectioned_program(SECTION: gl.constexpr):
+    """This program's (batch·head, query block), the launch order (program_id(0) fastest) walking
+    the grid (b·h, ⌈LQ / BLOCK_M⌉) in sections of SECTION (batch·head)s: a section's query blocks,
+    the last (under a causal mask, the heaviest) first and its heads fastest, before the next
+    section's. A wave then reads the K/V of SECTION heads, not of every head at once: with no GQA
+    and long keys, every head's K/V is several times the L2, and the DRAM traffic that costs slows
+    the clocks under sustained load (FlashAttention-3 walks its heads in L2-sized sections too).
+    The last section takes the heads left."""
+    n_bh = gl.num_programs(0)
+    n_qb = gl.num_programs(1)
+    pid = gl.program_id(1) * n_bh + gl.program_id(0)  # < b·h·LQ / 128 < 2³¹ (shape_refusal)
+    per_section = SECTION * n_qb
+    section = pid // per_section
+    first = section * SECTION
+    heads = gl.minimum(SECTION, n_bh - first)
+    r = pid - section * per_section
+    return first + r % heads, n_qb - 1 - r // heads
+
+
+@gluon.jit
+def _tile_coords(pid_bh, q_block, LQ, LK, H, HKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """What (batch·head, query block) pid_bh, q_block reads. Q/O are [b·h·LQ, d] and K/V
+    [b·hkv·LK, d] 2-D views: the rows of (batch, head) start at (batch·h + head)·LQ, those of its
+    kv head at (batch·hkv + head // (h / hkv))·LK. n_tiles: the key tiles the block reads (at least
+    one: a block that sees no key masks tile 0 wholly and writes zeros); n_full: those every row of
+    the block sees whole (tile 0 is masked regardless)."""
+    off_m = q_block * BLOCK_M
     batch = pid_bh // H
     kv_head = (pid_bh % H) // (H // HKV)
     q_row = pid_bh * LQ + off_m  # TMA coordinates are 32-bit: shape_refusal keeps the rows below 2³¹
@@ -293,8 +319,10 @@ def _attn_fwd_pingpong(q_desc, k_desc, v_desc, o_desc, o_ptr, spans, stride_sb, 
     HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(HALF == 64, "each consumer owns 64 query rows")
-    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(LQ, LK, H, HKV, 2 * HALF, BLOCK_N, MASK != 0)
-    span_row = spans + (gl.program_id(0) // H).to(gl.int64) * stride_sb
+    pid_bh, q_block = _sectioned_program(L2_SECTION)
+    off_m, q_row, kv_row, n_tiles, n_full = _tile_coords(pid_bh, q_block, LQ, LK, H, HKV, 2 * HALF, BLOCK_N,
+                                                         MASK != 0)
+    span_row = spans + (pid_bh // H).to(gl.int64) * stride_sb
     if MASK == 2:
         n_tiles, n_full = _span_tiles(off_m, LQ, LK, span_row, stride_ss, stride_se, NUM_SPANS, 2 * HALF, BLOCK_N)
 
