@@ -2,7 +2,9 @@
 
 One file per kernel × device: `<out>/<kernel>/<device_key>.json` (format: tuned_configs/README.md,
 reader: omnitune.runtime). Only what was measured goes in — each entry is the best *ok* trial of
-one (problem, dtype). Files are written so that they review well and survive crashes:
+one (problem, dtype); a row changed by hand or corrupt (a time that is zero, negative or infinite,
+a config that is not JSON) makes none, with one warning per kernel. Files are written so that
+they review well and survive crashes:
 - keys and JSON sorted, two-space indent, final newline, so a diff shows only what changed;
 - written to a temporary file beside the target, then os.replace'd over it, so a crash leaves
   the old file or the new one, never half of one; mode 0666 less the umask (omnitune/table_files.py);
@@ -148,6 +150,7 @@ def build_documents(
 ) -> list[TableDocument]:
     """One document per kernel × device holding the best ok trial of each (problem, dtype), and
     with `predictor` the predictor block fit over every trial of it."""
+    trials = _without_impossible_times(trials)
     best = best_per_key(trials)
     best = best[best["status"] == "ok"]
     documents = []
@@ -176,8 +179,7 @@ def build_documents(
                 continue
             entries[key] = entry
         if unusable:
-            logger.warning("leaving out %d %s rows of the database that cannot make a table entry (changed by hand, "
-                           "or corrupt): %s", len(unusable), kernel, name_few(unusable))
+            _warn_unusable_rows(kernel, unusable)
         if not entries:
             continue
         fit = spec is not None and predictor
@@ -201,6 +203,31 @@ def build_documents(
             content["predictor"] = block
         documents.append(TableDocument(kernel, device_key, content))
     return documents
+
+
+def _warn_unusable_rows(kernel: Any, unusable: list[tuple[str, str]]) -> None:
+    logger.warning("leaving out %d %s rows of the database that cannot make a table entry (changed by hand, "
+                   "or corrupt): %s", len(unusable), kernel, name_few(unusable))
+
+
+def _without_impossible_times(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials less the ok rows with a time no measurement gives (zero, negative, infinite, not
+    a number), warned about as rows that cannot make an entry. Left in, such a row (written by hand
+    or by a corrupt writer) would win its key at -3.6 ms, or make the default's time and the speedup
+    over it impossible; left out, the key's best measured trial makes its entry."""
+    bad_in = {column: trials[column].notna()
+              & ~pd.to_numeric(trials[column], errors="coerce").between(0, math.inf, inclusive="neither")
+              for column in ("time_ms", "p20_ms", "p80_ms")}
+    impossible = pd.concat(bad_in.values(), axis=1).any(axis=1) & (trials["status"] == "ok")
+    for kernel, rows in trials[impossible].groupby("kernel", sort=True):
+        unusable = []
+        for index, r in rows.iterrows():
+            column = next(c for c, bad in bad_in.items() if bad[index])
+            value = r[column].item() if hasattr(r[column], "item") else r[column]
+            unusable.append((entry_key(r["dtype"], r["problem_key"]), f"trial {_plain(r['trial_number'])}: "
+                             f"{column} {describe(value)} is not a positive number of milliseconds"))
+        _warn_unusable_rows(kernel, unusable)
+    return trials[~impossible]
 
 
 def _refuse_unsafe_names(kernel: Any, device_key: Any) -> None:

@@ -5,6 +5,9 @@ config read by profile, --soak nan/inf, and an empty --plot."""
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -135,6 +138,31 @@ def test_verify_soak_that_is_not_a_finite_number_is_one_line(minutes, tmp_path):
     assert_one_line_error(result, f"--soak {minutes}: give a positive number of minutes")
 
 
+@pytest.mark.parametrize("minutes", ["1e308", "10081"])
+def test_verify_soak_longer_than_a_week_is_one_line(minutes, tmp_path):
+    # 1e308 minutes overflowed to infinite seconds: a soak that never ends, its report never written.
+    result = invoke("verify", "--tables", tmp_path / "no-tables", "--model", "qwen2.5-omni-7b", *MODE,
+                    "--soak", minutes)
+    assert_one_line_error(result, "give a positive number of minutes, at most 10080 (a week)")
+
+
+def test_verify_soak_of_a_week_is_taken(tmp_path, monkeypatch):
+    from omnitune.errors import OmnituneError
+    from omnitune.verify import pipeline
+
+    asked = []
+
+    def stop_before_running(options, *args, **kwargs):
+        asked.append(options.soak_minutes)
+        raise OmnituneError("stopped before running")
+
+    monkeypatch.setattr(pipeline, "run_verify", stop_before_running)
+    (tmp_path / "tables").mkdir()
+    result = invoke("verify", "--tables", tmp_path / "tables", "--model", "qwen2.5-omni-7b", *MODE, "--soak", "10080")
+    assert_one_line_error(result, "stopped before running")
+    assert asked == [10080.0]
+
+
 # --- report --plot '': not the current folder --------------------------------------------------------
 
 
@@ -192,6 +220,18 @@ def test_report_and_export_of_a_database_with_damaged_pages_are_one_line(command
     assert not out.exists()
 
 
+def test_plan_from_a_database_with_damaged_pages_says_so_and_assumes_its_timings(tmp_path):
+    """plan works without a database (assumed timings), so it goes on; but a file whose trials'
+    pages are damaged still reads its search_runs, and plan said "no searches on a GPU" in it."""
+    db = searched_db(tmp_path)
+    damage_trials_pages(db)
+    result = invoke("plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "--db", db)
+    assert result.exit_code == 0, result.output
+    [total] = [line for line in result.stdout.splitlines() if line.startswith("total ")]
+    assert "assumed" in total and f"{db} is a damaged omnitune results database (" in total
+    assert "no searches" not in result.stdout
+
+
 def test_a_search_into_a_database_with_damaged_pages_is_refused_before_it_runs(tmp_path):
     db = searched_db(tmp_path)
     damage_trials_pages(db)
@@ -216,3 +256,43 @@ def test_export_of_best_rows_that_make_no_entry_does_not_say_no_trial_ran_ok(tmp
     assert "no trial there ran ok" not in result.stdout
     assert "the best trial of each of its problems cannot make a table entry" in result.stdout
     assert "cannot make a table entry (changed by hand, or corrupt)" in caplog.text  # the warning it points to
+
+
+# --- export of trials whose times no measurement gives ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_trials_db(tmp_path_factory) -> Path:
+    """A database searched for 3 trials, copied by each test that changes it."""
+    return searched_db(tmp_path_factory.mktemp("three_trials"), trials=3)
+
+
+@pytest.mark.parametrize("time_ms", [-3.6, 0.0, math.inf], ids=["negative", "zero", "inf"])
+@pytest.mark.parametrize("row", ["fastest", "default"])
+def test_export_leaves_out_a_trial_whose_time_is_impossible(row, time_ms, three_trials_db, tmp_path, caplog):
+    """A time that is zero, negative or infinite, written by hand or by a corrupt writer, went into the
+    table as it was (-3.6 ms, -62x the default) and verify passed it: it is left out with the
+    warning of rows that cannot make an entry, and the key's best measured trial makes its entry."""
+    db = tmp_path / "omnitune.db"
+    shutil.copy(three_trials_db, db)
+    with sqlite3.connect(db) as conn:
+        times = dict(conn.execute("SELECT trial_number, time_ms FROM trials WHERE status = 'ok'").fetchall())
+        (default,) = conn.execute("SELECT trial_number FROM trials WHERE is_default = 1").fetchone()
+        others = {n: t for n, t in times.items() if n != default}
+        changed = default if row == "default" else min(others, key=others.get)
+        conn.execute("UPDATE trials SET time_ms = ? WHERE trial_number = ?", (time_ms, changed))
+    conn.close()
+    assert len(times) == 3, times
+    out = tmp_path / "tables"
+    result = invoke("export", "--db", db, "--out", out)
+    assert result.exit_code == 0, result.output
+    [path] = (out / "kv_cache_write").glob("*.json")
+    [entry] = json.loads(path.read_text())["entries"].values()
+    best = min(t for n, t in times.items() if n != changed)
+    assert entry["time_ms"] == pytest.approx(best)
+    if row == "default":  # the default's time is not known: no speedup over it, rather than an impossible one
+        assert entry["speedup_vs_default"] is None
+    else:
+        assert entry["speedup_vs_default"] == pytest.approx(times[default] / best)
+    assert (f"trial {changed}: time_ms {time_ms!r} is not a positive number of milliseconds" in caplog.text
+            and "cannot make a table entry (changed by hand, or corrupt)" in caplog.text)

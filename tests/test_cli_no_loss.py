@@ -122,6 +122,21 @@ def test_report_from_a_storage_that_cannot_be_opened_leaves_no_empty_database(tm
     assert not db.exists()
 
 
+@pytest.mark.parametrize("command", ["report", "export"])
+@pytest.mark.parametrize("storage", ["journal:///{tmp}/missing.optuna.log", "journal:///{tmp}/no/such/dir/x.log",
+                                     "sqlite:///{tmp}/missing.optuna.db"], ids=["journal", "journal-folder", "sqlite"])
+def test_reading_a_storage_that_does_not_exist_is_one_line_and_makes_no_file(command, storage, tmp_path):
+    """Opening a missing storage, Optuna made it (a journal with its folders, an SQLite file), and
+    report and export read "0 trials" from it, into a new empty database."""
+    url = storage.format(tmp=tmp_path)
+    out = tmp_path / "tables"
+    extra = ["--out", out] if command == "export" else []
+    line = assert_one_line_error(invoke(command, "--db", tmp_path / "omnitune.db", "--storage", url, *extra),
+                                 f"--storage {url}: there is no Optuna storage at ")
+    assert "leave out --storage" in line
+    assert list(tmp_path.iterdir()) == []  # no storage, no folder, no database, no tables
+
+
 # --- 3. plan --kernels that names nothing --------------------------------------------------------------
 
 

@@ -165,6 +165,10 @@ EMPTY_CALLS = {
     "kv_importance, W=0": (lambda: kv_importance(*_compress_args(w=0)[:2]), "window has 0 queries"),
     "compress_kv, B=0": (lambda: compress_kv(*_compress_args(b=0), keep_ratio={"image": 0.5}), "batch is empty"),
     "compress_kv, H=0": (lambda: compress_kv(*_compress_args(h=0), keep_ratio={"image": 0.5}), "positive multiple"),
+    # said "the observation window has 4 queries; use 1..0 (the sequence length)"
+    "compress_kv, N=0": (lambda: compress_kv(*_compress_args(n=0), keep_ratio={"image": 0.5}),
+                         r"the sequence is empty \(N = 0"),
+    "kv_importance, N=0": (lambda: kv_importance(*_compress_args(n=0)[:2]), r"the sequence is empty \(N = 0"),
 }
 
 

@@ -53,9 +53,15 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     """The rates of `device_key`'s searches in the database (None: the device with the most
     measured trials there), or ASSUMED with the reason when it has none."""
     from omnitune.errors import StoreError
-    from omnitune.store import SEARCH_RUN_COLUMNS, read_table
+    from omnitune.store import SEARCH_RUN_COLUMNS, read_table, require_intact_pages
     from omnitune.trial import INTERPRETER_DEVICE
 
+    try:
+        # search_runs can read well while the trials' pages are damaged: the plan says the file
+        # is, rather than "no searches on a GPU" from a database a search would refuse.
+        require_intact_pages(db_path)
+    except StoreError as exc:
+        return _assumed(str(exc).split(";")[0])
     # A database from before the CPU time (schema 4) or the GPU time (schema 3) was recorded:
     # its runs without those columns.
     later = ("cpu_s", "compile_cpu_s", "gpu_s", "lock_wait_s")

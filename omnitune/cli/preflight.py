@@ -97,6 +97,16 @@ def require_storage_apart(storage: str | None, db: Path) -> None:
         )
 
 
+def require_storage_to_read(storage: str) -> None:
+    """That the file a --storage to read from names exists: opening a missing one, Optuna makes it
+    (a journal with its folders, an SQLite database), and report and export read "0 trials" from
+    a file a typo made."""
+    target = _storage_file(storage)
+    if target is not None and not target.exists():
+        raise StoreError(f"--storage {storage}: there is no Optuna storage at {target}; give the storage a "
+                         "search wrote into, or leave out --storage to use the results database as it is")
+
+
 def _memory_bytes(interpret: bool) -> tuple[int, str] | None:
     """How much memory the problem's tensors are made in, and what it is; None if unknown."""
     import torch

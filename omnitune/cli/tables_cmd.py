@@ -31,6 +31,7 @@ def _import_storage(path: Path, storage: str | None) -> None:
     if storage is None:
         return
     preflight.require_storage_apart(storage, path)
+    preflight.require_storage_to_read(storage)
     from omnitune.store import open_db, open_optuna_storage, rebuild_catalogue
 
     # The storage opened before the database: one that cannot be opened leaves no empty database

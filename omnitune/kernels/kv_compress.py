@@ -508,11 +508,14 @@ def _require_float_dtype(dtype: torch.dtype) -> None:
 
 
 def _check_dims(b: int, h: int, hkv: int, w: int, n: int, d: int) -> None:
-    """The sizes compress_kv and kv_importance both need: a batch, heads, a supported head dim and
-    a window of 1..n queries (an empty batch or no heads was a ValueError from the problem, a head
-    dim of 0 a ZeroDivisionError, a window longer than the sequence taken by kv_importance)."""
+    """The sizes compress_kv and kv_importance both need: a batch, heads, a supported head dim, a
+    sequence and a window of 1..n queries (an empty batch or no heads was a ValueError from the
+    problem, a head dim of 0 a ZeroDivisionError, a window longer than the sequence taken by
+    kv_importance, an empty sequence told to use a window of "1..0" queries)."""
     if b == 0:
         raise InputError("the batch is empty (B = 0)")
+    if n == 0:
+        raise InputError("the sequence is empty (N = 0 tokens in k and v): there is nothing to compress or score")
     if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
         raise InputError(f"head dim {d} is not supported; use {MIN_HEAD_DIM}..{MAX_HEAD_DIM}")
     require_head_groups(h, hkv, "q_window")

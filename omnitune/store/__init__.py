@@ -30,7 +30,14 @@ from omnitune.store._catalogue import (
     storage_url_for_driver,
 )
 from omnitune.store._migrations import SCHEMA_VERSION, open_db, schema_version, utc_now
-from omnitune.store._reading import DEVICE_COLUMNS, read_devices, read_study_configs, read_table, read_trials
+from omnitune.store._reading import (
+    DEVICE_COLUMNS,
+    read_devices,
+    read_study_configs,
+    read_table,
+    read_trials,
+    require_intact_pages,
+)
 from omnitune.store._records import (
     CALIBRATION_METRICS,
     TRIAL_COLUMNS,
@@ -86,6 +93,7 @@ __all__ = [
     "record_trial",
     "record_trials",
     "require_catalogue_held",
+    "require_intact_pages",
     "result_from_attrs",
     "schema_version",
     "sqlite_file_name",

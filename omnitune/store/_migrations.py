@@ -231,7 +231,11 @@ def open_db(path: str | Path) -> sqlite_utils.Database:
     _require_writable(path)
     try:
         db = sqlite_utils.Database(path)
-        _require_intact(db, path)
+        # before anything runs: a damaged page met in the middle of a search was a traceback,
+        # after work it could not store
+        if (damage := damaged_pages(db.conn)) is not None:
+            raise StoreError(f"{str(path)!r} is a damaged omnitune results database ({damage}); restore it from a "
+                             "copy, or give a new --db")
         _migrate(db, path)
     except sqlite3.OperationalError as exc:  # locked, read-only, no room: a database, but unusable now
         raise StoreError(f"cannot use the results database {str(path)!r}: {exc}") from None
@@ -254,22 +258,20 @@ def _require_writable(path: Path) -> None:
                          "read-only (SQLite writes its journal there); give a writable --db")
 
 
-def _require_intact(db: sqlite_utils.Database, path: Path) -> None:
-    """A StoreError for a database with damaged pages (a copy cut short, a disk error): SQLite
-    opens one and reads its schema, then fails at the first read of a damaged page — in the middle
-    of a search, as a traceback, after work it could not store. quick_check reads every page once
-    (a fraction of a second for a database of hundreds of thousands of trials)."""
+def damaged_pages(con: sqlite3.Connection) -> str | None:
+    """What SQLite's quick_check finds on an open database, on one line, or None where every page
+    reads (it reads each once: a fraction of a second for hundreds of thousands of trials). A
+    damaged file (a copy cut short, a disk error) opens and reads its schema, then fails at the
+    first read of a damaged page; an error that is no damage (locked, no database at all) passes."""
     try:
-        found = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        found = con.execute("PRAGMA quick_check(1)").fetchone()[0]
     except sqlite3.OperationalError:
-        raise  # locked, or cannot be read now: said by open_db
+        raise
     except sqlite3.DatabaseError as exc:
         if "malformed" not in str(exc):
-            raise  # no database at all: said by open_db
+            raise
         found = str(exc)
-    if found != "ok":
-        raise StoreError(f"{str(path)!r} is a damaged omnitune results database ({found}); restore it from a "
-                         "copy, or give a new --db")
+    return None if found == "ok" else " ".join(found.split())  # SQLite's report spans lines
 
 
 def schema_version(db: sqlite_utils.Database) -> int:

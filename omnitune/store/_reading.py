@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omnitune.errors import StoreError
+from omnitune.store._migrations import damaged_pages
 from omnitune.store._records import TRIAL_COLUMNS
 
 if TYPE_CHECKING:
@@ -59,6 +60,29 @@ def read_table(db_path: str | Path, table: str, columns: Sequence[str], *, where
         raise _unreadable(db_path, exc) from None
     finally:
         con.close()
+
+
+def require_intact_pages(db_path: str | Path) -> None:
+    """A StoreError for a database with damaged pages, read without writing: a reader of one table
+    (plan reads search_runs alone) never meets the damaged pages of another, and would take the
+    file for sound. A missing file passes: read_table says that."""
+    db_path = Path(db_path)
+    if not db_path.is_file():
+        return
+    try:
+        con = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {db_path}: {exc}") from None
+    try:
+        damage = damaged_pages(con)
+    except sqlite3.OperationalError as exc:
+        raise StoreError(f"cannot read {db_path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise _unreadable(db_path, exc) from None
+    finally:
+        con.close()
+    if damage is not None:
+        raise StoreError(f"{db_path} is a damaged omnitune results database ({damage}); restore it from a copy")
 
 
 def _unreadable(db_path: Path, exc: sqlite3.DatabaseError) -> StoreError:
