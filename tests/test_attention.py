@@ -133,6 +133,47 @@ def test_any_strides():
     assert relative_error(out_tma, ref) < 1e-4
 
 
+def test_batch_slices_keep_each_launch_within_the_grid_bound(monkeypatch):
+    from omnitune.kernels import _host
+
+    assert _host.batch_slices(2047, 32) is None  # 65,504 program rows: one launch
+    assert _host.batch_slices(2048, 32) == [slice(0, 2047), slice(2047, 2048)]
+    monkeypatch.setattr(_host, "MAX_GRID_Y", 6)
+    assert _host.batch_slices(5, 3) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    with pytest.raises(InputError, match="7 heads a sequence"):
+        _host.batch_slices(1, 7)
+
+
+@pytest.mark.parametrize("pack, launches", [(False, 4), (True, 1)], ids=["heads", "kv_heads_packed"])
+@pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
+def test_a_batch_past_the_grid_bound_runs_in_slices_and_is_right(monkeypatch, pack, launches, use_tma):
+    # CUDA bounds a grid's y (batch · heads here) at 65535; past it the op launches batch slices.
+    # The bound lowered to 6: 5 sequences × 3 heads are 15 program rows, three slices of ≤ 2
+    # sequences (packed GQA: 5 rows, one launch). Spans that differ by sequence show a slice that
+    # reads another's; a poisoned output shows one never written.
+    from omnitune.kernels import _host
+    from omnitune.kernels import attention as attention_module
+
+    monkeypatch.setattr(_host, "MAX_GRID_Y", 6)
+    seen = []
+    real = attention_module._launch
+
+    def counted(*args, **kwargs):
+        seen.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "_launch", counted)
+    problem = AttentionProblem(b=5, h=3, hkv=1, lq=24, lk=24, d=64, causal=True, spans=1, span_len=7)
+    inputs = SPEC.make_inputs(problem, torch.float32, DEVICE, seed=21)
+    spans = torch.tensor([[[2 + 3 * i, 9 + 3 * i]] for i in range(5)], dtype=torch.int32, device=DEVICE)
+    inputs = dataclasses.replace(inputs, spans=spans)
+    out = SPEC.new_output(inputs)
+    config = Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, PACK_GQA=pack, USE_TMA=use_tma)
+    assert SPEC.launch(inputs, out, config) is None
+    assert SPEC.compare(out, SPEC.reference(inputs)) <= SPEC.tolerance[torch.float32]
+    assert len(seen) == launches and (launches == 1 or seen[1:] == [2, 2, 1])
+
+
 def test_public_function_uses_default_without_tables(monkeypatch, tmp_path):
     monkeypatch.setenv("OMNITUNE_CONFIG_DIR", str(tmp_path))
     q = torch.randn(1, 2, 9, 64, device=DEVICE, dtype=torch.float16)
@@ -266,6 +307,20 @@ def test_gpu_real_shapes_default_and_tma(shape, dtype):
     for config in configs:
         err = _run(problem, dtype, config, seed=7)
         assert err <= SPEC.tolerance[dtype], f"{config.label()} err={err:.3g}"
+
+
+@pytest.mark.gpu
+def test_gpu_a_batch_of_more_heads_than_a_grid_holds_is_right():
+    # 2,100 sequences × 32 heads, no GQA: 67,200 program rows, past CUDA's 65,535 for a grid's y
+    # (a vision encoder's windows as one batch). The op launches two batch slices.
+    problem = AttentionProblem(b=2100, h=32, hkv=32, lq=1, lk=16, d=64)
+    for config in (SPEC.default_config(problem, torch.bfloat16),
+                   Config(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=2, PACK_GQA=False, USE_TMA=True)):
+        err = _run(problem, torch.bfloat16, config, seed=5)
+        assert err <= SPEC.tolerance[torch.bfloat16], f"{config.label()} err={err:.3g}"
+    inputs = SPEC.make_inputs(problem, torch.bfloat16, DEVICE, 6)
+    out = attention(inputs.q, inputs.k, inputs.v)
+    assert SPEC.compare(out, SPEC.reference(inputs)) <= SPEC.tolerance[torch.bfloat16]
 
 
 @pytest.mark.gpu

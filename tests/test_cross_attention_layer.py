@@ -194,8 +194,17 @@ def test_constraints(name):
                           Config(FUSION="q", **{**PARKED, "BLOCK_K": 64, "BLOCK_M": 16})),
         "block_m_exceeds_rows": (PROBLEMS["gqa2_bias"], Config(FUSION="q", **{**PARKED, "BLOCK_M": 32})),
         "unfused_is_one_config": (PROBLEMS["mha_odd"], Config(UNFUSED).replace(BLOCK_N=128)),
+        # 2,048 sequences × 32 heads: one program row more than a grid's y holds
+        "grid_fits": (P(b=2048, lq=4, lk=8, hidden=256, h=32, hkv=8, d=64), Config(FUSION="q", **{**PARKED,
+                                                                                            "BLOCK_M": 16})),
     }
     assert_constraint_case(SPEC, cases, name, small)
+
+
+def test_a_fused_grid_of_as_many_program_rows_as_cuda_allows_is_taken():
+    at_bound = P(b=2047, lq=4, lk=8, hidden=256, h=32, hkv=8, d=64)  # 65,504 rows
+    fused = Config(FUSION="q", **{**PARKED, "BLOCK_M": 16})
+    assert "grid_fits" not in dict(SPEC.violations(at_bound, fused, torch.float16))
 
 
 def test_a_partial_config_parks_what_its_path_ignores():

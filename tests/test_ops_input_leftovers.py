@@ -172,6 +172,21 @@ EMPTY_CALLS = {
 }
 
 
+@pytest.mark.parametrize("op", ["compress_kv", "kv_importance"])
+def test_a_batch_past_the_grid_bound_is_one_clear_error_before_any_launch(op, monkeypatch):
+    # The scoring and merging kernels' grids hold B·Hkv along y, which CUDA bounds at 65535 (here
+    # lowered to 3: 2 sequences × 2 kv heads are 4).
+    from omnitune.kernels import kv_compress
+
+    monkeypatch.setattr(kv_compress, "MAX_GRID_Y", 3)
+    q, k, v, modality = _compress_args(b=2, h=2)
+    assert k.shape[1] == 2
+    call = (lambda: compress_kv(q, k, v, modality, keep_ratio={"image": 0.5})) if op == "compress_kv" else (
+        lambda: kv_importance(q, k))
+    with pytest.raises(InputError, match=r"B·Hkv = 2·2 = 4 is more than one launch's grid holds \(3\)"):
+        call()
+
+
 def _split_write(args):
     key, value, caches, slot_mapping = args
     return key, value, caches[0], caches[1], slot_mapping

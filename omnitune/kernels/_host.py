@@ -65,6 +65,24 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# CUDA's bound on a grid's y and z sizes (x takes 2³¹ − 1): a launch past it fails ("invalid
+# argument") instead of running.
+MAX_GRID_Y = 65535
+
+
+def batch_slices(b: int, per_sequence: int) -> list[slice] | None:
+    """None where a grid whose y size is b·per_sequence fits MAX_GRID_Y; else the batch slices, in
+    order, whose launches each fit it (the launcher runs one per slice, on batch-sliced views).
+    InputError where one sequence alone is past it."""
+    limit = MAX_GRID_Y
+    if b * per_sequence <= limit:
+        return None
+    if per_sequence > limit:
+        raise InputError(f"{per_sequence} heads a sequence: more than a launch's grid holds ({limit})")
+    step = limit // per_sequence
+    return [slice(start, min(start + step, b)) for start in range(0, b, step)]
+
+
 # Set in the search's precompile workers, which launch each candidate once only to fill Triton's
 # disk cache: there the values do not matter, not even their seed.
 _draw_on_target = False

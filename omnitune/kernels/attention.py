@@ -54,7 +54,7 @@ from omnitune.kernels._gluon_target import (
     GLUON_TUNED,
     gluon_device_refusal,
 )
-from omnitune.kernels._host import LOG2E, flag, require_head_groups, seeded_rand, softmax_scale
+from omnitune.kernels._host import LOG2E, batch_slices, flag, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.kernels._tma_launch import TmaLaunch
 from omnitune.runtime import _device_limits
@@ -584,9 +584,18 @@ def _gluon():
 
 def _launch(q, k, v, causal: bool, sm_scale: float, spans: torch.Tensor | None, out: torch.Tensor,
             config: Config) -> None:
-    """This kernel with a (Triton) config, writing into `out`. No validation."""
+    """This kernel with a (Triton) config, writing into `out`. No validation. A batch whose
+    (batch · heads) would pass a grid's y bound is launched in batch slices (views: no copy), one
+    launch each, so that a batch of thousands of short sequences (a vision encoder's windows)
+    runs as any other."""
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
+    pack = bool(config["PACK_GQA"]) and h > hkv
+    if (slices := batch_slices(b, hkv if pack else h)) is not None:
+        for rows in slices:
+            _launch(q[rows], k[rows], v[rows], causal, sm_scale, None if spans is None else spans[rows], out[rows],
+                    config)
+        return
     if spans is not None and spans.shape[1] > 0:
         mask_mode, span_arg, span_strides, num_spans = 2, spans, spans.stride(), spans.shape[1]
     else:

@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError, ShapeError
-from omnitune.kernels._host import LOG2E, cdiv, seeded_rand
+from omnitune.kernels._host import LOG2E, MAX_GRID_Y, cdiv, seeded_rand
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, PlanCache
 from omnitune.spec import (
     Config,
@@ -645,6 +645,15 @@ def _check_block_m(problem, config, dtype, limits):
     return None
 
 
+def _check_grid(problem, config, dtype, limits):
+    # The fused kernel's grid holds b·h programs along y, which CUDA bounds; past it the launch
+    # fails. The unfused path (cuBLAS and SDPA) takes any batch.
+    if _fused(config) and problem.b * problem.h > MAX_GRID_Y:
+        return (f"b·h = {problem.b * problem.h} programs along the fused grid's y, past CUDA's {MAX_GRID_Y} "
+                "(FUSION=none takes any batch)")
+    return None
+
+
 def _check_unfused_is_one_config(problem, config, dtype, limits):
     if config["FUSION"] == "none":
         off = [k for k, v in PARKED.items() if config[k] != v]
@@ -670,6 +679,7 @@ CONSTRAINTS = (
     Constraint("shared_memory", _check_shared_memory, "Q tile + the largest phase's staged tiles fit in shared memory"),
     Constraint("hidden_chunks", _check_hidden_chunks, "hidden a multiple of BLOCK_K (and of BLOCK_O for q_out)"),
     Constraint("block_m_exceeds_rows", _check_block_m, "no query tile larger than the query rows"),
+    Constraint("grid_fits", _check_grid, "a fused path's batch · heads within a grid's y bound (65535)"),
     Constraint("unfused_is_one_config", _check_unfused_is_one_config,
                "parameters a path ignores are parked, so each path is measured once per setting that matters"),
 )

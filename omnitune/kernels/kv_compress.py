@@ -84,6 +84,7 @@ import triton.language as tl
 from omnitune.errors import InputError
 from omnitune.kernels._host import (
     LOG2E,
+    MAX_GRID_Y,
     cdiv,
     require_head_groups,
     seeded_rand,
@@ -521,6 +522,10 @@ def _check_dims(b: int, h: int, hkv: int, w: int, n: int, d: int) -> None:
     require_head_groups(h, hkv, "q_window")
     if not 1 <= w <= n:
         raise InputError(f"the observation window has {w} queries; use 1..{n} (the sequence length)")
+    if b * hkv > MAX_GRID_Y:
+        # the scoring and merging kernels' grids hold (batch · kv heads) along y, which CUDA bounds
+        raise InputError(f"B·Hkv = {b}·{hkv} = {b * hkv} is more than one launch's grid holds ({MAX_GRID_Y}); "
+                         "compress the batch in parts")
 
 
 def _check_inputs(q_window, k, v, modality, recent) -> None:
