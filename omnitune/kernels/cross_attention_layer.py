@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError, ShapeError
-from omnitune.kernels._host import LOG2E, MAX_GRID_Y, cdiv, seeded_rand
+from omnitune.kernels._host import LOG2E, batch_slices, cdiv, seeded_rand
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, PlanCache
 from omnitune.spec import (
     Config,
@@ -458,17 +458,29 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     # The kernel reads biases as dense vectors; an absent one is a placeholder, never read.
     bq, bo = (inputs.bq.contiguous(), inputs.bo.contiguous()) if has_bias else (wq, wq)
     kernel = _launch_plans.get(config, (d, h // hkv, has_bias, x_q.dtype, x_q.is_cuda))
-    grid = (cdiv(lq, int(config["BLOCK_M"])), b * h, 1)
-    try:
-        kernel(grid, (
+    count_tiles = cdiv(lq, SMALLEST_BLOCK_M)
+
+    def run(batch, x_q, kv, o, out, sums, counters):
+        kernel((cdiv(lq, int(config["BLOCK_M"])), batch * h, 1), (
             x_q, wq, bq, kv, o, wo, bo,
             out, sums, counters,
             *x_q.stride(), *wq.stride(), *kv.stride(),
             *(o.stride() if not fuse_out else (0, 0, 0, 0)),
             *wo.stride(), *out.stride(), *sums.stride(),
-            h, hkv, lq, lk, hidden, cdiv(lq, SMALLEST_BLOCK_M),
+            h, hkv, lq, lk, hidden, count_tiles,
             inputs.sm_scale * LOG2E,
         ))
+
+    try:
+        if (slices := batch_slices(b, h)) is None:
+            run(b, x_q, kv, o, out, sums, counters)
+        else:
+            # The grid holds b·h programs along y, which CUDA bounds: a batch past it runs in
+            # batch slices of views (its counters too: a sequence's are count_tiles in a row).
+            for rows in slices:
+                counter_rows = slice(rows.start * count_tiles, rows.stop * count_tiles) if fuse_out else rows
+                run(rows.stop - rows.start, x_q[rows], kv[rows], o[rows], out[rows], sums[rows],
+                    counters[counter_rows])
     except BaseException:
         if fuse_out:  # a launch stopped part-way may have left partial sums behind
             ws.rezero()
@@ -645,15 +657,6 @@ def _check_block_m(problem, config, dtype, limits):
     return None
 
 
-def _check_grid(problem, config, dtype, limits):
-    # The fused kernel's grid holds b·h programs along y, which CUDA bounds; past it the launch
-    # fails. The unfused path (cuBLAS and SDPA) takes any batch.
-    if _fused(config) and problem.b * problem.h > MAX_GRID_Y:
-        return (f"b·h = {problem.b * problem.h} programs along the fused grid's y, past CUDA's {MAX_GRID_Y} "
-                "(FUSION=none takes any batch)")
-    return None
-
-
 def _check_unfused_is_one_config(problem, config, dtype, limits):
     if config["FUSION"] == "none":
         off = [k for k, v in PARKED.items() if config[k] != v]
@@ -679,7 +682,6 @@ CONSTRAINTS = (
     Constraint("shared_memory", _check_shared_memory, "Q tile + the largest phase's staged tiles fit in shared memory"),
     Constraint("hidden_chunks", _check_hidden_chunks, "hidden a multiple of BLOCK_K (and of BLOCK_O for q_out)"),
     Constraint("block_m_exceeds_rows", _check_block_m, "no query tile larger than the query rows"),
-    Constraint("grid_fits", _check_grid, "a fused path's batch · heads within a grid's y bound (65535)"),
     Constraint("unfused_is_one_config", _check_unfused_is_one_config,
                "parameters a path ignores are parked, so each path is measured once per setting that matters"),
 )
