@@ -36,10 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hopper_probe_timing import environment, time_rounds, timed_graph  # noqa: E402
 
 from omnitune.kernels import attention_gluon  # noqa: E402
-from omnitune.kernels.attention import SPEC as ATTENTION  # noqa: E402
+from omnitune.kernels.attention import GLUON_WINNER as GLUON  # noqa: E402
 from omnitune.kernels.attention import attention  # noqa: E402
 
-GLUON = next(dict(c) for c in ATTENTION.known_good if c.get("BACKEND") == "gluon_pingpong")
 # (b, h, hkv, lq, lk, causal): issue 15's eight shapes, then a GQA batch and cross-attention
 SHAPES = [(1, h, hkv, n, n, causal) for h, hkv in ((24, 24), (32, 4)) for n in (16384, 8192)
           for causal in (False, True)] + [(2, 28, 4, 3000, 3000, True), (1, 32, 32, 32768, 512, False)]

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from omnitune.kernels._gluon_target import GLUON_PINGPONG
-from omnitune.kernels.attention import SPEC as ATTENTION
+from omnitune.kernels.attention import GLUON_WINNER
 
 from ops_bench import attention_case, cases_main
 
@@ -38,8 +37,7 @@ UNTUNED = [(1, 32, 4, 6000, 6000, True), (2, 28, 4, 3000, 3000, True), (1, 28, 4
 # The presets' prefill with image spans (docs/presets: 512² and 448² images, 256 tokens each), one
 # span a sequence: (batch, heads, kv heads, length, spans).
 SPANS = [(1, 28, 4, 8510, [(1024, 1280)]), (1, 28, 4, 765, [(384, 640)]), (2, 16, 2, 4096, [(512, 768), (2048, 2304)])]
-# The Gluon kernel's config as attention's known-good list holds it (its measured winner).
-GLUON = {"omnitune_gluon": next(dict(c) for c in ATTENTION.known_good if c.get("BACKEND") == GLUON_PINGPONG)}
+GLUON = {"omnitune_gluon": dict(GLUON_WINNER)}
 
 
 def cases(device, gluon: bool = False) -> list:
