@@ -50,8 +50,8 @@ from omnitune.coerce import describe
 from omnitune.errors import OmnituneError, StoreError, one_line
 from omnitune.predict import fit_block, merge_blocks
 from omnitune.provenance import ENTRY_SOURCE_HASH, entry_source_hash, provenance_hash, with_entry_source
-from omnitune.report import KEY_COLUMNS, best_per_key, with_retiming
-from omnitune.runtime._format import SCHEMA_VERSION, entry_key, table_path
+from omnitune.report import KEY_COLUMNS, best_per_key, impossible_times, with_retiming
+from omnitune.runtime._format import SCHEMA_VERSION, entry_key, impossible_recorded_time, table_path
 from omnitune.runtime._reading import HugeNumber, UnreadableTable, parse_table_json, read_table_text
 from omnitune.runtime._tables import json_kind, name_few, parse_entry
 from omnitune.spec import KernelSpec
@@ -211,14 +211,11 @@ def _warn_unusable_rows(kernel: Any, unusable: list[tuple[str, str]]) -> None:
 
 
 def _without_impossible_times(trials: pd.DataFrame) -> pd.DataFrame:
-    """The trials less the ok rows with a time no measurement gives (zero, negative, infinite, not
-    a number), warned about as rows that cannot make an entry. Left in, such a row (written by hand
-    or by a corrupt writer) would win its key at -3.6 ms, or make the default's time and the speedup
-    over it impossible; left out, the key's best measured trial makes its entry."""
-    bad_in = {column: trials[column].notna()
-              & ~pd.to_numeric(trials[column], errors="coerce").between(0, math.inf, inclusive="neither")
-              for column in ("time_ms", "p20_ms", "p80_ms")}
-    impossible = pd.concat(bad_in.values(), axis=1).any(axis=1) & (trials["status"] == "ok")
+    """The trials less the ok rows with a time no measurement gives (report.impossible_times),
+    warned about as rows that cannot make an entry; best_per_key counts them as failures, and the
+    predictor must not fit them either."""
+    bad_in = impossible_times(trials)
+    impossible = pd.concat(bad_in.values(), axis=1).any(axis=1)
     for kernel, rows in trials[impossible].groupby("kernel", sort=True):
         unusable = []
         for index, r in rows.iterrows():
@@ -334,6 +331,9 @@ def _entry_problem(key: str, raw: Any, spec: KernelSpec | None) -> str | None:
     bad_number = _non_finite_path(raw)
     if bad_number is not None:
         return f"{bad_number} is not a finite number"  # could not even be written back (strict JSON)
+    bad_time = impossible_recorded_time(raw)
+    if bad_time is not None:
+        return bad_time
     if spec is None:  # a user's kernel not importable here: the format only
         if not isinstance(raw, dict) or not {"problem", "dtype", "config"} <= set(raw):
             return "it is not an object with problem, dtype and config"

@@ -220,10 +220,13 @@ def test_report_and_export_of_a_database_with_damaged_pages_are_one_line(command
     assert not out.exists()
 
 
-def test_plan_from_a_database_with_damaged_pages_says_so_and_assumes_its_timings(tmp_path):
+@pytest.mark.parametrize("folder", ["plain", "runs; old"])
+def test_plan_from_a_database_with_damaged_pages_says_so_and_assumes_its_timings(folder, tmp_path):
     """plan works without a database (assumed timings), so it goes on; but a file whose trials'
-    pages are damaged still reads its search_runs, and plan said "no searches on a GPU" in it."""
-    db = searched_db(tmp_path)
+    pages are damaged still reads its search_runs, and plan said "no searches on a GPU" in it. A
+    path holding "; " is named whole (the message was cut at its first ";")."""
+    (tmp_path / folder).mkdir()
+    db = searched_db(tmp_path / folder)
     damage_trials_pages(db)
     result = invoke("plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write", "--db", db)
     assert result.exit_code == 0, result.output
@@ -296,3 +299,53 @@ def test_export_leaves_out_a_trial_whose_time_is_impossible(row, time_ms, three_
         assert entry["speedup_vs_default"] == pytest.approx(times[default] / best)
     assert (f"trial {changed}: time_ms {time_ms!r} is not a positive number of milliseconds" in caplog.text
             and "cannot make a table entry (changed by hand, or corrupt)" in caplog.text)
+
+
+def _with_one_time_changed(three_trials_db: Path, tmp_path: Path, time_ms: float) -> tuple[Path, dict, int]:
+    """A copy of the three-trial database with the fastest non-default trial's time set to time_ms:
+    (the copy, every ok trial's time before, the trial changed)."""
+    db = tmp_path / "omnitune.db"
+    shutil.copy(three_trials_db, db)
+    with sqlite3.connect(db) as conn:
+        times = dict(conn.execute("SELECT trial_number, time_ms FROM trials WHERE status = 'ok'").fetchall())
+        (default,) = conn.execute("SELECT trial_number FROM trials WHERE is_default = 1").fetchone()
+        changed = min((n for n in times if n != default), key=times.get)
+        conn.execute("UPDATE trials SET time_ms = ? WHERE trial_number = ?", (time_ms, changed))
+    conn.close()
+    return db, times, changed
+
+
+@pytest.mark.parametrize("time_ms", [-3.6, 0.0, math.inf], ids=["negative", "zero", "inf"])
+def test_report_counts_a_trial_whose_time_is_impossible_as_a_failure(time_ms, three_trials_db, tmp_path):
+    """report showed the -3.6 ms trial as its key's best (export left it out, so the two disagreed):
+    it is counted among the failures as impossible_time, and the best measured trial is the best."""
+    db, times, changed = _with_one_time_changed(three_trials_db, tmp_path, time_ms)
+    result = invoke("report", "--db", db, "--format", "json")
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.stdout)
+    assert row["time_ms"] == pytest.approx(min(t for n, t in times.items() if n != changed))
+    assert row["failures"] == "impossible_time 1"
+    assert row["ok_trials"] == len(times) - 1
+
+
+def test_export_drops_a_kept_entry_whose_recorded_time_is_impossible(three_trials_db, tmp_path, caplog):
+    """An entry of the file merged into, written by an export from before impossible times were
+    left out, chose its config by a -3.6 ms trial: it is dropped with the warning of invalid entries
+    rather than kept; a sound entry of the same file is kept."""
+    out = tmp_path / "tables"
+    assert invoke("export", "--db", three_trials_db, "--out", out).exit_code == 0
+    [path] = (out / "kv_cache_write").glob("*.json")
+    document = json.loads(path.read_text())
+    [(key, entry)] = document["entries"].items()
+    other_key = key.replace("t=37", "t=38")
+    bad_key = key.replace("t=37", "t=39")
+    assert other_key != key and bad_key != key, key
+    document["entries"][other_key] = dict(entry, problem=dict(entry["problem"], t=38))
+    document["entries"][bad_key] = dict(entry, problem=dict(entry["problem"], t=39), default_time_ms=-3.6)
+    path.write_text(json.dumps(document))
+    result = invoke("export", "--db", three_trials_db, "--out", out)
+    assert result.exit_code == 0, result.output
+    kept = json.loads(path.read_text())["entries"]
+    assert set(kept) == {key, other_key}
+    assert ("dropping 1 invalid entries" in caplog.text
+            and "default_time_ms -3.6 is not a positive number of milliseconds" in caplog.text)

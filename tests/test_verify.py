@@ -330,6 +330,26 @@ def test_without_a_gpu_a_gpus_table_is_checked_for_source_and_versions_only(tmp_
     assert report["exit_code"] == 0
 
 
+def test_an_entry_recording_an_impossible_time_is_warned_about_and_still_checked(tmp_path):
+    """An export from before impossible times were left out could ship one (a trial at -3.6 ms won
+    its key); the runtime serves the entry (it reads no time), so verify warns rather than fails."""
+    h200 = interpreter_facts(name="NVIDIA H200", compute_capability="9.0", driver="575.51")
+    tables = exported(tmp_path, [row(0, PROBLEM, DEFAULT, time_ms=1.0, is_default=True, device="NVIDIA H200")],
+                      [h200])
+    [path] = (tables / "attention").glob("*.json")
+    document = json.loads(path.read_text())
+    [(key, entry)] = document["entries"].items()
+    entry["time_ms"] = -3.6
+    path.write_text(json.dumps(document))
+    report = run_verify(VerifyOptions(tables=(tables,), interpret=True)).as_record()
+    table_check, entry_check = checks(report, "compat")
+    assert table_check["status"] == "pass", table_check
+    assert (entry_check["status"], entry_check["subject"]) == ("warn", key), entry_check
+    assert entry_check["summary"].startswith("time_ms -3.6 is not a positive number of milliseconds")
+    assert [c["status"] for c in checks(report, "numerics")] == ["pass"]
+    assert report["exit_code"] == 0
+
+
 @cpu_only
 def test_soft_differences_warn_and_pass(tmp_path):
     tables = attention_table(tmp_path, torch_version="2.11.0+cu130", triton_version="3.6.1")

@@ -61,7 +61,7 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
         # is, rather than "no searches on a GPU" from a database a search would refuse.
         require_intact_pages(db_path)
     except StoreError as exc:
-        return _assumed(str(exc).split(";")[0])
+        return _assumed(_without_advice(exc))
     # A database from before the CPU time (schema 4) or the GPU time (schema 3) was recorded:
     # its runs without those columns.
     later = ("cpu_s", "compile_cpu_s", "gpu_s", "lock_wait_s")
@@ -73,7 +73,7 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
         except StoreError as exc:
             first_error = first_error or exc
     else:
-        return _assumed(str(first_error).split(";")[0])
+        return _assumed(_without_advice(first_error))
     runs = runs.assign(**{c: None for c in later if c not in runs.columns})
     runs = runs[runs.device_name != INTERPRETER_DEVICE]
     # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost; one
@@ -102,6 +102,12 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
                  f"{trial_s:.2g} s per trial, from {trials} trials measured on {name} + ~{problem_s:.0f} s per "
                  f"problem (inputs, reference, finalists; measured over {len(runs)} searches in {db_path})",
                  gpu_share, cores_busy)
+
+
+def _without_advice(exc: Exception) -> str:
+    """A store error's message less its closing advice ("what is wrong; what to do"): the plan goes
+    on without the file. Only the last clause goes, so a path or a detail holding "; " is whole."""
+    return str(exc).rsplit("; ", 1)[0]
 
 
 def _assumed(why: str) -> Rates:

@@ -58,6 +58,11 @@ NOT_REPRESENTATIVE_NOTE = (
 )
 
 _OK = "ok"
+# An ok row whose time no measurement gives (zero, negative, infinite, not a number: written by
+# hand or by a corrupt writer): counted as a failure under this name rather than winning its key
+# at -3.6 ms or making the default's time and the speedup over it impossible.
+IMPOSSIBLE_TIME = "impossible_time"
+TIME_COLUMNS = ("time_ms", "p20_ms", "p80_ms")
 # Configs the constraints rejected before anything compiled: not trials (nothing was measured),
 # counted apart from them and from the failures.
 _PRUNED = TrialStatus.PRUNED.value
@@ -108,9 +113,25 @@ def with_retiming(trials: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def impossible_times(trials: pd.DataFrame) -> dict[str, pd.Series]:
+    """For each of TIME_COLUMNS, which ok rows hold a value there that is not a positive, finite
+    number of milliseconds (a missing value is not one: a failed or old row may lack p20/p80)."""
+    ok = trials["status"] == _OK
+    return {column: ok & trials[column].notna()
+            & ~pd.to_numeric(trials[column], errors="coerce").between(0, math.inf, inclusive="neither")
+            for column in TIME_COLUMNS}
+
+
+def with_impossible_times_failed(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials with each ok row of an impossible time given the status IMPOSSIBLE_TIME."""
+    impossible = pd.concat(impossible_times(trials).values(), axis=1).any(axis=1)
+    return trials.assign(status=trials["status"].mask(impossible, IMPOSSIBLE_TIME)) if impossible.any() else trials
+
+
 def search_trials(trials: pd.DataFrame) -> pd.DataFrame:
-    """The search's own trials: without the finalists' re-timings (which repeat configs)."""
-    return trials[with_retiming(trials)["retime_session"].isna()]
+    """The search's own trials: without the finalists' re-timings (which repeat configs), and an
+    impossible time failed (with_impossible_times_failed) so that no figure plots it."""
+    return with_impossible_times_failed(trials[with_retiming(trials)["retime_session"].isna()])
 
 
 def _json_object(text) -> dict:
@@ -139,7 +160,7 @@ def best_per_key(trials: pd.DataFrame) -> pd.DataFrame:
              "failures", "pruned", "cv", "noisy"]
     if trials.empty:
         return pd.DataFrame(columns=TRIAL_COLUMNS + extra)
-    annotated = with_retiming(trials)
+    annotated = with_retiming(with_impossible_times_failed(trials))
     retimed = annotated["retime_session"].notna()
     trials = annotated[~retimed]
     latest = annotated[retimed & (annotated["status"] == _OK) & annotated["time_ms"].notna()]

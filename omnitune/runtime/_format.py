@@ -25,6 +25,23 @@ def split_entry_key(key: str) -> tuple[str, str]:
     return (dtype_name, problem_key) if sep else ("", key)
 
 
+# The times an entry records (export, verify --fix): each is null or a positive number of ms.
+RECORDED_TIMES = ("time_ms", "p20_ms", "p80_ms", "default_time_ms", "fallback_time_ms")
+
+
+def impossible_recorded_time(entry: object) -> str | None:
+    """Why a time an entry records is one no measurement gives (zero, negative, not a number),
+    else None. The runtime reads no time, but an export from before such trials were left out
+    chose the entry's config by one (a trial at -3.6 ms won its key)."""
+    if not isinstance(entry, dict):
+        return None
+    for field in RECORDED_TIMES:
+        value = entry.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            return f"{field} {value!r} is not a positive number of milliseconds"
+    return None
+
+
 def table_path(config_dir: Path, kernel: str, device_key: str) -> Path:
     """Where one kernel's table for one device lives under a config directory."""
     return Path(config_dir) / kernel / f"{device_key}.json"

@@ -35,6 +35,7 @@ from typing import Any
 
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key, same_chip_keys
 from omnitune.provenance import ENTRY_SOURCE_HASH
+from omnitune.runtime._format import impossible_recorded_time
 from omnitune.source_hash import UNKNOWN
 from omnitune.spec import SourceCheck
 from omnitune.verify.tables import TableFile
@@ -58,8 +59,9 @@ class Difference:
 
 
 def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = False) -> list[Check]:
-    """The table's compatibility check, one failed check per entry the runtime would skip, and one
-    per entry whose own kernel source hash is not today's source. twin: the table is one the
+    """The table's compatibility check, one failed check per entry the runtime would skip, a
+    warning per entry that records an impossible time, and one per entry whose own kernel source
+    hash is not today's source. twin: the table is one the
     runtime here serves as its same-chip twin's (served_twins)."""
     if table.problem is not None:
         return [Check(PART, table.label, Status.FAIL, f"unusable: it {table.problem}", table.kernel,
@@ -119,6 +121,12 @@ def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = Fa
     for key, reason in table.bad_entries.items():
         checks.append(Check(PART, key, Status.FAIL, f"the runtime ignores this entry: {reason}", table.kernel,
                             {"table": str(table.path), "key": key}))
+    for entry in table.entries:  # served, but its config was chosen or described by an impossible time
+        reason = impossible_recorded_time(entry.raw)
+        if reason is not None:
+            checks.append(Check(PART, entry.key, Status.WARN, f"{reason}: no measurement gives it, and its config "
+                                "may have won by it; tune the problem again and export", table.kernel,
+                                {"table": str(table.path), "key": entry.key}))
     return checks + entry_checks
 
 
