@@ -137,6 +137,39 @@ def test_reading_a_storage_that_does_not_exist_is_one_line_and_makes_no_file(com
     assert list(tmp_path.iterdir()) == []  # no storage, no folder, no database, no tables
 
 
+@pytest.mark.parametrize("scheme", ["journal", "sqlite"])
+def test_a_three_slash_storage_url_for_an_absolute_path_names_the_four_slash_one(scheme, tmp_path, monkeypatch):
+    """journal:///tmp/x.log, as sqlite:///, names ./tmp/x.log: a user who meant the file at /tmp/x.log
+    is told how to write it."""
+    storage_file = tmp_path / "studies.log"
+    storage_file.write_text("")
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    url = f"{scheme}://{storage_file}"  # three slashes: the absolute path's own is the third
+    line = assert_one_line_error(invoke("report", "--db", cwd / "omnitune.db", "--storage", url),
+                                 f"there is no Optuna storage at {str(storage_file).lstrip('/')}")
+    assert f"for {storage_file} write {scheme}:///{storage_file}" in line
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("scheme", ["journal", "sqlite"])
+def test_a_search_into_a_three_slash_storage_url_for_an_absolute_folder_is_refused_with_the_four_slash_one(
+        scheme, tmp_path, monkeypatch):
+    """A search given journal:///tmp/x.log from another folder made ./tmp/x.log, folders and all,
+    where /tmp/x.log was meant: refused before anything is written, with the URL that names it."""
+    storage_file = tmp_path / "studies.log"
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    url = f"{scheme}://{storage_file}"
+    result = invoke("search", "kv_cache_write", "--shape", "t=37,hkv=2,d=64,block_size=16", "--dtype", "fp16",
+                    "--interpret", "--trials", "1", "--db", cwd / "omnitune.db", "--storage", url)
+    line = assert_one_line_error(result, f"--storage {url} names {str(storage_file).lstrip('/')}, whose folder")
+    assert f"for {storage_file} write {scheme}:///{storage_file}" in line
+    assert list(cwd.iterdir()) == [] and not storage_file.exists()
+
+
 # --- 3. plan --kernels that names nothing --------------------------------------------------------------
 
 

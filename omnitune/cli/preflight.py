@@ -104,7 +104,32 @@ def require_storage_to_read(storage: str) -> None:
     target = _storage_file(storage)
     if target is not None and not target.exists():
         raise StoreError(f"--storage {storage}: there is no Optuna storage at {target}; give the storage a "
-                         "search wrote into, or leave out --storage to use the results database as it is")
+                         "search wrote into, or leave out --storage to use the results database as it is"
+                         + _absolute_path_hint(storage, target))
+
+
+def require_storage_folder_meant(storage: str | None) -> None:
+    """That a --storage to write into does not make a folder tree the user most likely did not mean:
+    journal:///tmp/x.log names ./tmp/x.log, and Optuna makes ./tmp for it, where /tmp exists."""
+    target = _storage_file(storage) if storage else None
+    if target is None or target.parent.exists():
+        return
+    hint = _absolute_path_hint(storage, target, of_folder=True)
+    if hint:
+        raise StoreError(f"--storage {storage} names {target}, whose folder {target.parent} does not exist here"
+                         + hint)
+
+
+def _absolute_path_hint(storage: str, target: Path, *, of_folder: bool = False) -> str:
+    """A hint where a three-slash URL missed a file (of_folder: a folder to write a file into) that
+    its absolute reading names: journal:/// and sqlite:/// take a path relative to the current
+    folder, so journal:///tmp/x.log is ./tmp/x.log while the user most likely meant /tmp/x.log."""
+    absolute = Path("/") / target
+    if target.is_absolute() or not (absolute.parent if of_folder else absolute).exists():
+        return ""
+    scheme = storage.split(":///", 1)[0] + ":///"
+    return (f" (three slashes name a path relative to the current folder; for /{target} write "
+            f"{scheme}/{target})")
 
 
 def _memory_bytes(interpret: bool) -> tuple[int, str] | None:

@@ -106,8 +106,9 @@ def search(
     storage: str = typer.Option(
         None, "--storage",
         help="Optuna storage holding the studies: journal:///path (a journal file, shared by the processes "
-        "of one host), sqlite:///path, or postgresql://host/omnitune to share them between hosts; not the --db "
-        "file itself. "
+        "of one host), sqlite:///path (three slashes: a path relative to the current folder; four, as in "
+        "journal:////tmp/studies.log, an absolute one), or postgresql://host/omnitune to share them between "
+        "hosts; not the --db file itself. "
         "\\[default: the journal <db stem>.optuna.log beside --db; <db stem>.optuna.db if that SQLite "
         "file is already there]",
         show_default=False,
@@ -501,6 +502,7 @@ def search_problems(
     path = db_path(db)
     # Before the database is opened: a search that cannot run must leave no empty one behind.
     preflight.require_storage_apart(storage, path)
+    preflight.require_storage_folder_meant(storage)
     if storage is not None:  # a file Optuna must not open (no file, another results database) is refused now
         check_storage_url(storage)
     for problem in problems:
