@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Forty-ninth round, one call that branches on the card it is given, for under 10 minutes of device
+# time left: OUT=dir bash benchmarks/h200_round49.sh
+# On an H200: issue 16's shortest part, round 39's M (about 250 s; benchmarks/h200_backlog.sh 1 with
+# H200_PART=M): both fp8 loop variants applied, the decode and fp8 gpu tests, the public fp8 ops
+# beside bf16 (fp8 ÷ bf16 at batch 64, h28/4, 4k and 16k).
+# On another sm_90 card (an H100): the second half of every gpu-marked test (device_steps.sh's
+# gpu_tests_second_half: verify, worker, lanes, precompile, ncu), round 48 having run the first.
+source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
+nvidia-smi -L
+if [ "$card" = h200 ]; then
+  H200_PART=M exec bash "$(dirname "$0")/h200_round39.sh"
+fi
+gpu_tests_second_half
