@@ -118,7 +118,8 @@ def test_a_search_whose_storage_cannot_be_opened_leaves_no_empty_database(storag
 
 def test_report_from_a_storage_that_cannot_be_opened_leaves_no_empty_database(tmp_path):
     db = tmp_path / "omnitune.db"
-    assert_one_line_error(invoke("report", "--db", db, "--storage", "foo"), "cannot open the Optuna storage 'foo'")
+    assert_one_line_error(invoke("report", "--db", db, "--storage", "nosuchdriver://host/x"),
+                          "cannot open the Optuna storage 'nosuchdriver://host/x'")
     assert not db.exists()
 
 
@@ -168,6 +169,26 @@ def test_a_search_into_a_three_slash_storage_url_for_an_absolute_folder_is_refus
     line = assert_one_line_error(result, f"--storage {url} names {str(storage_file).lstrip('/')}, whose folder")
     assert f"for {storage_file} write {scheme}:///{storage_file}" in line
     assert list(cwd.iterdir()) == [] and not storage_file.exists()
+
+
+@pytest.mark.parametrize("command", ["search", "report"])
+def test_a_path_given_for_a_storage_url_is_one_line_naming_the_urls_and_makes_no_file(command, tmp_path):
+    """--storage /path/studies.log was SQLAlchemy's "Could not parse SQLAlchemy URL", which does not
+    say that a journal wants journal:////path."""
+    storage_file = tmp_path / "studies.log"
+    args = {"search": ["search", "kv_cache_write", "--shape", "t=37,hkv=2,d=64,block_size=16", "--dtype", "fp16",
+                       "--interpret", "--trials", "1"],
+            "report": ["report"]}[command]
+    result = invoke(*args, "--db", tmp_path / "omnitune.db", "--storage", storage_file)
+    assert_one_line_error(result, f"the Optuna storage '{storage_file}' is not a URL; for a journal file write "
+                                  f"journal:///{storage_file}, for an SQLite file sqlite:///{storage_file}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_credentials_given_without_a_scheme_are_refused_without_repeating_them(tmp_path):
+    result = invoke("report", "--db", tmp_path / "omnitune.db", "--storage", "me:secret@db.example:5432/omnitune")
+    line = assert_one_line_error(result, "the Optuna storage given is not a URL: it lacks a scheme")
+    assert "secret" not in result.output and "secret" not in line
 
 
 # --- 3. plan --kernels that names nothing --------------------------------------------------------------

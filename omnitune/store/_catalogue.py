@@ -186,8 +186,14 @@ def check_storage_url(url: str) -> None:
     not open: an SQLite URL naming no file (SQLAlchemy would make a database in memory, and each
     connection a new one) or an omnitune results database (Optuna would add its tables beside the
     catalogue's, whose `trials` table clashes with its own); a journal URL naming an SQLite file
-    (Optuna would append its records to the database)."""
+    (Optuna would append its records to the database); a path given for a URL."""
     url = storage_url_for_driver(url)
+    if "://" not in url and "@" in url:  # credentials without a scheme: not repeated, they may hold a password
+        raise StoreError("the Optuna storage given is not a URL: it lacks a scheme, as in "
+                         "postgresql://user:password@host:5432/omnitune")
+    if "://" not in url:  # a path: SQLAlchemy's "Could not parse SQLAlchemy URL" does not say what to write
+        raise StoreError(f"the Optuna storage {url!r} is not a URL; for a journal file write {JOURNAL_SCHEME}{url}, "
+                         f"for an SQLite file sqlite:///{url}, or give a postgresql:// URL")
     if (journal := journal_path(url)) is not None:
         if is_sqlite_file(journal):  # a results database, or an Optuna SQLite storage: no journal
             own = journal.with_name(journal.stem + ".optuna.log")
