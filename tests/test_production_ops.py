@@ -149,6 +149,32 @@ def test_a_function_calling_every_op_compiles_fullgraph_and_matches_eager(device
     assert torch.equal(kc_c, kc) and torch.equal(vc_c, vc)  # the in-place write happened in both
 
 
+def test_a_compiled_decode_loop_compiles_once_a_bucket_of_its_lengths(device):
+    """A decode step compiled with its longest context as an argument, called as a loop calls it
+    (one token longer each step): one graph a bucket of lengths, every step right. The length was
+    turned into a host int, and the bucket memoised, both of which Dynamo guarded on: a new graph
+    every step, until its recompile limit sent the loop back to eager."""
+    from torch._dynamo.testing import CompileCounter
+
+    gen = torch.Generator().manual_seed(5)
+    q, kc, vc, tables, _ = _paged_args(device, gen, max_blocks=6, num_blocks=14)
+
+    def step(lens, longest):
+        return pda.paged_decode_attention(q, kc, vc, tables, lens, max_context_len=longest)
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    lengths = range(17, 41)  # 24 steps over the buckets 17, 18, 20, 24, 28, 32, 40
+    for longest in lengths:
+        lens = torch.tensor([longest, max(longest - 9, 1)], dtype=torch.int32, device=device)
+        out = torch.full_like(q, math.nan)
+        out.copy_(compiled(lens, longest))
+        assert relative_error(out, step(lens, longest)) < 1e-5, longest
+    buckets = {_dispatch.bucket_up(n) for n in lengths}
+    assert counter.frame_count <= len(buckets) + 1, (counter.frame_count, sorted(buckets))  # + the first, static
+
+
 # ------------------------------------------------------------------------------------------------
 # Bounds inside the kernels: with the check off, bad values are masked, never followed
 # ------------------------------------------------------------------------------------------------

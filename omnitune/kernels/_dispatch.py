@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from omnitune import runtime
+from omnitune.coerce import MAX_DIMENSION
 from omnitune.errors import ConfigError
 from omnitune.kernels._host import flag
 from omnitune.kernels._launch import bounded_put
@@ -85,6 +86,34 @@ def bucket_up(n: int) -> int:
     if found is None:
         found = bounded_put(_buckets, n, bucket_bound(max(n, 1)), MEMO_ENTRIES)
     return found
+
+
+def _all_bucket_bounds() -> tuple[int, ...]:
+    """Every bound bucket_up can give, ascending (about 120, up to MAX_DIMENSION)."""
+    bounds, value = [], 1
+    while value <= MAX_DIMENSION:
+        bounds.append(bucket_bound(value))
+        value = bounds[-1] + 1
+    return tuple(bounds)
+
+
+_BUCKET_BOUNDS = _all_bucket_bounds()
+
+
+def traced_bucket_up(n) -> int:
+    """bucket_up for a length that torch.compile traces (a SymInt, once it differed between calls),
+    found by a binary search of comparisons: Dynamo guards on those (n <= 1280, n > 1024), which
+    every length of the bucket passes, so a decode loop compiles once a bucket. int(n), or the memo
+    keyed by it, guarded on the exact length (or on the memo's size) and recompiled at every step,
+    until Dynamo's recompile limit sent the loop back to eager."""
+    lo, hi = 0, len(_BUCKET_BOUNDS) - 1
+    while lo < hi:  # the first bound >= n (the last one for a length past every bound)
+        mid = (lo + hi) // 2
+        if n <= _BUCKET_BOUNDS[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return _BUCKET_BOUNDS[lo]
 
 
 class ConfigMemo:

@@ -37,6 +37,17 @@ def softmax_scale(sm_scale, d: int) -> float:
     return 1.0 / math.sqrt(d) if sm_scale < 0 else float(sm_scale)
 
 
+def op_scale(sm_scale) -> float:
+    """A caller's sm_scale as the custom ops take it, which is what a public function passes on
+    under torch.compile: -1.0 for None (the ops read a negative scale as 1/√d), else the number
+    itself. It is judged first as softmax_scale judges it, so that a compiled call refuses what an
+    eager one refuses: float() alone read "0.1" as 0.1 and True as 1.0 without a word."""
+    if sm_scale is None:
+        return -1.0
+    softmax_scale(sm_scale, 1)  # the InputError for a string, a bool, a tensor, NaN or inf
+    return float(sm_scale)
+
+
 def flag(value, name: str, allowed: str = "a bool (True or False)") -> bool:
     """A caller's boolean argument (causal=...) as a bool: a Python bool, a numpy bool, or the int 0
     or 1 (as a shape string writes it). Anything else is an InputError saying `name` must be

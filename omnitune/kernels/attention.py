@@ -54,7 +54,15 @@ from omnitune.kernels._gluon_target import (
     GLUON_TUNED,
     gluon_device_refusal,
 )
-from omnitune.kernels._host import LOG2E, batch_slices, flag, require_head_groups, seeded_rand, softmax_scale
+from omnitune.kernels._host import (
+    LOG2E,
+    batch_slices,
+    flag,
+    op_scale,
+    require_head_groups,
+    seeded_rand,
+    softmax_scale,
+)
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.kernels._tma_launch import TmaLaunch
 from omnitune.runtime import _device_limits
@@ -652,7 +660,7 @@ def attention(
         check = _dispatch.checking(check)
     if _dispatch.compiling():
         spans = None if mm_spans is None else span_tensor(mm_spans, q.shape[0], q.device)
-        return torch.ops.omnitune.attention(q, k, v, spans, bool(causal), -1.0 if sm_scale is None else float(sm_scale),
+        return torch.ops.omnitune.attention(q, k, v, spans, bool(causal), op_scale(sm_scale),
                                             _dispatch.config_to_json(config))
     return _attention(q, k, v, causal, sm_scale, config, mm_spans, check)
 

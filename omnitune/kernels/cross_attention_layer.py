@@ -290,6 +290,15 @@ class LayerInputs:
         return self.wq.shape[0] // self.h
 
 
+def check_head_counts(h, hkv) -> None:
+    """heads and kv_heads as the layer takes them: ints, h a positive multiple of hkv (InputError
+    otherwise). Also judged before a compiled call, whose op schema reads True as 1."""
+    # bool is an int subclass: heads=True was taken as one head.
+    if (not isinstance(h, int) or not isinstance(hkv, int) or isinstance(h, bool) or isinstance(hkv, bool)
+            or h < 1 or hkv < 1 or h % hkv):
+        raise InputError(f"heads={h!r} must be a positive multiple of kv_heads={hkv!r}")
+
+
 def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int, kv=None) -> CrossAttentionLayerProblem:
     """The problem these tensors describe; InputError for anything the layer cannot run on.
 
@@ -321,10 +330,7 @@ def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int, kv=None)
         raise InputError(f"kv {list(kv.shape)} has batch {kv.shape[0]}, x_q {list(x_q.shape)} has {b}")
     if not cached and (x_kv.shape[0] != b or x_kv.shape[2] != hidden):
         raise InputError(f"x_kv {list(x_kv.shape)} does not match x_q {list(x_q.shape)} in batch and hidden")
-    # bool is an int subclass: heads=True was taken as one head.
-    if (not isinstance(h, int) or not isinstance(hkv, int) or isinstance(h, bool) or isinstance(hkv, bool)
-            or h < 1 or hkv < 1 or h % hkv):
-        raise InputError(f"heads={h!r} must be a positive multiple of kv_heads={hkv!r}")
+    check_head_counts(h, hkv)
     if wq.dim() != 2 or wq.shape[1] != hidden or wq.shape[0] % h:
         raise InputError(f"wq must be [heads·d, hidden={hidden}], got {list(wq.shape)}")
     d = wq.shape[0] // h
@@ -350,6 +356,10 @@ def check_inputs(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, h: int, hkv: int, kv=None)
     tensors = [t for t in (*named.values(), bq, bkv, bo) if t is not None]
     if len({t.device for t in tensors}) != 1:
         raise InputError("all tensors must be on one device")
+    if x_q.device.type == "meta":
+        # Refused on every path: the fused kernel refused meta tensors while the unfused path
+        # returned a meta tensor, so the answer hung on which path the tuned table chose.
+        raise InputError("tensors are on meta; the layer runs on a CUDA device (or the CPU)")
     if len({t.dtype for t in tensors}) != 1:
         raise InputError("all tensors must have one dtype")
     if x_q.dtype not in (torch.float16, torch.bfloat16, torch.float32):

@@ -86,6 +86,7 @@ from omnitune.kernels._host import (
     LOG2E,
     MAX_GRID_Y,
     cdiv,
+    op_scale,
     require_head_groups,
     seeded_rand,
     softmax_scale,
@@ -1027,8 +1028,7 @@ def kv_importance(q_window: torch.Tensor, k: torch.Tensor, *, sm_scale: float | 
     if torch.compiler.is_compiling():
         from omnitune.kernels import _dispatch
 
-        return torch.ops.omnitune.kv_importance(q_window, k, -1.0 if sm_scale is None else float(sm_scale),
-                                                _dispatch.config_to_json(config))
+        return torch.ops.omnitune.kv_importance(q_window, k, op_scale(sm_scale), _dispatch.config_to_json(config))
     return _importance(q_window, k, sm_scale, config)
 
 

@@ -67,6 +67,10 @@ def project_kv(x_kv: torch.Tensor, wkv: torch.Tensor, bkv: torch.Tensor | None =
     tensors = [t for t in (x_kv, wkv, bkv) if t is not None]
     if len({t.device for t in tensors}) != 1 or len({t.dtype for t in tensors}) != 1:
         raise InputError("x_kv, wkv and bkv must share one device and one dtype")
+    if x_kv.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        # The layer refuses such a kv; on the CPU the GEMM made one without a word (on a GPU, torch's
+        # "not implemented for 'Int'").
+        raise InputError(f"unsupported dtype {x_kv.dtype}; use float16, bfloat16 or float32")
     return kernel.kv_projection(x_kv, wkv, bkv)
 
 
@@ -95,7 +99,9 @@ def cross_attention_layer(
     Returns [B, Lq, hidden] in the inputs' dtype."""
     if torch.compiler.is_compiling():
         from omnitune.kernels import _dispatch
+        from omnitune.kernels import cross_attention_layer as kernel
 
+        kernel.check_head_counts(heads, kv_heads)  # the op's int arguments take True as 1
         return torch.ops.omnitune.cross_attention_layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, kv,
                                                         _dispatch.config_to_json(config))
     return _layer(x_q, x_kv, wq, wkv, wo, bq, bkv, bo, heads, kv_heads, config, kv)

@@ -61,7 +61,7 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
-from omnitune.kernels._host import LOG2E, require_head_groups, seeded_rand, softmax_scale
+from omnitune.kernels._host import LOG2E, op_scale, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, FixedLaunch, PlanCache, bounded_put
 from omnitune.kernels._launch import _current_device, _raw_stream
 from omnitune.kernels import _launch as launching
@@ -789,6 +789,18 @@ def _host_length(max_context_len) -> int:
         raise InputError(wrong + repr(max_context_len)) from None
 
 
+def _checked_length(max_context_len, capacity: int) -> int | None:
+    """max_context_len as a host int in 1..capacity (the block table's), None left as it is;
+    InputError otherwise. Judged the same on the eager path and before a compiled call buckets
+    it (a compiled call took 0, -5, True, 10.7 or a length past the capacity without a word)."""
+    if max_context_len is None:
+        return None
+    max_context_len = _host_length(max_context_len)
+    if not 1 <= max_context_len <= capacity:
+        raise InputError(f"max_context_len={max_context_len} must be in 1..{capacity} (the block table's capacity)")
+    return max_context_len
+
+
 def _config_for(b, h, hkv, lq, d, block_size, ctx: int, config, dtype, cache_dtype: torch.dtype) -> Config:
     """The config for a batch whose longest context is at most ctx (bucketed, so that the steps
     of a decode loop share one lookup; a caller's own config is validated against ctx itself)."""
@@ -840,13 +852,16 @@ def paged_decode_attention(
     PagedDecodePlan does the host work once. config: launch config; None looks one up in the
     tuned tables (omnitune.runtime). Returns [B, H, Lq, D] in q's dtype."""
     if _dispatch.compiling():
-        ctx = block_tables.shape[1] * key_cache.shape[1] if max_context_len is None else max_context_len
+        if check is not None:
+            _dispatch.checking(check)  # check="no" refused as on an eager call (the op takes no check)
+        capacity = block_tables.shape[1] * key_cache.shape[1]
+        ctx = _checked_length(max_context_len, capacity)
+        ctx = capacity if ctx is None else ctx
         return torch.ops.omnitune.paged_decode_attention(
-            q, key_cache, value_cache, block_tables, context_lens,
-            -1.0 if sm_scale is None else float(sm_scale),
+            q, key_cache, value_cache, block_tables, context_lens, op_scale(sm_scale),
             # Bucketed here so that a compiled graph is specialised on a few values, not on
             # every length a decode loop passes through.
-            _dispatch.bucket_up(int(ctx)), _dispatch.config_to_json(config), k_scale, v_scale,
+            _dispatch.traced_bucket_up(ctx), _dispatch.config_to_json(config), k_scale, v_scale,
         )
     return _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max_context_len, config,
                    check, k_scale, v_scale)
@@ -867,10 +882,7 @@ def _decode(q, key_cache, value_cache, block_tables, context_lens, sm_scale, max
     b, h, lq, d = q.shape
     block_size, hkv = key_cache.shape[1], key_cache.shape[2]
     capacity = block_tables.shape[1] * block_size
-    if max_context_len is not None:
-        max_context_len = _host_length(max_context_len)
-        if not 1 <= max_context_len <= capacity:
-            raise InputError(f"max_context_len={max_context_len} must be in 1..{capacity} (the block table's capacity)")
+    max_context_len = _checked_length(max_context_len, capacity)
     sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf
     if checking:
         _check_values(q, key_cache, block_tables, context_lens, max_context_len, k_scale, v_scale)
@@ -1016,6 +1028,10 @@ class PagedDecodePlan:
         if max_context_len > max_blocks * block_size:
             raise InputError(f"max_context_len={max_context_len} exceeds the block table's capacity of "
                              f"{max_blocks * block_size} ({max_blocks} pages × {block_size})")
+        if not isinstance(dtype, torch.dtype):
+            # "float16" was told "unsupported dtype float16; use float16, ..."
+            raise InputError(f"dtype must be a torch.dtype (torch.float16, torch.bfloat16 or torch.float32), "
+                             f"got {dtype!r}")
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise InputError(f"unsupported dtype {dtype}; use float16, bfloat16 or float32")
         cache_dtype = dtype if cache_dtype is None else cache_dtype
