@@ -149,6 +149,28 @@ def test_a_function_calling_every_op_compiles_fullgraph_and_matches_eager(device
     assert torch.equal(kc_c, kc) and torch.equal(vc_c, vc)  # the in-place write happened in both
 
 
+def test_attention_with_span_lists_compiles_fullgraph_and_matches_eager(device):
+    """mm_spans given as lists (one list of [start, end) per sequence, as a serving engine keeps
+    them) under torch.compile(fullgraph=True): the lists were turned into a tensor through a memo and
+    max(..., default=0), which Dynamo cannot trace, and every such call failed to compile."""
+    gen = torch.Generator().manual_seed(6)
+    q = _rand(2, 4, 12, 64, gen=gen, device=device)
+    k, v = _rand(2, 2, 20, 64, gen=gen, device=device), _rand(2, 2, 20, 64, gen=gen, device=device)
+
+    def step(spans):
+        return attn.attention(q, k, v, causal=True, mm_spans=spans)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    plain_causal = step(None)
+    # Queries sit at key positions 8..19 (bottom-right causal): spans there change what they see.
+    for spans in ([[(10, 16)], []], [[(9, 14), (15, 19)], [(12, 18)]], [[], []], [[(11, 17)], [(13, 19), (8, 10)]]):
+        out = torch.full_like(q, math.nan)
+        out.copy_(compiled(spans))
+        assert relative_error(out, step(spans)) < 1e-5, spans
+        assert (relative_error(out, plain_causal) > 1e-3) == any(spans), spans
+
+
 def test_a_compiled_decode_loop_compiles_once_a_bucket_of_its_lengths(device):
     """A decode step compiled with its longest context as an argument, called as a loop calls it
     (one token longer each step): one graph a bucket of lengths, every step right. The length was

@@ -348,24 +348,30 @@ def span_tensor(spans: Sequence[Sequence[tuple[int, int]]] | torch.Tensor, b: in
                            for s, e in seq) for seq in spans), str(device))
     except (TypeError, ValueError) as exc:
         raise InputError(f"mm_spans must hold (start, end) pairs of ints: {exc}") from None
+    if torch.compiler.is_compiling():
+        # Traced by Dynamo: the lists are constants the graph is specialised on, so the tensor is
+        # made in the graph; no memo (Dynamo would guard on its size: a new graph each new list).
+        return torch.tensor(_padded_span_rows(key[0]), dtype=torch.int32, device=device)
     found = _span_tensors.get(key)
     if found is not None:
         return found
-    if any(not _INT32_MIN <= x <= _INT32_MAX for seq in key[0] for pair in seq for x in pair):
-        # The kernel reads int32 spans: a value past that failed in torch's copy below (RuntimeError:
-        # value cannot be converted to type int32 without overflow). Checked on a miss only: a cached
-        # list passed.
-        raise InputError(f"mm_spans holds a value outside int32 ({_INT32_MIN}..{_INT32_MAX}); spans are "
-                         "[start, end) key positions")
     if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise InputError("mm_spans given as lists cannot be copied to the GPU inside a CUDA graph "
                          "capture; pass an int32 tensor [B, S, 2] on the GPU")
-    width = max((len(seq) for seq in key[0]), default=0)
-    host = torch.zeros((b, max(width, 1), 2), dtype=torch.int32)
-    for i, seq in enumerate(key[0]):
-        if seq:
-            host[i, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
+    host = torch.tensor(_padded_span_rows(key[0]), dtype=torch.int32)
     return bounded_put(_span_tensors, key, host.to(device), _SPAN_TENSORS_KEPT)
+
+
+def _padded_span_rows(rows: tuple) -> list:
+    """One list of [start, end] pairs per sequence, padded with empty [0, 0] spans to the longest
+    (at least one); a value outside int32, which the kernel reads, is an InputError (torch's copy
+    failed with "value cannot be converted to type int32 without overflow"). Checked where a
+    tensor is made: a cached list passes without it."""
+    if any(not _INT32_MIN <= x <= _INT32_MAX for seq in rows for pair in seq for x in pair):
+        raise InputError(f"mm_spans holds a value outside int32 ({_INT32_MIN}..{_INT32_MAX}); spans are "
+                         "[start, end) key positions")
+    width = max([len(seq) for seq in rows] + [1])  # not max(..., default=): Dynamo traces this
+    return [[list(pair) for pair in seq] + [[0, 0]] * (width - len(seq)) for seq in rows]
 
 
 def row_limits(spans: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
