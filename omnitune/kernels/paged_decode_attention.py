@@ -1084,7 +1084,7 @@ class PagedDecodePlan:
         if _dispatch.compiling():
             result = torch.ops.omnitune.paged_decode_attention(
                 q, key_cache, value_cache, block_tables, context_lens, self.sm_scale,
-                _dispatch.bucket_up(self.max_context_len), self._config_json, k_scale, v_scale)
+                _dispatch.traced_bucket_up(self.max_context_len), self._config_json, k_scale, v_scale)
             if out is not None:
                 out.copy_(result)
                 return out
