@@ -5,10 +5,12 @@
 # H200_PART=M): both fp8 loop variants applied, the decode and fp8 gpu tests, the public fp8 ops
 # beside bf16 (fp8 ÷ bf16 at batch 64, h28/4, 4k and 16k).
 # On another sm_90 card (an H100): the second half of every gpu-marked test (device_steps.sh's
-# gpu_tests_second_half: verify, worker, lanes, precompile, ncu), round 48 having run the first.
+# gpu_tests_second_half: verify, worker, lanes, precompile, ncu), round 48 having run the first;
+# then benchmarks/compiled_decode_loop.py (a decode loop under torch.compile, ours beside PyTorch's).
 source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $started, $card, step, left
 nvidia-smi -L
 if [ "$card" = h200 ]; then
   H200_PART=M exec bash "$(dirname "$0")/h200_round39.sh"
 fi
 gpu_tests_second_half
+step "$(left 590)" python benchmarks/compiled_decode_loop.py --out "$OUT/compiled_decode_loop_${card}_round49.json"

@@ -1,0 +1,151 @@
+"""A decode loop under torch.compile, as a serving engine runs one: each step writes the batch's new
+K/V into the paged cache and attends over it, the longest context one token longer every step,
+passed as `max_context_len`. Ours (write_kv_cache + paged_decode_attention) beside PyTorch's
+(index_copy_ into the caches, the pages gathered through the block table into a buffer of the
+table's capacity, SDPA under a padding mask: static shapes), both compiled the same way
+(`torch.compile(step, fullgraph=True)`, --backend) and both run eager, in one process.
+
+Per implementation and mode:
+  - graphs: how many graphs Dynamo compiled over the whole loop (a length a graph is specialised
+    on costs a compile: ours buckets the length, four buckets an octave, so a loop from 1,000 to
+    2,000 tokens should compile about five);
+  - first_pass_s: the loop's wall time the first time through, compiles included;
+  - step_us: the loop's wall time per step the second time through (every graph compiled), host
+    work included, one synchronize at the end (what a serving loop's host sees);
+  - max_rel_err: the compiled outputs against the eager ones of the same implementation, and
+    ours against PyTorch's, over every step.
+
+    PYTHONPATH=$PWD python benchmarks/compiled_decode_loop.py --out $OUT/compiled_decode_loop_h200.json
+    TRITON_INTERPRET=1 python benchmarks/compiled_decode_loop.py --tiny --backend aot_eager   # the CPU
+
+Not measured yet on a GPU: written for the next device call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from omnitune.kernels import _dispatch
+from omnitune.kernels.kv_cache_write import write_kv_cache
+from omnitune.kernels.paged_decode_attention import paged_decode_attention
+
+# (batch, heads, kv heads, head dim, page size, first length, steps): Qwen2.5-Omni-7B's thinker at
+# batch 8 from a 1,000-token prompt; --tiny is a shape the interpreter runs in seconds.
+REAL = (8, 28, 4, 128, 16, 1000, 1024)
+TINY = (2, 4, 2, 64, 8, 17, 24)
+
+
+def loop_inputs(b, h, hkv, d, block_size, start, steps, dtype, device, seed=0):
+    """The loop's caches (each sequence's pages scattered), block tables, and every step's new
+    K/V, queries and slots, drawn beforehand."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    pages = math.ceil((start + steps) / block_size)
+    blocks = b * pages + 3
+    table = torch.randperm(blocks, generator=gen)[: b * pages].view(b, pages).to(torch.int32)
+    caches = [torch.randn(blocks, block_size, hkv, d, generator=gen).to(device, dtype) for _ in range(2)]
+    steps_in = []
+    for n in range(start, start + steps):  # sequence i holds n - 3i tokens before the step
+        lens = torch.tensor([max(n - 3 * i, 1) for i in range(b)], dtype=torch.int32)
+        slots = torch.stack([table[i, (lens[i] - 1) // block_size] * block_size + (lens[i] - 1) % block_size
+                             for i in range(b)]).to(torch.int64)
+        steps_in.append(dict(
+            q=torch.randn(b, h, 1, d, generator=gen).to(device, dtype),
+            k=torch.randn(b, hkv, d, generator=gen).to(device, dtype),
+            v=torch.randn(b, hkv, d, generator=gen).to(device, dtype),
+            slots=slots.to(device), lens=lens.to(device), longest=int(lens.max())))
+    return caches, table.to(device), steps_in
+
+
+def omnitune_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
+    write_kv_cache(k, v, key_cache, value_cache, slots)
+    return paged_decode_attention(q, key_cache, value_cache, table, lens, max_context_len=longest)
+
+
+def pytorch_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
+    blocks, block_size, hkv, d = key_cache.shape
+    key_cache.view(-1, hkv, d).index_copy_(0, slots, k)
+    value_cache.view(-1, hkv, d).index_copy_(0, slots, v)
+    b, h = q.shape[:2]
+    keys = key_cache[table].flatten(1, 2).transpose(1, 2)    # [b, hkv, capacity, d]
+    values = value_cache[table].flatten(1, 2).transpose(1, 2)
+    visible = torch.arange(keys.shape[2], device=q.device)[None, :] < lens[:, None]
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None, None, :],
+                                          enable_gqa=h != hkv)
+
+
+def run_loop(step, caches, table, steps_in, sync) -> tuple[list[torch.Tensor], float]:
+    """Every step once on fresh copies of the caches: the outputs and the wall time."""
+    key_cache, value_cache = (c.clone() for c in caches)
+    sync()
+    t0 = time.perf_counter()
+    outs = [step(s["q"], s["k"], s["v"], key_cache, value_cache, table, s["slots"], s["lens"], s["longest"])
+            for s in steps_in]
+    sync()
+    return [o.clone() for o in outs], time.perf_counter() - t0
+
+
+def max_rel(outs, refs) -> float:
+    return max(float((o.float() - r.float()).norm() / r.float().norm().clamp_min(1e-12))
+               for o, r in zip(outs, refs, strict=True))
+
+
+def measure(name, step, backend, caches, table, steps_in, sync) -> dict:
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    eager_outs, _ = run_loop(step, caches, table, steps_in, sync)  # warm: lookups, kernels compiled
+    _, eager_s = run_loop(step, caches, table, steps_in, sync)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    row = {"impl": name, "eager_step_us": eager_s / len(steps_in) * 1e6}
+    try:
+        outs, first_s = run_loop(compiled, caches, table, steps_in, sync)
+        _, steady_s = run_loop(compiled, caches, table, steps_in, sync)
+    except Exception as exc:  # noqa: BLE001 — a loop that cannot be compiled is a result
+        return {**row, "compiled": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    return {**row, "graphs": counter.frame_count, "first_pass_s": first_s,
+            "compiled_step_us": steady_s / len(steps_in) * 1e6,
+            "max_rel_err_compiled_vs_eager": max_rel(outs, eager_outs), "outs": outs}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a shape the interpreter runs (the CPU)")
+    parser.add_argument("--steps", type=int, help="decode steps (default: the shape's)")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager on the CPU)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter gets bf16 wrong
+    b, h, hkv, d, block_size, start, steps = TINY if args.tiny else REAL
+    steps = args.steps or steps
+    caches, table, steps_in = loop_inputs(b, h, hkv, d, block_size, start, steps, dtype, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows = [measure(name, step, args.backend, caches, table, steps_in, sync)
+            for name, step in (("omnitune", omnitune_step), ("pytorch", pytorch_step))]
+    ours, theirs = (r.pop("outs", None) for r in rows)
+    lengths = [s["longest"] for s in steps_in]
+    result = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
+        "torch": torch.__version__, "backend": args.backend, "dtype": str(dtype).removeprefix("torch."),
+        "shape": dict(b=b, h=h, hkv=hkv, d=d, block_size=block_size, first_length=start, steps=steps),
+        "length_buckets": len({_dispatch.bucket_up(n) for n in lengths}),
+        "max_rel_err_omnitune_vs_pytorch": max_rel(ours, theirs) if ours and theirs else None,
+        "rows": rows,
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
