@@ -124,3 +124,32 @@ def test_a_plan_names_a_dtype_given_as_a_string():
     with pytest.raises(InputError, match="dtype must be a torch.dtype .* got 'float16'"):
         PagedDecodePlan(batch=1, num_heads=4, num_kv_heads=2, head_dim=32, block_size=4, max_blocks=3,
                         max_context_len=12, dtype="float16", device=DEVICE)
+
+
+# check=True under compile: the ops take no check, so a call's own was dropped and nothing checked.
+CHECKED_CALLS = {
+    "attention": (lambda *a: attention(*a, check=True), _attention_args),
+    "paged decode": (lambda *a: paged_decode_attention(*a, check=True), _paged_args),
+    "write_kv_cache": (lambda *a: write_kv_cache(*a, check=True), _write_args),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECKED_CALLS))
+def test_check_true_under_compile_is_refused_unless_the_variable_checks(case, monkeypatch):
+    call, make_args = CHECKED_CALLS[case]
+    args = make_args()
+    monkeypatch.delenv("OMNITUNE_CHECK", raising=False)
+    call(*args)  # eager: checked
+    with pytest.raises(InputError, match="check=True cannot reach a compiled op .*OMNITUNE_CHECK=1"):
+        _compiled(call)(*args)
+    monkeypatch.setenv("OMNITUNE_CHECK", "1")  # the op checks as the variable says: the call is served
+    _compiled(call)(*make_args())
+
+
+def test_a_plan_run_with_check_true_under_compile_is_refused(monkeypatch):
+    monkeypatch.delenv("OMNITUNE_CHECK", raising=False)
+    q, kc, vc, tables, lens = _paged_args()
+    plan = PagedDecodePlan(batch=2, num_heads=4, num_kv_heads=2, head_dim=32, block_size=4, max_blocks=3,
+                           max_context_len=12, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(InputError, match="check=True cannot reach a compiled op"):
+        _compiled(lambda *a: plan.run(*a, check=True))(q, kc, vc, tables, lens)

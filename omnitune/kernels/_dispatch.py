@@ -29,7 +29,7 @@ import torch
 
 from omnitune import runtime
 from omnitune.coerce import MAX_DIMENSION
-from omnitune.errors import ConfigError
+from omnitune.errors import ConfigError, InputError
 from omnitune.kernels._host import flag
 from omnitune.kernels._launch import bounded_put
 from omnitune.runtime._buckets import bucket_bound
@@ -69,6 +69,15 @@ def checking(check: bool | None) -> bool:
         return _check_env() not in (None, "", "0")
     # Not bool(check), which read check="no" (any non-empty string, any object) as True.
     return flag(check, "check", "None, True or False")
+
+
+def require_compiled_check(check: bool | None) -> None:
+    """A caller's `check` under torch.compile, where the ops take none and check as OMNITUNE_CHECK
+    says: validated as an eager call validates it (check="no" is refused), and check=True with the
+    variable off is refused rather than dropped, since the values it asks to be checked would not be."""
+    if check is not None and checking(check) and not checking(None):
+        raise InputError(f"check=True cannot reach a compiled op (the ops take no check); set {CHECK_ENV}=1 to "
+                         "check values under torch.compile, or call eagerly")
 
 
 # Length → its bucket, remembered: the ops bucket a length on every call, a serving loop's

@@ -665,6 +665,7 @@ def attention(
         # until spans need it.
         check = _dispatch.checking(check)
     if _dispatch.compiling():
+        _dispatch.require_compiled_check(check)
         spans = None if mm_spans is None else span_tensor(mm_spans, q.shape[0], q.device)
         return torch.ops.omnitune.attention(q, k, v, spans, bool(causal), op_scale(sm_scale),
                                             _dispatch.config_to_json(config))

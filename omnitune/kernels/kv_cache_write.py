@@ -364,8 +364,7 @@ def write_kv_cache(
     config: launch config; None looks one up in the tuned tables (omnitune.runtime), falling back
     to the default. Under torch.compile this calls torch.ops.omnitune.write_kv_cache."""
     if _dispatch.compiling():
-        if check is not None:
-            _dispatch.checking(check)  # check="no" refused as on an eager call (the op takes no check)
+        _dispatch.require_compiled_check(check)
         torch.ops.omnitune.write_kv_cache(key, value, key_cache, value_cache, slot_mapping,
                                           _dispatch.config_to_json(config), k_scale, v_scale)
         return

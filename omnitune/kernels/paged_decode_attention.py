@@ -852,8 +852,7 @@ def paged_decode_attention(
     PagedDecodePlan does the host work once. config: launch config; None looks one up in the
     tuned tables (omnitune.runtime). Returns [B, H, Lq, D] in q's dtype."""
     if _dispatch.compiling():
-        if check is not None:
-            _dispatch.checking(check)  # check="no" refused as on an eager call (the op takes no check)
+        _dispatch.require_compiled_check(check)
         capacity = block_tables.shape[1] * key_cache.shape[1]
         ctx = _checked_length(max_context_len, capacity)
         ctx = capacity if ctx is None else ctx
@@ -1082,6 +1081,7 @@ class PagedDecodePlan:
         """The attention of q over the paged caches into `out` (the plan's own buffer if None),
         which is returned. Capturable; no host sync. k_scale, v_scale: an fp8 cache's scales."""
         if _dispatch.compiling():
+            _dispatch.require_compiled_check(check)
             result = torch.ops.omnitune.paged_decode_attention(
                 q, key_cache, value_cache, block_tables, context_lens, self.sm_scale,
                 _dispatch.traced_bucket_up(self.max_context_len), self._config_json, k_scale, v_scale)
