@@ -176,6 +176,14 @@ def test_attention_with_span_lists_compiles_fullgraph_and_matches_eager(device):
         assert (relative_error(out, plain_causal) > 1e-3) == any(spans), spans
 
 
+def test_the_traced_bucket_is_the_eager_one_for_every_length():
+    import random
+
+    rng = random.Random(3)
+    lengths = [*range(1, 5000), *(rng.randrange(5000, 2**31) for _ in range(3000)), 2**31 - 1]
+    assert [_dispatch.traced_bucket_up(n) for n in lengths] == [_dispatch.bucket_up(n) for n in lengths]
+
+
 def test_a_compiled_decode_loop_compiles_once_a_bucket_of_its_lengths(device):
     """A decode step compiled with its longest context as an argument, called as a loop calls it
     (one token longer each step): one graph a bucket of lengths, every step right. The length was

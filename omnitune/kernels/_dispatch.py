@@ -114,7 +114,7 @@ def traced_bucket_up(n) -> int:
     found by a binary search of comparisons: Dynamo guards on those (n <= 1280, n > 1024), which
     every length of the bucket passes, so a decode loop compiles once a bucket. int(n), or the memo
     keyed by it, guarded on the exact length (or on the memo's size) and recompiled at every step,
-    until Dynamo's recompile limit sent the loop back to eager. Every compiled path buckets with it,
+    until Dynamo's recompile limit (an error under fullgraph=True). Every compiled path buckets with it,
     a constant length too: traced code never reads the memo, whose size eager calls change."""
     lo, hi = 0, len(_BUCKET_BOUNDS) - 1
     while lo < hi:  # the first bound >= n (the last one for a length past every bound)
