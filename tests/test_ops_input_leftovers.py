@@ -172,19 +172,33 @@ EMPTY_CALLS = {
 }
 
 
-@pytest.mark.parametrize("op", ["compress_kv", "kv_importance"])
-def test_a_batch_past_the_grid_bound_is_one_clear_error_before_any_launch(op, monkeypatch):
+@pytest.mark.parametrize("merge", ["none", "average", "weighted"])
+def test_a_batch_past_the_grid_bound_is_compressed_in_batch_slices(merge, monkeypatch):
     # The scoring and merging kernels' grids hold B·Hkv along y, which CUDA bounds at 65535 (here
-    # lowered to 3: 2 sequences × 2 kv heads are 4).
-    from omnitune.kernels import kv_compress
+    # lowered to 5: 3 sequences × 2 kv heads are 6, launched as slices of 2 sequences and 1). It was
+    # refused; each slice's launch now takes views, so the result is the unsliced one, bit for bit.
+    from omnitune.kernels import _host
 
-    monkeypatch.setattr(kv_compress, "MAX_GRID_Y", 3)
-    q, k, v, modality = _compress_args(b=2, h=2)
-    assert k.shape[1] == 2
-    call = (lambda: compress_kv(q, k, v, modality, keep_ratio={"image": 0.5})) if op == "compress_kv" else (
-        lambda: kv_importance(q, k))
-    with pytest.raises(InputError, match=r"B·Hkv = 2·2 = 4 is more than one launch's grid holds \(3\)"):
-        call()
+    q, k, v, modality = _compress_args(b=3, h=4, hkv=2, n=24)
+    modality[1, :20] = 1  # sequences that evict different counts of image tokens
+    whole = compress_kv(q, k, v, modality, keep_ratio={"image": 0.5}, merge=merge)
+    whole_scores = kv_importance(q, k)
+    monkeypatch.setattr(_host, "MAX_GRID_Y", 5)
+    assert len(_host.batch_slices(3, 2)) == 2
+    sliced = compress_kv(q, k, v, modality, keep_ratio={"image": 0.5}, merge=merge)
+    for name in ("k", "v", "lengths", "positions"):
+        assert torch.equal(getattr(sliced, name), getattr(whole, name)), name
+    assert torch.equal(kv_importance(q, k), whole_scores)
+    assert not torch.equal(whole.k[0], whole.k[2]) and whole_scores.abs().sum(-1).min() > 0  # every row written
+
+
+def test_a_sequence_with_more_kv_heads_than_a_grid_holds_is_one_clear_error(monkeypatch):
+    from omnitune.kernels import _host
+
+    monkeypatch.setattr(_host, "MAX_GRID_Y", 1)
+    q, k, v, modality = _compress_args(b=1, h=2, hkv=2)
+    with pytest.raises(InputError, match=r"2 heads a sequence: more than a launch's grid holds \(1\)"):
+        kv_importance(q, k)
 
 
 def _split_write(args):

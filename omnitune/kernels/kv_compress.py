@@ -84,7 +84,7 @@ import triton.language as tl
 from omnitune.errors import InputError
 from omnitune.kernels._host import (
     LOG2E,
-    MAX_GRID_Y,
+    batch_slices,
     cdiv,
     op_scale,
     require_head_groups,
@@ -384,9 +384,20 @@ def importance(q_window: torch.Tensor, k: torch.Tensor, sm_scale: float, config:
     row_sum = torch.empty_like(row_max)
     stats((b * h, 1, 1), (q_window, k, row_max, row_sum, *q_window.stride(), *k.stride(), h, w, n, qk_scale))
     scores = torch.empty((b, hkv, n), dtype=torch.float32, device=k.device)
-    scores_kernel((cdiv(n, int(config["BLOCK_N"])), b * hkv, 1),
-                  (q_window, k, row_max, row_sum, scores, *q_window.stride(), *k.stride(), h, hkv, w, n, qk_scale))
+    for rows, views in _batch_parts(b, hkv, q_window, k, row_max, row_sum, scores):
+        scores_kernel((cdiv(n, int(config["BLOCK_N"])), rows * hkv, 1),
+                      (*views, *q_window.stride(), *k.stride(), h, hkv, w, n, qk_scale))
     return scores
+
+
+def _batch_parts(b: int, hkv: int, *tensors: torch.Tensor):
+    """(sequences, the tensors' views) for each launch of a grid holding B·Hkv along y: one, the
+    tensors as they are, where the grid fits CUDA's bound; else one a batch slice (views: strides
+    unchanged, so the kernels' stride arguments stay the whole tensors')."""
+    slices = batch_slices(b, hkv)
+    if slices is None:
+        return ((b, tensors),)
+    return tuple((part.stop - part.start, tuple(t[part] for t in tensors)) for part in slices)
 
 
 def combine_merged(kept: torch.Tensor, merged_sum: torch.Tensor, weight: torch.Tensor, merge: str) -> torch.Tensor:
@@ -439,13 +450,13 @@ def _compress(q_window, k, v, modality, quotas, recent: int, sm_scale: float, co
         weight = torch.zeros((b, hkv, longest), dtype=torch.float32, device=k.device)
         block_e = int(config["BLOCK_E"])
         modality_ids = modality.to(torch.int32).contiguous()  # the kernel assumes unit stride along N
-        _merge_evicted[(triton.cdiv(evicted_max, block_e), b * hkv)](
-            k, v, modality_ids, kept_pos, evicted_pos, sum_k, sum_v, weight,
-            *k.stride(), *v.stride(), modality_ids.stride(0),
-            hkv, longest, evicted_max, _kernel_threshold(merge_threshold),
-            HEAD_DIM=d, BLOCK_D=block_d, BLOCK_E=block_e, BLOCK_K=int(config["BLOCK_K"]),
-            IEEE_DOT=ieee, SIM_WEIGHTED=merge == "weighted", **common,
-        )
+        for rows, views in _batch_parts(b, hkv, k, v, modality_ids, kept_pos, evicted_pos, sum_k, sum_v, weight):
+            _merge_evicted[(triton.cdiv(evicted_max, block_e), rows * hkv)](
+                *views, *k.stride(), *v.stride(), modality_ids.stride(0),
+                hkv, longest, evicted_max, _kernel_threshold(merge_threshold),
+                HEAD_DIM=d, BLOCK_D=block_d, BLOCK_E=block_e, BLOCK_K=int(config["BLOCK_K"]),
+                IEEE_DOT=ieee, SIM_WEIGHTED=merge == "weighted", **common,
+            )
         out[0] = combine_merged(kept_k.float(), sum_k, weight, merge)
         out[1] = combine_merged(kept_v.float(), sum_v, weight, merge)
     return CompressedKV(out[0], out[1], kept_count[:, 0].to(torch.int32), kept_pos)
@@ -523,10 +534,6 @@ def _check_dims(b: int, h: int, hkv: int, w: int, n: int, d: int) -> None:
     require_head_groups(h, hkv, "q_window")
     if not 1 <= w <= n:
         raise InputError(f"the observation window has {w} queries; use 1..{n} (the sequence length)")
-    if b * hkv > MAX_GRID_Y:
-        # the scoring and merging kernels' grids hold (batch · kv heads) along y, which CUDA bounds
-        raise InputError(f"B·Hkv = {b}·{hkv} = {b * hkv} is more than one launch's grid holds ({MAX_GRID_Y}); "
-                         "compress the batch in parts")
 
 
 def _check_inputs(q_window, k, v, modality, recent) -> None:
