@@ -234,8 +234,7 @@ def open_db(path: str | Path) -> sqlite_utils.Database:
         # before anything runs: a damaged page met in the middle of a search was a traceback,
         # after work it could not store
         if (damage := damaged_pages(db.conn)) is not None:
-            raise StoreError(f"{str(path)!r} is a damaged omnitune results database ({damage}); restore it from a "
-                             "copy, or give a new --db")
+            raise damaged_database(repr(str(path)), damage, "restore it from a copy, or give a new --db")
         _migrate(db, path)
     except sqlite3.OperationalError as exc:  # locked, read-only, no room: a database, but unusable now
         raise StoreError(f"cannot use the results database {str(path)!r}: {exc}") from None
@@ -272,6 +271,12 @@ def damaged_pages(con: sqlite3.Connection) -> str | None:
             raise
         found = str(exc)
     return None if found == "ok" else " ".join(found.split())  # SQLite's report spans lines
+
+
+def damaged_database(name: str, damage: str, advice: str = "restore it from a copy") -> StoreError:
+    """The one refusal of a results database whose pages are damaged (damaged_pages, or a read that
+    met SQLite's "malformed"), whoever meets it: open_db, require_intact_pages, a read."""
+    return StoreError(f"{name} is a damaged omnitune results database ({damage}); {advice}")
 
 
 def schema_version(db: sqlite_utils.Database) -> int:

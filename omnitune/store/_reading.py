@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omnitune.errors import StoreError
-from omnitune.store._migrations import damaged_pages
+from omnitune.store._migrations import damaged_database, damaged_pages
 from omnitune.store._records import TRIAL_COLUMNS
 
 if TYPE_CHECKING:
@@ -82,14 +82,14 @@ def require_intact_pages(db_path: str | Path) -> None:
     finally:
         con.close()
     if damage is not None:
-        raise StoreError(f"{db_path} is a damaged omnitune results database ({damage}); restore it from a copy")
+        raise damaged_database(str(db_path), damage)
 
 
 def _unreadable(db_path: Path, exc: sqlite3.DatabaseError) -> StoreError:
     """What a read says of a file SQLite refuses: damaged pages (SQLite's "malformed", in a
     results database as often as anywhere: a copy cut short, a disk error) or no database of ours."""
     if "malformed" in str(exc):
-        return StoreError(f"{db_path} is a damaged omnitune results database ({exc}); restore it from a copy")
+        return damaged_database(str(db_path), str(exc))
     return StoreError(f"{db_path} is not an omnitune results database: {exc}")
 
 
