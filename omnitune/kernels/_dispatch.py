@@ -89,8 +89,9 @@ def bucket_up(n: int) -> int:
     """n rounded up to a bucket of four per octave (…, 1024, 1280, 1536, 1792, 2048, …), the
     runtime's own rule (omnitune.runtime._buckets): lengths that grow by one token per decode step
     share one config lookup for a long stretch, and a bucket overshoots by at most 25%."""
-    if type(n) is not int:  # a symbolic size under torch.compile, say: not kept
-        return bucket_bound(max(int(n), 1))
+    if type(n) is not int:  # not kept: a symbolic size under torch.compile, or a numpy integer
+        # int() of a symbolic size would specialise the graph on it: traced_bucket_up's range guards do not
+        return traced_bucket_up(n) if isinstance(n, torch.SymInt) else bucket_bound(max(int(n), 1))
     found = _buckets.get(n)
     if found is None:
         found = bounded_put(_buckets, n, bucket_bound(max(n, 1)), MEMO_ENTRIES)
