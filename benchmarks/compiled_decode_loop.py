@@ -18,7 +18,8 @@ Per implementation and mode:
     PYTHONPATH=$PWD python benchmarks/compiled_decode_loop.py --out $OUT/compiled_decode_loop_h200.json
     TRITON_INTERPRET=1 python benchmarks/compiled_decode_loop.py --tiny --backend aot_eager   # the CPU
 
-Not measured yet on a GPU: written for the next device call.
+    python benchmarks/compiled_decode_loop.py --backend eager,aot_eager,inductor \
+        --impls omnitune,pytorch,omnitune_write,pytorch_write,omnitune_decode,pytorch_decode --profile $OUT/prof
 """
 
 from __future__ import annotations
@@ -69,10 +70,39 @@ def omnitune_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
     return paged_decode_attention(q, key_cache, value_cache, table, lens, max_context_len=longest)
 
 
-def pytorch_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
-    blocks, block_size, hkv, d = key_cache.shape
+def pytorch_write(k, v, key_cache, value_cache, slots):
+    hkv, d = key_cache.shape[2:]
     key_cache.view(-1, hkv, d).index_copy_(0, slots, k)
     value_cache.view(-1, hkv, d).index_copy_(0, slots, v)
+
+
+def written_rows(key_cache, value_cache, slots):
+    """What a write-only step returns: the rows it wrote, read back through the slots."""
+    hkv, d = key_cache.shape[2:]
+    return torch.cat([key_cache.view(-1, hkv, d)[slots], value_cache.view(-1, hkv, d)[slots]], dim=1)
+
+
+def omnitune_write_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
+    write_kv_cache(k, v, key_cache, value_cache, slots)
+    return written_rows(key_cache, value_cache, slots)
+
+
+def pytorch_write_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
+    pytorch_write(k, v, key_cache, value_cache, slots)
+    return written_rows(key_cache, value_cache, slots)
+
+
+def omnitune_decode_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
+    return paged_decode_attention(q, key_cache, value_cache, table, lens, max_context_len=longest)
+
+
+def pytorch_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
+    pytorch_write(k, v, key_cache, value_cache, slots)
+    return pytorch_decode_step(q, k, v, key_cache, value_cache, table, slots, lens, longest)
+
+
+def pytorch_decode_step(q, k, v, key_cache, value_cache, table, slots, lens, longest):
+    hkv = key_cache.shape[2]
     b, h = q.shape[:2]
     keys = key_cache[table].flatten(1, 2).transpose(1, 2)    # [b, hkv, capacity, d]
     values = value_cache[table].flatten(1, 2).transpose(1, 2)
@@ -97,48 +127,90 @@ def max_rel(outs, refs) -> float:
                for o, r in zip(outs, refs, strict=True))
 
 
-def measure(name, step, backend, caches, table, steps_in, sync) -> dict:
+def profile_table(step, caches, table, steps_in, sync, path: Path, steps: int = 64) -> None:
+    """torch.profiler over the loop's first steps (already compiled): host and device time by op,
+    the ops with the most host time first, written to path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        run_loop(step, caches, table, steps_in[:steps], sync)
+    path.write_text(f"{min(steps, len(steps_in))} steps\n"
+                    + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+
+
+def measure(name, step, backend, caches, table, steps_in, sync, profile_dir: Path | None = None) -> dict:
     from torch._dynamo.testing import CompileCounterWithBackend
 
     eager_outs, _ = run_loop(step, caches, table, steps_in, sync)  # warm: lookups, kernels compiled
     _, eager_s = run_loop(step, caches, table, steps_in, sync)
+    if profile_dir is not None:
+        profile_table(step, caches, table, steps_in, sync, profile_dir / f"{name}_uncompiled.txt")
     torch._dynamo.reset()
     counter = CompileCounterWithBackend(backend)
     compiled = torch.compile(step, fullgraph=True, backend=counter)
-    row = {"impl": name, "eager_step_us": eager_s / len(steps_in) * 1e6}
+    row = {"impl": name, "backend": backend, "eager_step_us": eager_s / len(steps_in) * 1e6}
     try:
         outs, first_s = run_loop(compiled, caches, table, steps_in, sync)
         _, steady_s = run_loop(compiled, caches, table, steps_in, sync)
     except Exception as exc:  # noqa: BLE001 — a loop that cannot be compiled is a result
         return {**row, "compiled": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    if profile_dir is not None:
+        profile_table(compiled, caches, table, steps_in, sync, profile_dir / f"{name}_{backend}.txt")
     return {**row, "graphs": counter.frame_count, "first_pass_s": first_s,
             "compiled_step_us": steady_s / len(steps_in) * 1e6,
             "max_rel_err_compiled_vs_eager": max_rel(outs, eager_outs), "outs": outs}
+
+
+# Each implementation of a step: the whole step (write, then attend) and each half alone, so that
+# what compiling costs can be told op by op.
+STEPS = {
+    "omnitune": omnitune_step, "pytorch": pytorch_step,
+    "omnitune_write": omnitune_write_step, "pytorch_write": pytorch_write_step,
+    "omnitune_decode": omnitune_decode_step, "pytorch_decode": pytorch_decode_step,
+}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a shape the interpreter runs (the CPU)")
     parser.add_argument("--steps", type=int, help="decode steps (default: the shape's)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager on the CPU)")
+    parser.add_argument("--backend", default="inductor",
+                        help="torch.compile backends, comma-separated (aot_eager on the CPU; eager, aot_eager and "
+                             "inductor tell Dynamo's, AOTAutograd's and Inductor's shares apart)")
+    parser.add_argument("--impls", default="omnitune,pytorch",
+                        help=f"steps to run, comma-separated, of: {', '.join(STEPS)}")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="also write torch.profiler's table of each step eager and compiled into DIR")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    impls = args.impls.split(",")
+    if unknown := [name for name in impls if name not in STEPS]:
+        parser.error(f"unknown step {unknown[0]!r}: one of {', '.join(STEPS)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter gets bf16 wrong
     b, h, hkv, d, block_size, start, steps = TINY if args.tiny else REAL
     steps = args.steps or steps
     caches, table, steps_in = loop_inputs(b, h, hkv, d, block_size, start, steps, dtype, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    rows = [measure(name, step, args.backend, caches, table, steps_in, sync)
-            for name, step in (("omnitune", omnitune_step), ("pytorch", pytorch_step))]
-    ours, theirs = (r.pop("outs", None) for r in rows)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    rows, outs = [], {}
+    for backend in args.backend.split(","):
+        for name in impls:
+            row = measure(name, STEPS[name], backend, caches, table, steps_in, sync, args.profile)
+            outs[name] = row.pop("outs", None)
+            rows.append(row)
+        for row in rows:  # ours beside PyTorch's same step, compiled by this backend
+            theirs = outs.get(row["impl"].replace("omnitune", "pytorch"))
+            if row["backend"] == backend and row["impl"].startswith("omnitune") and outs.get(row["impl"]) and theirs:
+                row["max_rel_err_vs_pytorch"] = max_rel(outs[row["impl"]], theirs)
     lengths = [s["longest"] for s in steps_in]
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
-        "torch": torch.__version__, "backend": args.backend, "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
         "shape": dict(b=b, h=h, hkv=hkv, d=d, block_size=block_size, first_length=start, steps=steps),
         "length_buckets": len({_dispatch.bucket_up(n) for n in lengths}),
-        "max_rel_err_omnitune_vs_pytorch": max_rel(ours, theirs) if ours and theirs else None,
         "rows": rows,
     }
     print(json.dumps(result, indent=1))

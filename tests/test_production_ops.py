@@ -43,6 +43,16 @@ def test_every_public_op_is_registered_in_the_omnitune_namespace(name):
     assert op.default._schema.name == f"omnitune::{name}"
 
 
+@pytest.mark.parametrize("name", OPS)
+def test_every_op_goes_straight_to_its_function_on_the_cpu_and_cuda(name):
+    # Registered by define/impl (omnitune.kernels._library): no autograd or ADInplaceOrView
+    # kernel of custom_op's, whose Python layers a compiled graph would pay at every call.
+    qualified = f"omnitune::{name}"
+    assert all(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key) for key in ("CPU", "CUDA"))
+    assert not any(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
+                   for key in ("Autograd", "ADInplaceOrView"))
+
+
 def test_the_cache_write_declares_its_in_place_mutation_and_returns_nothing():
     schema = str(torch.ops.omnitune.write_kv_cache.default._schema)
     import re

@@ -64,6 +64,7 @@ from omnitune.kernels._host import (
     softmax_scale,
 )
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
+from omnitune.kernels._library import library_op
 from omnitune.kernels._tma_launch import TmaLaunch
 from omnitune.runtime import _device_limits
 from omnitune.spec import (
@@ -1404,7 +1405,7 @@ SPEC = KernelSpec(
 # ------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("omnitune::attention", mutates_args=())
+@library_op("attention")
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mm_spans: torch.Tensor | None,
                   causal: bool, sm_scale: float, config: str) -> torch.Tensor:
     """attention() as an op: sm_scale < 0 means 1/√D, config '' means look it up (else JSON)."""

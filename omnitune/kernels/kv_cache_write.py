@@ -42,6 +42,7 @@ from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (
 from omnitune.kernels._host import seeded_rand
 from omnitune.kernels import _launch as launching
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
+from omnitune.kernels._library import library_op
 from omnitune.kernels import _steady as steady
 from omnitune.runtime import _generation as runtime_generation
 from omnitune.spec import (
@@ -689,7 +690,7 @@ SPEC = KernelSpec(
 # ------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("omnitune::write_kv_cache", mutates_args=("key_cache", "value_cache"))
+@library_op("write_kv_cache", mutates_args=("key_cache", "value_cache"))
 def _write_kv_cache_op(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                        value_cache: torch.Tensor, slot_mapping: torch.Tensor, config: str,
                        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:

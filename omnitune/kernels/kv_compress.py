@@ -92,6 +92,7 @@ from omnitune.kernels._host import (
     softmax_scale,
 )
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
+from omnitune.kernels._library import library_op
 from omnitune.spec import (
     Config,
     Constraint,
@@ -1069,7 +1070,7 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     return importance(q_window, k, float(sm_scale), cfg)
 
 
-@torch.library.custom_op("omnitune::kv_importance", mutates_args=())
+@library_op("kv_importance")
 def _kv_importance_op(q_window: torch.Tensor, k: torch.Tensor, sm_scale: float, config: str) -> torch.Tensor:
     from omnitune.kernels import _dispatch
 

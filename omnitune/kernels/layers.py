@@ -38,6 +38,7 @@ import threading
 import torch
 
 from omnitune.errors import InputError, one_line
+from omnitune.kernels._library import library_op
 from omnitune.spec import Config
 
 # The runtime's logger, not this module's: every serving warning (a missing table, a refused
@@ -182,7 +183,7 @@ def _workspace(kernel, problem, device: torch.device):
     return ws
 
 
-@torch.library.custom_op("omnitune::cross_attention_layer", mutates_args=())
+@library_op("cross_attention_layer")
 def _layer_op(x_q: torch.Tensor, x_kv: torch.Tensor | None, wq: torch.Tensor, wkv: torch.Tensor | None,
               wo: torch.Tensor, bq: torch.Tensor | None, bkv: torch.Tensor | None, bo: torch.Tensor | None,
               heads: int, kv_heads: int, kv: torch.Tensor | None, config: str) -> torch.Tensor:

@@ -64,6 +64,7 @@ from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._host import LOG2E, op_scale, require_head_groups, seeded_rand, softmax_scale
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, FixedLaunch, PlanCache, bounded_put
 from omnitune.kernels._launch import _current_device, _raw_stream
+from omnitune.kernels._library import library_op
 from omnitune.kernels import _launch as launching
 from omnitune.kernels import _steady as steady
 from omnitune.runtime import _generation as runtime_generation
@@ -1633,7 +1634,7 @@ SPEC = KernelSpec(
 # ------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("omnitune::paged_decode_attention", mutates_args=())
+@library_op("paged_decode_attention")
 def _paged_decode_op(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, sm_scale: float,
                      max_context_len: int, config: str, k_scale: torch.Tensor | None = None,
