@@ -10,8 +10,9 @@ Per implementation and mode:
     on costs a compile: ours buckets the length, four buckets an octave, so a loop from 1,000 to
     2,000 tokens should compile about five);
   - first_pass_s: the loop's wall time the first time through, compiles included;
-  - step_us: the loop's wall time per step the second time through (every graph compiled), host
-    work included, one synchronize at the end (what a serving loop's host sees);
+  - eager_step_us, compiled_step_us (and _min): the loop's wall time per step, every graph
+    compiled, host work included, one synchronize at the end (what a serving loop's host sees):
+    the median (and fastest) of --repeats passes of each, eager and compiled taking turns;
   - max_rel_err: the compiled outputs against the eager ones of the same implementation, and
     ours against PyTorch's, over every step.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -111,15 +113,20 @@ def pytorch_decode_step(q, k, v, key_cache, value_cache, table, slots, lens, lon
                                           enable_gqa=h != hkv)
 
 
-def run_loop(step, caches, table, steps_in, sync) -> tuple[list[torch.Tensor], float]:
-    """Every step once on fresh copies of the caches: the outputs and the wall time."""
+def run_loop(step, caches, table, steps_in, sync, keep: bool = False) -> tuple[list[torch.Tensor], float]:
+    """Every step once on fresh copies of the caches: the wall time, and each step's output if
+    keep (copied as it comes: a graph replayed by torch.compile's reduce-overhead mode writes its
+    next output over the last)."""
     key_cache, value_cache = (c.clone() for c in caches)
+    outs = []
     sync()
     t0 = time.perf_counter()
-    outs = [step(s["q"], s["k"], s["v"], key_cache, value_cache, table, s["slots"], s["lens"], s["longest"])
-            for s in steps_in]
+    for s in steps_in:
+        out = step(s["q"], s["k"], s["v"], key_cache, value_cache, table, s["slots"], s["lens"], s["longest"])
+        if keep:
+            outs.append(out.clone())
     sync()
-    return [o.clone() for o in outs], time.perf_counter() - t0
+    return outs, time.perf_counter() - t0
 
 
 def max_rel(outs, refs) -> float:
@@ -139,26 +146,35 @@ def profile_table(step, caches, table, steps_in, sync, path: Path, steps: int = 
                     + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
 
 
-def measure(name, step, backend, caches, table, steps_in, sync, profile_dir: Path | None = None) -> dict:
+def measure(name, step, backend, caches, table, steps_in, sync, profile_dir: Path | None = None,
+            mode: str | None = None, repeats: int = 5) -> dict:
+    """One step's loop eager and compiled: the compiled loop's first pass (its compiles), then
+    `repeats` passes of each, taking turns, their median and fastest per step; each loop's outputs
+    from an untimed pass."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    eager_outs, _ = run_loop(step, caches, table, steps_in, sync)  # warm: lookups, kernels compiled
-    _, eager_s = run_loop(step, caches, table, steps_in, sync)
-    if profile_dir is not None:
-        profile_table(step, caches, table, steps_in, sync, profile_dir / f"{name}_uncompiled.txt")
+    eager_outs, _ = run_loop(step, caches, table, steps_in, sync, keep=True)  # warm: lookups, kernels compiled
     torch._dynamo.reset()
     counter = CompileCounterWithBackend(backend)
-    compiled = torch.compile(step, fullgraph=True, backend=counter)
-    row = {"impl": name, "backend": backend, "eager_step_us": eager_s / len(steps_in) * 1e6}
+    compiled = torch.compile(step, fullgraph=True, backend=counter, mode=mode)
+    row = {"impl": name, "backend": backend, "mode": mode or "default"}
     try:
-        outs, first_s = run_loop(compiled, caches, table, steps_in, sync)
-        _, steady_s = run_loop(compiled, caches, table, steps_in, sync)
+        _, first_s = run_loop(compiled, caches, table, steps_in, sync)
+        outs, _ = run_loop(compiled, caches, table, steps_in, sync, keep=True)
+        times = {"eager": [], "compiled": []}
+        for _ in range(repeats):
+            times["eager"].append(run_loop(step, caches, table, steps_in, sync)[1])
+            times["compiled"].append(run_loop(compiled, caches, table, steps_in, sync)[1])
     except Exception as exc:  # noqa: BLE001 — a loop that cannot be compiled is a result
         return {**row, "compiled": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     if profile_dir is not None:
+        profile_table(step, caches, table, steps_in, sync, profile_dir / f"{name}_uncompiled.txt")
         profile_table(compiled, caches, table, steps_in, sync, profile_dir / f"{name}_{backend}.txt")
+    per_step = {m: sorted(t / len(steps_in) * 1e6 for t in ts) for m, ts in times.items()}
     return {**row, "graphs": counter.frame_count, "first_pass_s": first_s,
-            "compiled_step_us": steady_s / len(steps_in) * 1e6,
+            "eager_step_us": statistics.median(per_step["eager"]), "eager_step_us_min": per_step["eager"][0],
+            "compiled_step_us": statistics.median(per_step["compiled"]),
+            "compiled_step_us_min": per_step["compiled"][0],
             "max_rel_err_compiled_vs_eager": max_rel(outs, eager_outs), "outs": outs}
 
 
@@ -178,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="inductor",
                         help="torch.compile backends, comma-separated (aot_eager on the CPU; eager, aot_eager and "
                              "inductor tell Dynamo's, AOTAutograd's and Inductor's shares apart)")
+    parser.add_argument("--mode", help="torch.compile's mode (reduce-overhead: its CUDA graphs); default: none")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes of each loop, eager and compiled")
     parser.add_argument("--impls", default="omnitune,pytorch",
                         help=f"steps to run, comma-separated, of: {', '.join(STEPS)}")
     parser.add_argument("--profile", type=Path, metavar="DIR",
@@ -198,7 +216,8 @@ def main(argv=None) -> int:
     rows, outs = [], {}
     for backend in args.backend.split(","):
         for name in impls:
-            row = measure(name, STEPS[name], backend, caches, table, steps_in, sync, args.profile)
+            row = measure(name, STEPS[name], backend, caches, table, steps_in, sync, args.profile, args.mode,
+                          args.repeats)
             outs[name] = row.pop("outs", None)
             rows.append(row)
         for row in rows:  # ours beside PyTorch's same step, compiled by this backend

@@ -20,7 +20,7 @@ loop = pytest.importorskip("compiled_decode_loop")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny shape is the CPU's; the device runs the real one")
 def test_the_tiny_loop_compiles_once_a_bucket_and_matches_eager_and_pytorch(tmp_path):
     out = tmp_path / "loop.json"
-    assert loop.main(["--tiny", "--backend", "aot_eager", "--steps", "14", "--out", str(out)]) == 0
+    assert loop.main(["--tiny", "--backend", "aot_eager", "--steps", "14", "--repeats", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     ours, theirs = result["rows"]
     assert (ours["impl"], theirs["impl"]) == ("omnitune", "pytorch")
@@ -31,7 +31,7 @@ def test_the_tiny_loop_compiles_once_a_bucket_and_matches_eager_and_pytorch(tmp_
 
 def test_each_half_of_the_step_compiles_alone_and_matches_pytorchs_half(tmp_path):
     out, prof = tmp_path / "halves.json", tmp_path / "prof"
-    assert loop.main(["--tiny", "--backend", "eager", "--steps", "3", "--impls",
+    assert loop.main(["--tiny", "--backend", "eager", "--steps", "3", "--repeats", "1", "--impls",
                       "omnitune_write,pytorch_write,omnitune_decode,pytorch_decode", "--profile", str(prof),
                       "--out", str(out)]) == 0
     rows = {row["impl"]: row for row in json.loads(out.read_text())["rows"]}
