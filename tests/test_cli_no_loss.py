@@ -80,6 +80,19 @@ def test_a_storage_lacking_the_databases_trials_is_refused_and_no_row_is_dropped
     assert trial_rows(db) == before
 
 
+def test_a_search_refused_for_a_lost_journal_leaves_no_empty_journal_behind(searched):
+    db, journal = searched
+    before = trial_rows(db)
+    journal.unlink()
+    lock = Path(f"{journal}.lock")
+    lock.unlink(missing_ok=True)
+    assert_one_line_error(invoke(*search_args(db)), "a search would overwrite them")
+    # Opening the storage made both files; the refusal takes them back (an empty journal left
+    # there read as one the search had written, and a restored copy had to go over it).
+    assert not journal.exists() and not lock.exists()
+    assert trial_rows(db) == before
+
+
 def test_the_storage_the_database_was_searched_with_is_read_in_as_before(searched):
     db, journal = searched
     before = trial_rows(db)

@@ -66,6 +66,7 @@ from omnitune.store import (
     catalogue_record,
     catalogue_sink,
     finished_trial_attrs,
+    journal_unmade_on_error,
     open_optuna_storage,
     require_catalogue_held,
     storage_description,
@@ -273,10 +274,14 @@ class _Search:
         database has a row of: its rows are keyed by trial number, which a storage that lost them
         would hand out again (require_catalogue_held)."""
         o = self.options
-        storage = self.storage or open_optuna_storage(o.storage_url, heartbeat_interval_s=o.heartbeat_interval_s)
-        if self.catalogue is not None:
-            described = storage_description(o.storage_url) if self.storage is None else "the Optuna storage given"
-            require_catalogue_held(self.catalogue, self.facts.name, storage, described)
+        if self.storage is not None:
+            if self.catalogue is not None:
+                require_catalogue_held(self.catalogue, self.facts.name, self.storage, "the Optuna storage given")
+            return self.storage
+        with journal_unmade_on_error(o.storage_url):
+            storage = open_optuna_storage(o.storage_url, heartbeat_interval_s=o.heartbeat_interval_s)
+            if self.catalogue is not None:
+                require_catalogue_held(self.catalogue, self.facts.name, storage, storage_description(o.storage_url))
         return storage
 
     def upcoming(self) -> list[Config]:

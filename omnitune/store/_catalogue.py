@@ -10,6 +10,7 @@ Optuna is imported inside functions: `import omnitune.store` stays cheap for rep
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -108,6 +109,22 @@ def default_storage_url(db_path: str | Path) -> str:
 def journal_path(url: str) -> Path | None:
     """The file a journal URL names; None for any other URL."""
     return Path(url.removeprefix(JOURNAL_SCHEME)) if url.startswith(JOURNAL_SCHEME) else None
+
+
+@contextlib.contextmanager
+def journal_unmade_on_error(url: str | None):
+    """Run the body; if it raises, a journal file at `url` that did not exist before and is still
+    empty is removed with its lock file: a search refused on opening (its database holds trials
+    the journal lost, say) leaves no empty journal behind, which would read as one it wrote."""
+    path = journal_path(storage_url_for_driver(url)) if url else None
+    made_here = path is not None and not path.exists()
+    try:
+        yield
+    except BaseException:
+        if made_here and path.is_file() and path.stat().st_size == 0:
+            path.unlink(missing_ok=True)
+            Path(f"{path}.lock").unlink(missing_ok=True)
+        raise
 
 
 # Opening a new storage from several processes at once: how often to look again for its tables.
