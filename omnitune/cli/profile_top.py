@@ -23,12 +23,13 @@ def profile_top_possible(count: int, interpret: bool) -> int:
         return 0
     from omnitune.profile.ncu import ncu_available
 
+    # --interpret first: with it, installing ncu would change nothing, so that is the reason to give.
+    if interpret:
+        console.print("--profile-top: skipped under --interpret (ncu profiles kernels on a GPU)", soft_wrap=True)
+        return 0
     if not ncu_available():
         console.print("--profile-top: Nsight Compute (ncu) is not installed here, so nothing is profiled; "
                       "put ncu on PATH (it ships with the CUDA toolkit)", soft_wrap=True)
-        return 0
-    if interpret:
-        console.print("--profile-top: skipped under --interpret (ncu profiles kernels on a GPU)", soft_wrap=True)
         return 0
     return count
 
