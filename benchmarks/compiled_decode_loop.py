@@ -146,17 +146,27 @@ def profile_table(step, caches, table, steps_in, sync, path: Path, steps: int = 
                     + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
 
 
+def why(exc: Exception) -> str:
+    """An exception's message in a line: its first line and, where the cause is named last (as in
+    a backend's failure wrapped by Dynamo), its last."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return (lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}")[:400]
+
+
 def measure(name, step, backend, caches, table, steps_in, sync, profile_dir: Path | None = None,
             mode: str | None = None, repeats: int = 5) -> dict:
     """One step's loop eager and compiled: the compiled loop's first pass (its compiles), then
     `repeats` passes of each, taking turns, their median and fastest per step; each loop's outputs
     from an untimed pass."""
-    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
 
     eager_outs, _ = run_loop(step, caches, table, steps_in, sync, keep=True)  # warm: lookups, kernels compiled
     torch._dynamo.reset()
-    counter = CompileCounterWithBackend(backend)
-    compiled = torch.compile(step, fullgraph=True, backend=counter, mode=mode)
+    counters.clear()
+    # The backend by name, so that a mode applies (a backend object takes none).
+    compiled = torch.compile(step, fullgraph=True, backend=backend, mode=mode)
     row = {"impl": name, "backend": backend, "mode": mode or "default"}
     try:
         _, first_s = run_loop(compiled, caches, table, steps_in, sync)
@@ -166,12 +176,12 @@ def measure(name, step, backend, caches, table, steps_in, sync, profile_dir: Pat
             times["eager"].append(run_loop(step, caches, table, steps_in, sync)[1])
             times["compiled"].append(run_loop(compiled, caches, table, steps_in, sync)[1])
     except Exception as exc:  # noqa: BLE001 — a loop that cannot be compiled is a result
-        return {**row, "compiled": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        return {**row, "compiled": f"failed: {type(exc).__name__}: {why(exc)}"}
     if profile_dir is not None:
         profile_table(step, caches, table, steps_in, sync, profile_dir / f"{name}_uncompiled.txt")
         profile_table(compiled, caches, table, steps_in, sync, profile_dir / f"{name}_{backend}.txt")
     per_step = {m: sorted(t / len(steps_in) * 1e6 for t in ts) for m, ts in times.items()}
-    return {**row, "graphs": counter.frame_count, "first_pass_s": first_s,
+    return {**row, "graphs": counters["stats"]["unique_graphs"], "first_pass_s": first_s,
             "eager_step_us": statistics.median(per_step["eager"]), "eager_step_us_min": per_step["eager"][0],
             "compiled_step_us": statistics.median(per_step["compiled"]),
             "compiled_step_us_min": per_step["compiled"][0],
