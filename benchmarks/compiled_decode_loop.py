@@ -26,7 +26,6 @@ Per implementation and mode:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _emit import emit
 
 from omnitune.kernels import _dispatch
 from omnitune.kernels.kv_cache_write import write_kv_cache
@@ -242,9 +242,7 @@ def main(argv=None) -> int:
         "length_buckets": len({_dispatch.bucket_up(n) for n in lengths}),
         "rows": rows,
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, args.out)
     return 0
 
 

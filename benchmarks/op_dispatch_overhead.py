@@ -12,13 +12,13 @@ median (and fastest) of --repeats runs of --calls calls with one synchronize at 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from _emit import emit
 
 from omnitune.kernels import kv_cache_write as kvw
 from omnitune.kernels import paged_decode_attention as pda
@@ -95,9 +95,7 @@ def main(argv=None) -> int:
     result = {"device": torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter)",
               "torch": torch.__version__, "registration": type(kvw._write_kv_cache_op).__name__,
               "shape": shape, "calls": args.calls, "repeats": args.repeats, "rows": rows}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, args.out)
     return 0
 
 
