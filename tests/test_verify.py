@@ -6,6 +6,7 @@ backend; the JSON report's schema; the user errors. The GPU parts run in the `gp
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 
@@ -987,6 +988,31 @@ def test_a_hostile_field_fails_or_warns_in_one_line_never_a_traceback(tmp_path, 
         report = json.loads(out.read_text())
         assert_schema(report)
         assert all("\n" not in c["summary"] for c in report["checks"])
+
+
+@cpu_only
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_or_a_table_past_the_runtimes_size_fails_compat_as_the_runtime_ignores_it(tmp_path):
+    """verify reads a table as the runtime does (runtime._reading): a FIFO in place of a table
+    blocked it for ever, and a table past MAX_TABLE_BYTES passed while the runtime ignored it."""
+    from omnitune.runtime._reading import MAX_TABLE_BYTES
+
+    fifo_tables, big_tables = tmp_path / "fifo", tmp_path / "big"
+    for tables in (fifo_tables, big_tables):
+        (tables / "kv_cache_write").mkdir(parents=True)
+    os.mkfifo(fifo_tables / "kv_cache_write" / "NVIDIA_H200.json")
+    doc = _one_entry_kv_write_doc()
+    text = json.dumps(doc)
+    (big_tables / "kv_cache_write" / "NVIDIA_H200.json").write_text(
+        text[:-1] + ', "_padding": "' + "x" * (MAX_TABLE_BYTES - len(text)) + '"}')
+    for tables, said in ((fifo_tables, "is not a regular file (it is a FIFO)"),
+                         (big_tables, "more than a table may hold")):
+        out = tmp_path / f"{tables.name}.json"
+        result = invoke("verify", "--interpret", "--tables", str(tables), "--json", str(out))
+        assert result.exit_code == 1, result.output
+        report = json.loads(out.read_text())
+        failed = [c for c in report["checks"] if c["status"] == "fail"]
+        assert len(failed) == 1 and said in failed[0]["summary"], failed
 
 
 @cpu_only

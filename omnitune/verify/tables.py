@@ -8,7 +8,6 @@ config value one of the parameter's choices, the key the one the problem and dty
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +15,10 @@ from typing import Any
 
 import torch
 
-from omnitune.errors import OmnituneError, one_line
-from omnitune.runtime._tables import schema_problem
+from omnitune.errors import OmnituneError
 from omnitune.runtime._keyed import keyed_problem
+from omnitune.runtime._reading import UnreadableTable, parse_table_json, read_table_text
+from omnitune.runtime._tables import schema_problem
 from omnitune.spec import Config, KernelSpec
 
 
@@ -79,10 +79,15 @@ def find_tables(dirs: Iterable[Path], kernels: Sequence[str] | None, specs: dict
 
 def read_table(path: Path, kernel: str, specs: dict[str, KernelSpec]) -> TableFile:
     table = TableFile(path=path, kernel=kernel, device_key=path.stem)
+    # Read as the runtime reads it (runtime._reading): a FIFO read plainly blocked verify for
+    # ever, and a file past the size the runtime serves passed here while the runtime ignored it.
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # absurd nesting too
-        table.problem = f"cannot be read as JSON ({one_line(exc, 200)})"
+        document = parse_table_json(read_table_text(path))
+    except FileNotFoundError:
+        table.problem = "was removed while verify ran"
+        return table
+    except UnreadableTable as exc:
+        table.problem = f"cannot be used: the file {exc}"
         return table
     table.document = document if isinstance(document, dict) else None
     table.problem = schema_problem(document, kernel, path)
