@@ -297,3 +297,27 @@ def test_search_storage_empty_is_one_line_not_the_journal_beside_the_db(storage,
     db = tmp_path / "omnitune.db"
     assert_one_line_error(invoke(*search_args(db, "--trials", 1, "--storage", storage)), "--storage is empty")
     assert list(tmp_path.iterdir()) == []  # no database, no journal
+
+
+# --- 8. --json FILE never replaces results, a journal or a table ----------------------------------------------
+
+
+def test_json_reports_never_replace_a_database_a_journal_or_a_table(searched, tmp_path):
+    db, journal = searched
+    before, journal_bytes = trial_rows(db), journal.read_bytes()
+    bench = ["bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE]
+    assert_one_line_error(invoke(*bench, "--json", db), "is an SQLite database (a results database?)")
+    assert_one_line_error(invoke(*bench, "--json", journal), "exists and is not a JSON report")
+    tables = tmp_path / "tables"
+    assert invoke("export", "--db", db, "--out", tables).exit_code == 0
+    (table,) = tables.glob("kv_cache_write/*.json")
+    table_bytes = table.read_bytes()
+    for target, said in ((db, "is an SQLite database"), (table, "is inside the tables folder")):
+        assert_one_line_error(invoke("verify", *MODE, "--tables", tables, "--json", target), said)
+    assert trial_rows(db) == before and journal.read_bytes() == journal_bytes and table.read_bytes() == table_bytes
+    # An earlier report is replaced, as the help says; the report is JSON any parser reads (NaN as null).
+    report = tmp_path / "bench.json"
+    for _ in range(2):
+        result = invoke(*bench, "--json", report)
+        assert result.exit_code == 0, result.output
+    assert "NaN" not in report.read_text() and json.loads(report.read_text())["results"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from omnitune.cli.common import (
     write_output_file,
 )
 from omnitune.errors import DeviceError, OmnituneError
+from omnitune.plain_json import plain_json_text
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -60,7 +60,8 @@ def bench(
     ),
     json_out: Path = typer.Option(None, "--json", metavar="FILE", show_default=False,
                                   help="Also write every row, with the device's facts and the kernel's source hash, "
-                                  "to FILE (replaced if it exists; checked writable before the bench runs)."),
+                                  "to FILE as JSON (an earlier report there is replaced; any other file, a results database say, is "
+                                  "refused; checked before the bench runs)."),
     interpret: bool = interpret_option(" Only our configs' correctness is checked: no times, baselines or energy; "
                                        "fp16 or fp32 only."),
 ) -> None:
@@ -91,7 +92,7 @@ def bench(
     problems = parse_problems(spec, shape, **overrides)
     # Checked before the bench runs, not found out after it.
     if json_out is not None:
-        preflight.require_writable_file(json_out, "--json")
+        preflight.require_report_file(json_out, "--json")
     for problem in problems:
         preflight.require_fits_in_memory(spec, problem, torch_dtype, interpret)
 
@@ -119,7 +120,8 @@ def bench(
     if json_out is not None:
         payload = {"device": facts.as_dict() if facts else None, "source_hash": spec.source_hash(), "results": records}
         # Checked before the bench (preflight); a failure here is what changed while it ran.
-        write_output_file(json_out, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n", "--json")
+        # Plain JSON (a NaN is null): the rows' throughputs are NaN where a problem moves no bytes.
+        write_output_file(json_out, plain_json_text(payload), "--json")
         console.print(f"wrote {json_out}")
 
 

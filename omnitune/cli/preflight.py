@@ -8,9 +8,10 @@ yes, a folder is also tried for real (a temporary file made and removed): /proc 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,44 @@ def require_writable_file(path: Path, option: str) -> None:
     if path.exists() and not os.access(path, os.W_OK):
         raise OmnituneError(f"cannot write {option} {path}: the file is read-only")
     _writable_folder_below(path.parent, option, path)
+
+
+# A JSON report is small; a file past this at the report's path is something else.
+_REPORT_BYTES = 64 * 1024 * 1024
+
+
+def require_report_file(path: Path, option: str, *, not_under: Sequence[Path] = ()) -> None:
+    """That `path` can take a JSON report (require_writable_file), and that what is there now, if
+    anything, is one — an earlier report, replaced — and not a results database, a journal or a
+    table (under a folder of `not_under`), which --json FILE replaced with the report before."""
+    require_writable_file(path, option)
+    for folder in not_under:
+        if _inside(path, folder):
+            raise OmnituneError(f"{option} {path} is inside the tables folder {folder}; write the report elsewhere")
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    from omnitune.store._journal import is_sqlite_file
+
+    if is_sqlite_file(path):
+        raise OmnituneError(f"{option} {path} is an SQLite database (a results database?), not a report; give "
+                            f"another file")
+    what = "larger than a report"
+    if path.stat().st_size <= _REPORT_BYTES:
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+            return
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            what = "not a JSON report (an Optuna journal, or another file?)"
+    raise OmnituneError(f"{option} {path} exists and is {what}, so it is not replaced; give another file, or "
+                        f"move it aside")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
+        return True
+    except ValueError:
+        return False
 
 
 def require_writable_folder(path: Path, option: str) -> None:

@@ -46,7 +46,8 @@ def verify(
         show_default=False,
     ),
     json_out: Path = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE "
-                                  "(replaced if it exists; its format: docs/cli.md).", show_default=False),
+                                  "(an earlier report there is replaced; any other file, or one under --tables, is refused; its "
+                                  "format: docs/cli.md).", show_default=False),
     fix: bool = typer.Option(False, "--fix", help="Rewrite the checked tables in place: replace every entry "
                              "slower than its fallback by the fallback, and revalidate a table tuned on older kernel "
                              "source (on its own GPU, entries right and not slower than their fallback are re-stamped "
@@ -109,7 +110,7 @@ def verify(
     folders = _folders(tables)
     # found out now, not after minutes of checking
     if json_out is not None:
-        preflight.require_writable_file(json_out, "--json")
+        preflight.require_report_file(json_out, "--json", not_under=folders)
     if fix:
         for folder in folders:
             preflight.require_writable_folder(folder, "--tables")

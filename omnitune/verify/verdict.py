@@ -21,12 +21,12 @@ whenever a field changes meaning or goes away (tests/test_verify.py checks the s
 from __future__ import annotations
 
 import enum
-import json
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from omnitune.plain_json import json_safe, plain_json_text
 
 REPORT_SCHEMA = "omnitune-verify"
 REPORT_SCHEMA_VERSION = 1
@@ -127,25 +127,7 @@ class Report:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.as_record(), indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n"
-
-
-def json_safe(value: Any) -> Any:
-    """Plain JSON: NaN and infinities as None (allow_nan=False holds), tuples as lists, numpy and
-    torch scalars unwrapped, anything else by its str()."""
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if hasattr(value, "item"):
-        return json_safe(value.item())
-    return str(value)
+        return plain_json_text(self.as_record())
 
 
 _STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim",

@@ -1,0 +1,32 @@
+"""JSON that any parser reads: what omnitune writes for scripts (verify's and bench's reports)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON: NaN and infinities as None (allow_nan=False holds), tuples as lists, enums by
+    their value, numpy and torch scalars unwrapped, anything else by its str()."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item"):
+        return json_safe(value.item())
+    return str(value)
+
+
+def plain_json_text(value: Any) -> str:
+    """`value` as indented JSON text (json_safe first: a NaN is null, which every parser reads)."""
+    return json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n"
