@@ -9,22 +9,35 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def utf8_text(text: str) -> str:
+    """`text` as UTF-8 can carry it: a lone surrogate (JSON's "\\ud800", which a table's key can
+    hold) written as its escape, where writing it raised UnicodeEncodeError mid-report."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def json_safe(value: Any) -> Any:
     """Plain JSON: NaN and infinities as None (allow_nan=False holds), tuples as lists, enums by
-    their value, numpy and torch scalars unwrapped, anything else by its str()."""
+    their value, numpy and torch scalars unwrapped, text UTF-8 can write (utf8_text), anything
+    else by its str()."""
     if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
+        return {utf8_text(str(k)): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+    if isinstance(value, str):
+        return utf8_text(value)
+    if isinstance(value, bool) or value is None or isinstance(value, int):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if hasattr(value, "item"):
         return json_safe(value.item())
-    return str(value)
+    return utf8_text(str(value))
 
 
 def plain_json_text(value: Any) -> str:

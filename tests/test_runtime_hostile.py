@@ -109,6 +109,22 @@ def test_a_flag_that_is_not_true_or_false_skips_its_entry(tables_dir, warnings_s
     assert "USE_TMA" in warnings_seen()[0]
 
 
+@pytest.mark.parametrize("odd", ["\nCRITICAL forged: all good\n", "\ud800"])
+def test_a_bad_key_with_a_newline_or_a_lone_surrogate_stays_inside_its_one_warning_line(tables_dir, warnings_seen,
+                                                                                          odd):
+    """The warning's "to tune this shape" command was built from the first bad key's parts as
+    they were: a newline in the key wrote lines of its own into the log (a forged record), a lone
+    surrogate failed a UTF-8 log handler."""
+    key, entry = _entry(PREFILL, TUNED)
+    dtype_name, problem_key = key.split("|")
+    _write(tables_dir, _document([(f"{dtype_name}|{odd}{problem_key}", entry), _entry(FAR, OTHER)]))
+    assert runtime.lookup("attention", FAR, torch.float16, GPU).config == OTHER
+    seen = warnings_seen()
+    assert len(seen) == 1 and "ignoring 1 of the 2 entries" in seen[0], seen
+    assert "\n" not in seen[0] and "CRITICAL forged" not in seen[0].replace(repr(odd)[1:-1], "")
+    seen[0].encode("utf-8")  # no lone surrogate left to fail a handler
+
+
 def test_many_bad_entries_are_one_warning(tables_dir, warnings_seen):
     entries = [_entry(FAR, OTHER)]
     for lq in range(1, 41):

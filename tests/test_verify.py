@@ -1016,6 +1016,31 @@ def test_a_fifo_or_a_table_past_the_runtimes_size_fails_compat_as_the_runtime_ig
 
 
 @cpu_only
+def test_a_symlink_loop_a_surrogate_key_and_a_config_the_runtime_refuses_are_one_line_each(tmp_path):
+    """A symlink loop at a table's path raised from path.resolve(); a key holding a lone
+    surrogate (JSON "\\ud800") crashed the report's printing after every check had run; and a
+    config value "8" for 8 passed verify while the runtime skipped the entry (its parse is strict)."""
+    loop, odd = tmp_path / "loop", tmp_path / "odd"
+    (loop / "kv_cache_write").mkdir(parents=True)
+    (loop / "kv_cache_write" / "NVIDIA_H200.json").symlink_to("NVIDIA_H200.json")
+    doc = _one_entry_kv_write_doc()
+    (key, entry), = doc["entries"].items()
+    stringly = dict(entry, config={k: str(v) if isinstance(v, int) else v for k, v in entry["config"].items()})
+    doc["entries"] = {"\ud800" + key: entry, key: stringly}
+    (odd / "kv_cache_write").mkdir(parents=True)
+    (odd / "kv_cache_write" / "NVIDIA_H200.json").write_text(json.dumps(doc))  # the surrogate as its JSON escape
+    said = {loop: ["cannot be opened"],
+            odd: ["BLOCK_H='2' is not a valid choice", "its problem and dtype give the key"]}
+    for tables in (loop, odd):
+        out = tmp_path / f"{tables.name}.json"
+        result = invoke("verify", "--interpret", "--tables", str(tables), "--json", str(out))
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output[-3000:]
+        report = json.loads(out.read_text())
+        failed = sorted(c["summary"] for c in report["checks"] if c["status"] == "fail")
+        assert len(failed) == len(said[tables]) and all(s in f for s, f in zip(said[tables], failed)), failed
+
+
+@cpu_only
 def test_the_gpu_parts_say_why_they_were_skipped(tmp_path):
     tables = attention_table(tmp_path)
     out = tmp_path / "r.json"

@@ -222,13 +222,25 @@ def _parse(path: Path, stamp: FileStamp, spec: KernelSpec, gap_command: str) -> 
 def _warn_bad_entries(path: Path, stamp: FileStamp, spec: KernelSpec, bad: list[tuple[str, str]], total: int) -> None:
     # One warning per file version, however many entries are bad: a corrupt table must not
     # flood an inference server's log. The first bad entry's key names the search that replaces it.
-    dtype_name, problem_key = split_entry_key(bad[0][0])
+    dtype_name, problem_key = (part if _printable(part) else None for part in split_entry_key(bad[0][0]))
     command = search_command(spec.name, problem_key or "...", dtype_name or "...")
     warn_once(
         (str(path), stamp, "entries"),
         f"ignoring {len(bad)} of the {total} entries of {path}: {name_few(bad)}; for their problems "
         + fallback_advice(command),
     )
+
+
+def _printable(text: str | None) -> bool:
+    """Whether a key's part can go into a log line as it is: a key with a newline in it would
+    write lines of its own into the log, one with a lone surrogate fail the log's UTF-8 handler."""
+    if not text or not text.isprintable():
+        return False
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def name_few(bad: list[tuple[str, str]]) -> str:

@@ -8,6 +8,7 @@ config value one of the parameter's choices, the key the one the problem and dty
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 import torch
 
 from omnitune.errors import OmnituneError
-from omnitune.runtime._keyed import keyed_problem
 from omnitune.runtime._reading import UnreadableTable, parse_table_json, read_table_text
+from omnitune.runtime._tables import parse_entry as runtime_parse_entry
 from omnitune.runtime._tables import schema_problem
 from omnitune.spec import Config, KernelSpec
 
@@ -65,7 +66,10 @@ def find_tables(dirs: Iterable[Path], kernels: Sequence[str] | None, specs: dict
         if not directory.is_dir():
             continue
         for path in sorted(directory.glob("*/*.json")):
-            resolved = path.resolve()
+            try:
+                resolved = path.resolve()
+            except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13): read_table says so
+                resolved = Path(os.path.abspath(path))
             # export writes through hidden temporary files beside the table: never tables
             if resolved in seen or path.name.startswith("."):
                 continue
@@ -109,10 +113,11 @@ def read_table(path: Path, kernel: str, specs: dict[str, KernelSpec]) -> TableFi
 
 
 def parse_entry(key: str, raw: Any, spec: KernelSpec) -> Entry:
-    """The entry as the runtime would use it; TypeError/ValueError/OmnituneError say why not."""
-    dtype, problem = keyed_problem(key, raw, spec)
-    config = spec.coerce_config(raw["config"])
-    return Entry(key=key, problem=problem, dtype=dtype, config=config, raw=raw)
+    """The entry as the runtime would use it, parsed by the runtime's own rules (a config value
+    "8" for 8 passed here while the runtime skipped the entry); KeyError, TypeError, ValueError or
+    an OmnituneError say why not."""
+    entry = runtime_parse_entry(key, raw, spec)
+    return Entry(key=key, problem=entry.problem, dtype=entry.dtype, config=entry.config, raw=raw)
 
 
 def _registered_spec(kernel: str) -> KernelSpec | None:

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnitune.plain_json import json_safe, plain_json_text
+from omnitune.plain_json import json_safe, plain_json_text, utf8_text
 
 REPORT_SCHEMA = "omnitune-verify"
 REPORT_SCHEMA_VERSION = 1
@@ -151,6 +151,6 @@ def render_table(report: Report):
     for part in PARTS:
         for check in (c for c in report.checks if c.part == part):
             style = _STYLE[check.status]
-            table.add_row(part, escape(check.kernel or ""), escape(check.subject),
-                          f"[{style}]{check.status.value}[/]", escape(check.summary))
+            table.add_row(part, escape(utf8_text(check.kernel or "")), escape(utf8_text(check.subject)),
+                          f"[{style}]{check.status.value}[/]", escape(utf8_text(check.summary)))
     return table
