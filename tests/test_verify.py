@@ -1041,6 +1041,31 @@ def test_a_symlink_loop_a_surrogate_key_and_a_config_the_runtime_refuses_are_one
 
 
 @cpu_only
+def test_a_predictor_block_the_runtime_ignores_in_whole_or_in_part_fails_compat(tmp_path):
+    """verify passed any predictor block while the runtime ignored a bad one (problems it would
+    have answered got the default): it now reads the block by the runtime's parse."""
+    doc = _one_entry_kv_write_doc()
+    assert isinstance(doc.get("predictor"), dict) and doc["predictor"]["points"]
+    whole = json.loads(json.dumps(doc))
+    whole["predictor"]["neighbours"] = 0
+    part = json.loads(json.dumps(doc))
+    point = sorted(part["predictor"]["points"])[0]
+    label = next(iter(part["predictor"]["points"][point]["time_ratios"]))
+    part["predictor"]["points"][point]["time_ratios"][label] = 0.5
+    total = len(part["predictor"]["points"])
+    for name, bad, said in (("whole", whole, "the runtime ignores the predictor block: it has neighbours 0"),
+                            ("part", part, f"the runtime ignores 1 of the {total} points of the predictor block")):
+        tables = tmp_path / name
+        (tables / "kv_cache_write").mkdir(parents=True)
+        (tables / "kv_cache_write" / "NVIDIA_H200.json").write_text(json.dumps(bad))
+        out = tmp_path / f"{name}.json"
+        result = invoke("verify", "--interpret", "--tables", str(tables), "--json", str(out))
+        assert result.exit_code == 1, result.output
+        failed = [c["summary"] for c in json.loads(out.read_text())["checks"] if c["status"] == "fail"]
+        assert len(failed) == 1 and failed[0].startswith(said), failed
+
+
+@cpu_only
 def test_the_gpu_parts_say_why_they_were_skipped(tmp_path):
     tables = attention_table(tmp_path)
     out = tmp_path / "r.json"

@@ -36,6 +36,8 @@ from typing import Any
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key, same_chip_keys
 from omnitune.provenance import ENTRY_SOURCE_HASH
 from omnitune.runtime._format import impossible_recorded_time
+from omnitune.runtime._predictor import BlockError, UnknownKind, parse_predictor
+from omnitune.runtime._tables import name_few
 from omnitune.source_hash import UNKNOWN
 from omnitune.spec import SourceCheck
 from omnitune.verify.tables import TableFile
@@ -121,6 +123,7 @@ def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = Fa
     for key, reason in table.bad_entries.items():
         checks.append(Check(PART, key, Status.FAIL, f"the runtime ignores this entry: {reason}", table.kernel,
                             {"table": str(table.path), "key": key}))
+    checks += _predictor_checks(table)
     for entry in table.entries:  # served, but its config was chosen or described by an impossible time
         reason = impossible_recorded_time(entry.raw)
         if reason is not None:
@@ -128,6 +131,29 @@ def check_table(table: TableFile, machine: Mapping[str, Any], *, twin: bool = Fa
                                 "may have won by it; tune the problem again and export", table.kernel,
                                 {"table": str(table.path), "key": entry.key}))
     return checks + entry_checks
+
+
+def _predictor_checks(table: TableFile) -> list[Check]:
+    """The runtime's verdict on the table's predictor block, read by its own parse: ignored whole
+    or in some of its points (a fail, as an ignored entry is: the problems it would answer get the
+    default), or of a kind this omnitune does not read (a warning). None without a block."""
+    block = table.document.get("predictor") if isinstance(table.document, dict) else None
+    if block is None or table.spec is None:
+        return []
+    subject, details = f"{table.label} predictor", {"table": str(table.path)}
+    try:
+        _, bad, total = parse_predictor(block, table.spec)
+    except UnknownKind as exc:
+        return [Check(PART, subject, Status.WARN, f"the runtime does not read this predictor block: it {exc}",
+                      table.kernel, details)]
+    except Exception as exc:  # noqa: BLE001 — as the runtime takes it: untrusted input
+        why = str(exc) if isinstance(exc, BlockError) else f"cannot be read ({type(exc).__name__}: {exc})"
+        return [Check(PART, subject, Status.FAIL, f"the runtime ignores the predictor block: it {why}", table.kernel,
+                      details)]
+    if not bad:
+        return []
+    return [Check(PART, subject, Status.FAIL, f"the runtime ignores {len(bad)} of the {total} points of the "
+                  f"predictor block: {name_few(bad)}", table.kernel, {**details, "points": [k for k, _ in bad]})]
 
 
 def _entry_source_checks(table: TableFile, source: SourceCheck | None, device: Mapping[str, Any],
