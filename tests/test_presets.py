@@ -285,3 +285,24 @@ def test_the_lanes_estimate_is_bounded_by_the_cpu_the_searches_took(tmp_path):
     _drop_search_run_columns(path, "cpu_s", "compile_cpu_s")
     older = measured_rates(path, "NVIDIA_H200")
     assert older.cores_busy is None and older.gpu_share == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("wall_s", [-5.0, 0.0, 1e308, 2.5])
+def test_plan_leaves_out_search_runs_with_times_no_search_gives(tmp_path, wall_s):
+    """A corrupt search_runs row made the plan estimate ~-40 s, ~inf h or NaN (with a numpy
+    warning on stderr); a run whose setup and re-timing (3 s) exceed its wall is impossible too."""
+    import warnings
+
+    from omnitune.cli.plan_rates import measured_rates
+
+    path = tmp_path / "results.db"
+    _two_searches_recorded(path, wall_s=40.0)
+    good = measured_rates(path, "NVIDIA_H200")
+    _two_searches_recorded(path, wall_s=wall_s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning of a division by zero
+        rates = measured_rates(path, "NVIDIA_H200")
+    assert (rates.per_trial_s, rates.per_problem_s) == (good.per_trial_s, good.per_problem_s)
+    assert "2 with impossible times left out" in rates.source
+    output = _plan_output(path)
+    assert "~-" not in output and "inf" not in output and "nan" not in output, output

@@ -79,6 +79,7 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     # Runs that measured nothing (a finished study rerun) say nothing about a trial's cost; one
     # that re-timed finalists (a session in lanes re-times a host-syncing op's after its lanes,
     # omnitune.cli.search_cmd.retime_after_lanes) is part of its problem's cost.
+    runs, impossible = _with_possible_times(runs)
     retimed_later = runs[(runs.measured == 0) & (runs.retime_s > 0)]
     runs = runs[runs.measured > 0]
     if device_key is None and len(runs):
@@ -98,10 +99,42 @@ def measured_rates(db_path: str | Path, device_key: str | None) -> Rates:
     cpu = runs.cpu_s[counted].astype(float) + runs.compile_cpu_s[counted].astype(float)
     cores_busy = float(cpu.sum() / own_s[counted].sum()) if counted.any() else None
     name = runs.device_name.iloc[-1] or device_key
+    left_out = f"; {impossible} with impossible times left out" if impossible else ""
     return Rates(trial_s, problem_s,
                  f"{trial_s:.2g} s per trial, from {trials} trials measured on {name} + ~{problem_s:.0f} s per "
-                 f"problem (inputs, reference, finalists; measured over {len(runs)} searches in {db_path})",
-                 gpu_share, cores_busy)
+                 f"problem (inputs, reference, finalists; measured over {len(runs)} searches in {db_path}"
+                 f"{left_out})", gpu_share, cores_busy)
+
+
+# A search run recorded as longer than this is a corrupt row, not a search (a whole-model search
+# takes minutes to hours).
+MAX_RUN_S = 30 * 24 * 3600.0
+
+
+def _with_possible_times(runs):
+    """The runs whose recorded times a search can give, and how many others there were: a wall
+    time in (0, MAX_RUN_S], the parts of it (setup, re-timing, the wait for the GPU, its GPU and
+    CPU seconds) finite and not negative, setup, re-timing and the wait within the wall, trials
+    counted from 0 up. A negative or huge wall made the plan estimate ~-40 s or ~inf h, a zero one a NaN."""
+    import numpy as np
+    import pandas as pd
+
+    def seconds(column, optional=False):
+        values = pd.to_numeric(runs[column], errors="coerce").astype(float)
+        return values, (values.isna() if optional else pd.Series(False, index=runs.index)) | (
+            np.isfinite(values) & (values >= 0))
+
+    wall, wall_ok = seconds("wall_s")
+    setup, setup_ok = seconds("setup_s")
+    retime, retime_ok = seconds("retime_s")
+    wait, wait_ok = seconds("lock_wait_s", optional=True)
+    ok = (wall_ok & setup_ok & retime_ok & wait_ok & (wall > 0) & (wall <= MAX_RUN_S)
+          & (setup + retime + wait.fillna(0.0) <= wall))
+    for optional in ("gpu_s", "cpu_s", "compile_cpu_s"):
+        ok &= seconds(optional, optional=True)[1]
+    measured = pd.to_numeric(runs["measured"], errors="coerce")
+    ok &= measured.notna() & (measured >= 0)
+    return runs[ok], int((~ok).sum())
 
 
 def _without_advice(exc: Exception) -> str:
