@@ -305,6 +305,14 @@ def read_table_file(path: Path, kernel: str) -> dict[str, Any] | None:
                          f"expected {SCHEMA_VERSION}; {advice}")
     if document.get("kernel") != kernel or not isinstance(document.get("entries"), dict):
         raise StoreError(f"cannot merge into {path}: it is not a {kernel} table with entries; {advice}")
+    # The file's name is the device its entries serve (the runtime reads no other file for it, nor
+    # a file whose device differs): another GPU's entries kept here would be served as this one's.
+    # (A file that records no device is merged into: the export writes this device's.)
+    device = document.get("device")
+    recorded = device.get("key") if isinstance(device, dict) else None
+    if recorded is not None and recorded != path.stem:
+        raise StoreError(f"cannot merge into {path}: it is the table of device {describe(recorded)}, not of "
+                         f"{path.stem}; {advice}")
     return document
 
 

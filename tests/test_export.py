@@ -132,6 +132,20 @@ def test_merge_keeps_other_keys_and_replaces_the_same_key(populated, tmp_path):
     assert entries[_key(PREFILL)]["config"] == FAST.as_dict()
 
 
+def test_a_file_holding_another_devices_table_is_not_merged_into(populated, tmp_path):
+    """A table renamed or copied to this device's file name: its entries, tuned on the other
+    GPU, were kept and served as this one's."""
+    export.export_tables(populated, tmp_path)
+    path = _h200_file(tmp_path)
+    other = json.loads(path.read_text())
+    other["device"]["key"] = "NVIDIA_H100_80GB_HBM3"
+    path.write_text(json.dumps(other))
+    before = path.read_text()
+    with pytest.raises(StoreError, match="it is the table of device 'NVIDIA_H100_80GB_HBM3', not of NVIDIA_H200"):
+        export.export_tables(populated, tmp_path)
+    assert path.read_text() == before
+
+
 OLDER, NEWER = "0123456789abcdef", "fedcba9876543210"  # the earlier session's source, populated's winner's
 
 
