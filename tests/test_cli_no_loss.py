@@ -321,3 +321,21 @@ def test_json_reports_never_replace_a_database_a_journal_or_a_table(searched, tm
         result = invoke(*bench, "--json", report)
         assert result.exit_code == 0, result.output
     assert "NaN" not in report.read_text() and json.loads(report.read_text())["results"]
+
+
+# --- 9. options given empty ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, said", [
+    (["bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--json", ""], "--json is empty"),
+    (["bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--config", ""], "--config is empty"),
+    (["bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--config", "null"],
+     "--config null: a config must be a JSON object"),
+    (["verify", *MODE, "--tables", ""], "--tables is empty"),
+    (["verify", *MODE, "--json", ""], "--json is empty"),
+])
+def test_an_option_given_empty_is_one_line_not_the_current_folder(args, said, tmp_path, monkeypatch):
+    # As Paths they were the current folder: "--json . is a folder", "no tables under .".
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke(*args), said)
+    assert list(tmp_path.iterdir()) == []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -18,6 +17,7 @@ from omnitune.cli.common import (
     load_spec,
     parse_config_option,
     parse_problems,
+    report_path,
     search_dtype,
     write_output_file,
 )
@@ -58,10 +58,10 @@ def bench(
         help="Also measure the energy each row draws per call (mJ, and mean W): NVML's energy counter over ≥0.5 s "
         "of back-to-back calls (L2 warm). About 1 s per row. Not under --interpret.",
     ),
-    json_out: Path = typer.Option(None, "--json", metavar="FILE", show_default=False,
+    json_text: str = typer.Option(None, "--json", metavar="FILE", show_default=False,
                                   help="Also write every row, with the device's facts and the kernel's source hash, "
-                                  "to FILE as JSON (an earlier report there is replaced; any other file, a results database say, is "
-                                  "refused; checked before the bench runs)."),
+                                  "to FILE as JSON (an earlier report there is replaced; any other file, a results "
+                                  "database say, is refused; checked before the bench runs)."),
     interpret: bool = interpret_option(" Only our configs' correctness is checked: no times, baselines or energy; "
                                        "fp16 or fp32 only."),
 ) -> None:
@@ -91,6 +91,7 @@ def bench(
     overrides = {"causal": causal} if causal is not None else {}
     problems = parse_problems(spec, shape, **overrides)
     # Checked before the bench runs, not found out after it.
+    json_out = report_path(json_text)
     if json_out is not None:
         preflight.require_report_file(json_out, "--json")
     for problem in problems:

@@ -50,6 +50,15 @@ def require_named(text: str | None, option: str, example: str) -> None:
         raise OmnituneError(f"{option} is empty; name {example}")
 
 
+def report_path(text: str | None) -> Path | None:
+    """--json FILE as a path; None when not given. Given empty, refused (require_named): as a
+    Path it was the current folder, "--json . is a folder"."""
+    if text is None:
+        return None
+    require_named(text, "--json", "the report's file (e.g. --json report.json)")
+    return Path(text)
+
+
 def db_path(db: str | None) -> Path:
     """--db, else OMNITUNE_DB, else ./omnitune.db. An empty --db is refused rather than taken as
     not given: the results would go to ./omnitune.db, where the user did not ask."""
@@ -174,6 +183,9 @@ def _config_text(text: str, option: str = "--config") -> str:
     """The JSON of a config option: the text itself if it is JSON, else the file it names."""
     if text.lstrip().startswith(("{", "[")):
         return text
+    require_named(text, option, f"a JSON object such as {_CONFIG_EXAMPLE} or a JSON file")
+    if text.strip() == "null":  # JSON, not a file's name: say what a config must be
+        raise ConfigError(f"{option} null: a config must be a JSON object such as {_CONFIG_EXAMPLE}")
     path = Path(text)
     if path.is_dir():
         raise ConfigError(f"{option} {text} is a folder; give a JSON object such as {_CONFIG_EXAMPLE} or a JSON file")

@@ -11,7 +11,15 @@ from rich.console import Console
 
 from omnitune.cli import preflight
 from omnitune.cli._app import app
-from omnitune.cli.common import console, err_console, interpret_option, load_spec, write_output_file
+from omnitune.cli.common import (
+    console,
+    err_console,
+    interpret_option,
+    load_spec,
+    report_path,
+    require_named,
+    write_output_file,
+)
 from omnitune.errors import DeviceError, OmnituneError
 
 LOG_WIDTH = 160
@@ -23,8 +31,8 @@ MAX_SOAK_MINUTES = 7 * 24 * 60
 
 @app.command()
 def verify(
-    tables: list[Path] = typer.Option(
-        None, "--tables", metavar="DIR", file_okay=False,
+    tables: list[str] = typer.Option(
+        None, "--tables", metavar="DIR",
         help="Folder of tables, <DIR>/<kernel>/<device_key>.json. Repeatable. \\[default: the folders "
         "omnitune.runtime reads: $OMNITUNE_CONFIG_DIR, then the shipped tuned_configs/]", show_default=False,
     ),
@@ -45,9 +53,9 @@ def verify(
         "\\[default: no soak]",
         show_default=False,
     ),
-    json_out: Path = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE "
-                                  "(an earlier report there is replaced; any other file, or one under --tables, is refused; its "
-                                  "format: docs/cli.md).", show_default=False),
+    json_text: str = typer.Option(None, "--json", metavar="FILE", help="Also write the report as JSON to FILE "
+                                  "(an earlier report there is replaced; any other file, or one under --tables, is "
+                                  "refused; its format: docs/cli.md).", show_default=False),
     fix: bool = typer.Option(False, "--fix", help="Rewrite the checked tables in place: replace every entry "
                              "slower than its fallback by the fallback, and revalidate a table tuned on older kernel "
                              "source (on its own GPU, entries right and not slower than their fallback are re-stamped "
@@ -109,6 +117,7 @@ def verify(
         specs[spec.name] = spec
     folders = _folders(tables)
     # found out now, not after minutes of checking
+    json_out = report_path(json_text)
     if json_out is not None:
         preflight.require_report_file(json_out, "--json", not_under=folders)
     if fix:
@@ -130,12 +139,14 @@ def verify(
     raise typer.Exit(report.exit_code)
 
 
-def _folders(tables: list[Path] | None) -> list[Path]:
+def _folders(tables: list[str] | None) -> list[Path]:
     if tables:
-        missing = [t for t in tables if not t.is_dir()]
+        for text in tables:  # empty, as a Path it was the current folder ("no tables under .")
+            require_named(text, "--tables", "a folder of tables (e.g. --tables tuned_configs)")
+        missing = [t for t in tables if not Path(t).is_dir()]
         if missing:
             raise OmnituneError(f"--tables {missing[0]}: no such folder")
-        return list(tables)
+        return [Path(t) for t in tables]
     from omnitune.runtime import config_dirs
 
     return [d for d in config_dirs() if d.is_dir()]
