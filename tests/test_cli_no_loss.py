@@ -339,3 +339,22 @@ def test_an_option_given_empty_is_one_line_not_the_current_folder(args, said, tm
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(invoke(*args), said)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- 10. a --device no table is for --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["lookup", "kv_cache_write", "--shape", "t=4,hkv=2,d=128,block_size=16",
+                                      "--dtype", "fp16"],
+                                     ["plan", "--model", "qwen2.5-omni-7b", "--kernels", "kv_cache_write",
+                                      "--coverage"]])
+def test_a_device_no_table_is_for_is_said_once_with_the_gpus_that_have_tables(command, monkeypatch):
+    """A misspelt --device answered every problem with the default, which read as "nothing is
+    tuned"; a same-chip twin's tables (the H100 SXM served from the H200's) are not that case."""
+    monkeypatch.delenv("OMNITUNE_CONFIG_DIR", raising=False)  # the shipped tables: the H200's and the H100's
+    result = invoke(*command, "--device", "NVIDIA H20")
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: no table here is for")]
+    assert len(notes) == 1 and "NVIDIA_H200" in notes[0] and "NVIDIA_H20.json" in notes[0], result.stderr
+    for served in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        assert "note: no table here" not in invoke(*command, "--device", served).stderr

@@ -29,6 +29,7 @@ def coverage_device(device: str | None) -> str:
     if device is not None:
         if not device.strip():
             raise OmnituneError("--device needs a GPU's name, e.g. --device 'NVIDIA H200'")
+        note_a_device_without_tables(device)
         return device
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
@@ -37,6 +38,22 @@ def coverage_device(device: str | None) -> str:
             else "; no tables were found either")
     raise OmnituneError(f"--coverage reads the tables of a GPU and there is no CUDA GPU here: pass --device NAME "
                         f"(e.g. --device 'NVIDIA H200'){have}")
+
+
+def note_a_device_without_tables(device: str) -> None:
+    """One note on stderr where --device names a GPU that no table here is for, its own or a
+    same-chip twin's: every answer is then the default, and a misspelt name ('NVIDIA H20') read
+    as "nothing is tuned" with only the runtime's per-kernel warnings to tell. The GPUs that have
+    tables are named; the command goes on (what a GPU without tables should tune is a question)."""
+    from omnitune.cli.common import err_console
+    from omnitune.trial import device_key, same_chip_keys
+
+    found = _table_devices()
+    key = device_key(device)
+    if not found or key in found or any(twin in found for twin in same_chip_keys(key)):
+        return
+    err_console.print(f"note: no table here is for {escape(device)!r} (its file name would be {key}.json); "
+                      f"the tables here are for {', '.join(found)}", soft_wrap=True)
 
 
 def print_coverage(preset: ModelPreset, kernels: tuple[str, ...], dtype: torch.dtype, device_name: str,

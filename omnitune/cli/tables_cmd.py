@@ -276,6 +276,10 @@ def lookup(
     device_name = device
     if device_name is not None and not device_name.strip():
         raise OmnituneError("--device needs a GPU's name, e.g. --device 'NVIDIA H200'")
+    if device_name is not None:
+        from omnitune.cli.plan_coverage import note_a_device_without_tables
+
+        note_a_device_without_tables(device_name)
     if device_name is None:
         import torch
 
