@@ -385,7 +385,14 @@ def document_text(document: dict[str, Any]) -> str:
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
     """Write through a temporary file in the same folder and os.replace it over `path`: readers
-    (and a crash) see the old file or the new one, never a truncated one."""
+    (and a crash) see the old file or the new one, never a truncated one. A table reached
+    through a symlink (a shared table linked into a folder) is written where the link points:
+    replacing the link itself with a plain file left the shared table stale, unsaid."""
+    if path.is_symlink():
+        try:
+            path = path.resolve(strict=False)
+        except (OSError, RuntimeError):  # a loop: reading the table refused it before this
+            pass
     table_files.write_atomic(path, document_text(document))
 
 

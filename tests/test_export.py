@@ -146,6 +146,21 @@ def test_a_file_holding_another_devices_table_is_not_merged_into(populated, tmp_
     assert path.read_text() == before
 
 
+def test_a_table_reached_through_a_symlink_is_written_where_the_link_points(populated, tmp_path):
+    shared = tmp_path / "shared" / "attention_h200.json"
+    export.export_tables(populated, tmp_path / "shared_out")
+    shared.parent.mkdir()
+    first = _h200_file(tmp_path / "shared_out")
+    doc = json.loads(first.read_text())
+    doc["entries"] = {}
+    shared.write_text(json.dumps(doc))
+    link = _h200_file(tmp_path / "out")
+    link.parent.mkdir(parents=True)
+    link.symlink_to(shared)
+    export.export_tables(populated, tmp_path / "out")
+    assert link.is_symlink() and json.loads(shared.read_text())["entries"] == json.loads(first.read_text())["entries"]
+
+
 OLDER, NEWER = "0123456789abcdef", "fedcba9876543210"  # the earlier session's source, populated's winner's
 
 
