@@ -358,3 +358,11 @@ def test_a_device_no_table_is_for_is_said_once_with_the_gpus_that_have_tables(co
     assert len(notes) == 1 and "NVIDIA_H200" in notes[0] and "NVIDIA_H20.json" in notes[0], result.stderr
     for served in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
         assert "note: no table here" not in invoke(*command, "--device", served).stderr
+
+
+def test_a_config_naming_a_parameter_twice_is_refused_and_a_padded_dtype_taken_everywhere():
+    # JSON's last value won, unsaid; lookup refused ' fp16', which plan and search take.
+    bench = ["bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE]
+    assert_one_line_error(invoke(*bench, "--config", '{"BLOCK_T": 2, "BLOCK_T": 4}'), "--config names BLOCK_T twice")
+    result = invoke("lookup", "kv_cache_write", "--shape", SHAPE, "--dtype", " fp16", "--device", "NVIDIA H200")
+    assert result.exit_code == 0 and " fp16 on NVIDIA H200" in result.stdout, result.output

@@ -159,7 +159,7 @@ def parse_problems(spec: KernelSpec, shapes: list[str], **overrides) -> list:
 def parse_dtype_option(spec: KernelSpec, name: str) -> torch.dtype:
     from omnitune.spec import dtype_name, parse_dtype
 
-    dtype = parse_dtype(name)
+    dtype = parse_dtype(name.strip())  # ' fp16' as plan and search take it
     if dtype not in spec.dtypes:
         raise OmnituneError(
             f"{spec.name} does not support {name}; use one of {', '.join(dtype_name(d) for d in spec.dtypes)}"
@@ -203,8 +203,16 @@ def _config_values(raw: str, option: str = "--config") -> dict:
     def reject_constant(name: str):
         raise ConfigError(f"{option} holds {name}; launch parameters are finite numbers")
 
+    def once_each(pairs):  # {"BLOCK_T": 2, "BLOCK_T": 4} took the last, unsaid
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(f"{option} names {key} twice; give each parameter once")
+            seen[key] = value
+        return seen
+
     try:
-        values = json.loads(raw, parse_constant=reject_constant)
+        values = json.loads(raw, parse_constant=reject_constant, object_pairs_hook=once_each)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{option} is not valid JSON ({exc.msg} at position {exc.pos})") from None
     except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, absurd nesting
