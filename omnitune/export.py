@@ -50,7 +50,7 @@ from omnitune.coerce import describe
 from omnitune.errors import OmnituneError, StoreError, one_line
 from omnitune.predict import fit_block, merge_blocks
 from omnitune.provenance import ENTRY_SOURCE_HASH, entry_source_hash, provenance_hash, with_entry_source
-from omnitune.report import KEY_COLUMNS, best_per_key, impossible_times, with_retiming
+from omnitune.report import KEY_COLUMNS, best_per_key, impossible_times, in_any_column, with_retiming
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, impossible_recorded_time, table_path
 from omnitune.runtime._reading import HugeNumber, UnreadableTable, parse_table_json, read_table_text
 from omnitune.runtime._tables import json_kind, name_few, parse_entry
@@ -215,7 +215,7 @@ def _without_impossible_times(trials: pd.DataFrame) -> pd.DataFrame:
     warned about as rows that cannot make an entry; best_per_key counts them as failures, and the
     predictor must not fit them either."""
     bad_in = impossible_times(trials)
-    impossible = pd.concat(bad_in.values(), axis=1).any(axis=1)
+    impossible = in_any_column(bad_in)
     for kernel, rows in trials[impossible].groupby("kernel", sort=True):
         unusable = []
         for index, r in rows.iterrows():

@@ -9,14 +9,20 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def utf8_text(text: str) -> str:
-    """`text` as UTF-8 can carry it: a lone surrogate (JSON's "\\ud800", which a table's key can
-    hold) written as its escape, where writing it raised UnicodeEncodeError mid-report."""
+def encodes_as_utf8(text: str) -> bool:
+    """Whether UTF-8 can carry `text`: not if it holds a lone surrogate (JSON's "\\ud800", which a
+    table's key can hold), which a UTF-8 file or log handler fails to write."""
     try:
         text.encode("utf-8")
-        return text
+        return True
     except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return False
+
+
+def utf8_text(text: str) -> str:
+    """`text` as UTF-8 can carry it: a lone surrogate written as its escape, where writing it
+    raised UnicodeEncodeError mid-report."""
+    return text if encodes_as_utf8(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def json_safe(value: Any) -> Any:

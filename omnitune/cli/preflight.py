@@ -69,7 +69,7 @@ def require_report_file(path: Path, option: str, *, not_under: Sequence[Path] = 
     table (under a folder of `not_under`), which --json FILE replaced with the report before."""
     require_writable_file(path, option)
     for folder in not_under:
-        if _inside(path, folder):
+        if Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder)):
             raise OmnituneError(f"{option} {path} is inside the tables folder {folder}; write the report elsewhere")
     if not path.is_file() or path.stat().st_size == 0:
         return
@@ -87,14 +87,6 @@ def require_report_file(path: Path, option: str, *, not_under: Sequence[Path] = 
             what = "not a JSON report (an Optuna journal, or another file?)"
     raise OmnituneError(f"{option} {path} exists and is {what}, so it is not replaced; give another file, or "
                         f"move it aside")
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
-        return True
-    except ValueError:
-        return False
 
 
 def require_writable_folder(path: Path, option: str) -> None:

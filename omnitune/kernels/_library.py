@@ -5,9 +5,10 @@ Registered with torch.library's define/impl, the way serving engines register th
 redispatches, aliasing checks on the outputs, a version bump for mutated arguments) that a
 compiled graph pays on each call of the op, host time a decode loop spends at every step and
 layer (through the dispatcher the cache write costs 8.2 µs over its function, against 20.5 with
-custom_op; the decode 17.8 against 19.8: an H100, docs/results.md round 51). The ops are inference ops: none has a backward, and their outputs are fresh tensors, so
-the checks those layers make have nothing to find. Each op's fake (its output's metadata, for
-tracing) is registered beside it. Imports torch only, so that every kernel module can use it.
+custom_op; the decode 17.8 against 19.8: an H100, docs/results.md round 51). The ops are
+inference ops: none has a backward, and their outputs are fresh tensors, so the checks those
+layers make have nothing to find. Each op's fake (its output's metadata, for tracing) is
+registered beside it. Imports torch only, so that every kernel module can use it.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from omnitune.report.frame import (
     calibration_note,
     failure_summary,
     impossible_times,
+    in_any_column,
     load_calibrations,
     load_devices,
     load_profiles,
@@ -49,7 +50,7 @@ from omnitune.report.render import (
 __all__ = [
     "CALIBRATE_HINT", "KEY_COLUMNS", "NCU_COLUMNS", "NOISY_MARK", "NOT_REPRESENTATIVE_MARK",
     "NOT_REPRESENTATIVE_NOTE", "PROFILE_COLUMNS", "SUMMARY_COLUMNS", "TRIAL_COLUMNS", "FiguresWritten",
-    "best_per_key", "calibration_note", "display_frame", "failure_summary", "impossible_times",
+    "best_per_key", "calibration_note", "display_frame", "failure_summary", "impossible_times", "in_any_column",
     "load_calibrations", "load_devices",
     "load_profiles", "load_trials", "problem_defaults_of", "profile_display_frame", "profile_per_key",
     "profiles_for", "render_csv", "render_json", "render_markdown", "render_table", "roofline_columns",

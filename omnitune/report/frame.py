@@ -122,9 +122,14 @@ def impossible_times(trials: pd.DataFrame) -> dict[str, pd.Series]:
             for column in TIME_COLUMNS}
 
 
+def in_any_column(by_column: dict[str, pd.Series]) -> pd.Series:
+    """The rows that impossible_times marks in any of its columns."""
+    return pd.concat(by_column.values(), axis=1).any(axis=1)
+
+
 def with_impossible_times_failed(trials: pd.DataFrame) -> pd.DataFrame:
     """The trials with each ok row of an impossible time given the status IMPOSSIBLE_TIME."""
-    impossible = pd.concat(impossible_times(trials).values(), axis=1).any(axis=1)
+    impossible = in_any_column(impossible_times(trials))
     return trials.assign(status=trials["status"].mask(impossible, IMPOSSIBLE_TIME)) if impossible.any() else trials
 
 

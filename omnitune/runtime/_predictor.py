@@ -247,6 +247,13 @@ def parse_predictor(raw: Any, spec: KernelSpec) -> tuple[Predictor, list[tuple[s
     return Predictor(neighbours, features, match, tuple(points)), bad, len(points_raw)
 
 
+def unusable_block(exc: Exception) -> str:
+    """What parse_predictor's failure says of the block, completing 'the block ...': a BlockError's
+    own words, anything else (a spec author's problem type, say) by its type and message. The
+    runtime's warning and verify's compat check give the same words."""
+    return str(exc) if isinstance(exc, BlockError) else f"cannot be read ({type(exc).__name__}: {exc})"
+
+
 def _names(value: Any, what: str, allowed: set[str], spec: KernelSpec) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(n, str) for n in value) or len(set(value)) != len(value):
         raise BlockError(f"has {what} {describe(value)}, not a list of distinct names")

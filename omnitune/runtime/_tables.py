@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from omnitune.coerce import describe
+from omnitune.plain_json import encodes_as_utf8
 from omnitune.runtime._format import SCHEMA_VERSION, search_command, split_entry_key
 from omnitune.runtime._keyed import keyed_problem
-from omnitune.runtime._predictor import BlockError, Predictor, UnknownKind, parse_predictor
+from omnitune.runtime._predictor import Predictor, UnknownKind, parse_predictor, unusable_block
 from omnitune.runtime._reading import UnreadableTable, parse_table_json, read_table_text
 from omnitune.spec import Config, KernelSpec
 
@@ -107,8 +108,8 @@ def predictor_of(table: Table, spec: KernelSpec) -> Predictor | None:
     except UnknownKind as exc:
         logger.info("not using the predictor block of %s: it %s", table.path, exc)
     except Exception as exc:  # noqa: BLE001 — BlockError says what; anything else still must not break a lookup
-        why = str(exc) if isinstance(exc, BlockError) else f"cannot be read ({type(exc).__name__}: {exc})"
-        warn_once((*identity, "predictor"), f"ignoring the predictor block of {table.path}: it {why}; {advice}")
+        warn_once((*identity, "predictor"),
+                  f"ignoring the predictor block of {table.path}: it {unusable_block(exc)}; {advice}")
     else:
         if bad:
             warn_once((*identity, "predictor"), f"ignoring {len(bad)} of the {total} points of the predictor "
@@ -234,13 +235,7 @@ def _warn_bad_entries(path: Path, stamp: FileStamp, spec: KernelSpec, bad: list[
 def _printable(text: str | None) -> bool:
     """Whether a key's part can go into a log line as it is: a key with a newline in it would
     write lines of its own into the log, one with a lone surrogate fail the log's UTF-8 handler."""
-    if not text or not text.isprintable():
-        return False
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
+    return bool(text) and text.isprintable() and encodes_as_utf8(text)
 
 
 def name_few(bad: list[tuple[str, str]]) -> str:

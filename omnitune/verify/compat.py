@@ -36,7 +36,7 @@ from typing import Any
 from omnitune.profile.device import INTERPRETER_DEVICE, device_key, same_chip_keys
 from omnitune.provenance import ENTRY_SOURCE_HASH
 from omnitune.runtime._format import impossible_recorded_time
-from omnitune.runtime._predictor import BlockError, UnknownKind, parse_predictor
+from omnitune.runtime._predictor import UnknownKind, parse_predictor, unusable_block
 from omnitune.runtime._tables import name_few
 from omnitune.source_hash import UNKNOWN
 from omnitune.spec import SourceCheck
@@ -147,9 +147,8 @@ def _predictor_checks(table: TableFile) -> list[Check]:
         return [Check(PART, subject, Status.WARN, f"the runtime does not read this predictor block: it {exc}",
                       table.kernel, details)]
     except Exception as exc:  # noqa: BLE001 — as the runtime takes it: untrusted input
-        why = str(exc) if isinstance(exc, BlockError) else f"cannot be read ({type(exc).__name__}: {exc})"
-        return [Check(PART, subject, Status.FAIL, f"the runtime ignores the predictor block: it {why}", table.kernel,
-                      details)]
+        return [Check(PART, subject, Status.FAIL, f"the runtime ignores the predictor block: it "
+                      f"{unusable_block(exc)}", table.kernel, details)]
     if not bad:
         return []
     return [Check(PART, subject, Status.FAIL, f"the runtime ignores {len(bad)} of the {total} points of the "
