@@ -130,6 +130,44 @@ def test_an_unknown_option_is_one_line_and_exit_2(command):
     assert f"{command} --help" in line
 
 
+def _once_only_option(command: str):
+    """A command's first option that may be given once (a flag, or one that takes a value), or None."""
+    click_command = typer.main.get_command(app).commands[command]
+    return next((p for p in click_command.params
+                 if getattr(p, "param_type_name", "") == "option" and not p.multiple and not p.is_eager), None)
+
+
+@pytest.mark.parametrize("command", sorted(c for c in BAD_ARGUMENTS if _once_only_option(c) is not None))
+def test_an_option_given_twice_is_one_line_not_the_last_one_silently(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    option = _once_only_option(command)
+    name = next(o for o in option.opts if o.startswith("--"))
+    twice = [name, name] if option.is_flag else [name, "a", f"{name}=b"]
+    line = assert_one_line_error(invoke(command, *twice), f"{name} is given twice")
+    assert f"omnitune {command} takes it once" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_twice_counts_each_spelling_of_an_option_and_both_sides_of_a_flag(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke("lookup", "attention", "-s", SHAPE, "--shape", SHAPE),
+                          "--shape is given twice (first as -s)")
+    assert_one_line_error(invoke("lookup", "attention", "--shape", SHAPE, "--json", "--json"), "--json is given twice")
+
+
+def test_an_option_that_takes_several_values_may_repeat_and_values_are_not_options(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # bench takes --shape more than once; a value that looks like an option is a value (the parser
+    # then judges it), and after -- everything is an argument.
+    line = assert_one_line_error(
+        invoke("bench", "attention", "--shape", "b=1", "--shape", "b=2", "--dtype", "fp32", *MODE))
+    assert "given twice" not in line
+    line = assert_one_line_error(invoke("lookup", "attention", "--shape", "--shape"), "bad shape '--shape'")
+    assert "given twice" not in line
+    result = invoke("lookup", "attention", "--shape", SHAPE, "--dtype", "fp32", "--json")
+    assert result.exit_code == 0, result.output
+
+
 def test_the_root_command_too():
     assert_one_line_error(invoke("--no-such-option"), "No such option")
     assert_one_line_error(invoke("nosuch"), "No such command 'nosuch'")

@@ -293,6 +293,58 @@ def test_default_lookup_through_runtime(device):
     assert out.positions[0, 0].tolist() == [0, 1, 2, 6, *range(8, 16)]
 
 
+# A window longer than the final text span a problem can hold: the lookup judges a config at the
+# problem's window (16 rows here), the kernels run it at the caller's (32). Shared memory of 6 KiB
+# lets BLOCK_N=32 at 16 rows (6,144 bytes, fp32, d=32) but not at 32 rows (8,192).
+LONG_WINDOW = dict(n=64, d=32, w=32)
+SMALL_SMEM = DeviceLimits(6144, (9, 0), 132)
+FITS_ONLY_SHORT = Config(BLOCK_N=32, BLOCK_E=16, BLOCK_K=16, num_warps=4, num_stages=1)
+
+
+def _long_window_case(dtype, device):
+    n, d, w = LONG_WINDOW["n"], LONG_WINDOW["d"], LONG_WINDOW["w"]
+    gen = torch.Generator().manual_seed(11)
+    modality = torch.tensor([[I] * (n - w) + [T] * w])
+    q = torch.randn(1, 2, w, d, generator=gen).to(device=device, dtype=dtype)
+    k, v = (torch.randn(1, 1, n, d, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    return q, k, v, modality.to(device)
+
+
+def test_a_looked_up_config_is_judged_at_the_window_the_kernels_run(device, monkeypatch):
+    from omnitune import runtime
+
+    q, k, v, modality = _long_window_case(torch.float32, device)
+    monkeypatch.setattr(runtime, "_device_limits", lambda: SMALL_SMEM)
+    monkeypatch.setattr(runtime, "get_config", lambda *args, **kwargs: FITS_ONLY_SHORT)  # as a table would serve it
+    held = KVCompressProblem(b=1, h=2, hkv=1, n=64, d=32, window=kvc.tail_length(64), keep_pct=25)
+    assert held.window < LONG_WINDOW["w"] and not SPEC.violations(held, FITS_ONLY_SHORT, torch.float32, SMALL_SMEM)
+    assert kvc._window_misfit(FITS_ONLY_SHORT, LONG_WINDOW["w"], 32, torch.float32, SMALL_SMEM)
+    served = []
+    real = kvc._compress
+    monkeypatch.setattr(kvc, "_compress", lambda *args: (served.append(args[7]), real(*args))[1])
+    out = compress_kv(q, k, v, modality, keep_ratio={"image": 0.25})
+    assert len(served) == 1 and served[0] != FITS_ONLY_SHORT
+    assert kvc._window_misfit(served[0], LONG_WINDOW["w"], 32, torch.float32, SMALL_SMEM) is None
+    inputs = KVCompressInputs(q, k, v, modality, kvc._quotas(modality, {"image": 0.25}, 0), 0, 1 / math.sqrt(32))
+    assert relative_error(torch.stack([out.k, out.v]), SPEC.reference(inputs)) <= SPEC.tolerance[torch.float32]
+
+
+def test_a_window_no_config_fits_and_a_callers_config_that_does_not_are_one_clear_error(device, monkeypatch):
+    from omnitune import runtime
+    from omnitune.errors import ConfigError
+
+    q, k, v, modality = _long_window_case(torch.float32, device)
+    monkeypatch.setattr(runtime, "_device_limits", lambda: SMALL_SMEM)
+    with pytest.raises(ConfigError, match="cannot run a window of 32 queries .*shared memory"):
+        compress_kv(q, k, v, modality, keep_ratio={"image": 0.25}, config=FITS_ONLY_SHORT.as_dict())
+    with pytest.raises(ConfigError, match="cannot run a window of 32 queries"):
+        kvc.kv_importance(q, k, config=FITS_ONLY_SHORT.as_dict())
+    tiny = DeviceLimits(4096, (9, 0), 132)
+    monkeypatch.setattr(runtime, "_device_limits", lambda: tiny)
+    with pytest.raises(InputError, match="window of 32 queries .* too long for this GPU"):
+        compress_kv(q, k, v, modality, keep_ratio={"image": 0.25})
+
+
 def _bad_inputs(device):
     q, k, v, modality = _hand_built(torch.float32, device)
     image_last = modality.clone()

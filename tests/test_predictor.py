@@ -21,7 +21,7 @@ from omnitune.kernels.kv_cache_write import SPEC, KVCacheWriteProblem
 from omnitune.predict._fit import block_of, measured_problems, point_of
 from omnitune.runtime import Rung
 from omnitune.runtime import _chain
-from omnitune.runtime._predictor import KIND, parse_label, parse_predictor
+from omnitune.runtime._predictor import KIND, MAX_CONFIGS_PER_POINT, MAX_NEIGHBOURS, parse_label, parse_predictor
 from omnitune.spec import Config
 from predictor_sweep import FP16, TOKENS, best_block_t, problem, sweep_rows, synthetic_ms, true_best
 from trial_rows import H200, results_db
@@ -333,6 +333,7 @@ WHOLE_BLOCK = {
     "neighbours_a_string": lambda: _block(neighbours="3"),
     "neighbours_a_flag": lambda: _block(neighbours=True),
     "neighbours_zero": lambda: _block(neighbours=0),
+    "neighbours_past_the_bound": lambda: _block(neighbours=MAX_NEIGHBOURS + 1),
     "features_unknown": lambda: _block(features=["t", "nope"]),
     "features_not_a_list": lambda: _block(features="t"),
     "features_repeated": lambda: _block(features=["t", "t"]),
@@ -349,6 +350,8 @@ BAD_POINT = {
     "outside_the_space": _label_replaced("BLOCK_T=", "BLOCK_T=3"),
     "flag_spelled_otherwise": _label_replaced("num_warps=", "num_warps=+"),
     "no_ratios": lambda p: p.update(time_ratios={}),
+    "ratios_past_the_bound": lambda p: p.update(
+        time_ratios={f"BLOCK_T={i}": 1.0 for i in range(MAX_CONFIGS_PER_POINT + 1)}),
     "ratios_a_list": lambda p: p.update(time_ratios=[1.0]),
     "problem_missing": lambda p: p.pop("problem"),
     "problem_impossible": lambda p: p["problem"].update(t=-5),

@@ -602,17 +602,19 @@ def test_an_sdpa_backend_that_refuses_a_call_falls_back_to_the_kernel_with_one_w
     gen = torch.Generator().manual_seed(13)
     q, k, v, _ = _attention_args(device, gen)
     attn._sdpa_refused.clear()
+    attn._refusals_logged.clear()
 
     def refuses(*args):
         raise RuntimeError("No available kernel. Aborting execution.")
 
     monkeypatch.setattr(attn, "sdpa", refuses)
-    want = attn.reference(attn.AttentionInputs(q, k, v, True, 1 / 8.0))
     with caplog.at_level("WARNING", logger="omnitune.runtime"):
-        for _ in range(2):
-            out = attn.attention(q, k, v, causal=True, config={"BACKEND": "sdpa_cudnn"})
+        for queries in (q, q, q[:, :, 1:]):  # one line for the reason, not one per shape it holds for
+            want = attn.reference(attn.AttentionInputs(queries, k, v, True, 1 / 8.0))
+            out = attn.attention(queries, k, v, causal=True, config={"BACKEND": "sdpa_cudnn"})
             assert relative_error(out.double().cpu(), want.cpu()) < 1e-4
     assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+    assert len(attn._sdpa_refused) == 2  # each shape runs this kernel from its first refusal on
 
 
 def test_a_plan_with_the_in_launch_combine_owns_its_tickets(device):

@@ -323,6 +323,19 @@ def test_device_defaults_to_the_current_cuda_device(config_dir, monkeypatch):
     assert runtime.get_config("attention", PREFILL, dtype=torch.float16) == TUNED
 
 
+def test_nearest_configs_judge_this_gpu_unless_told_another(config_dir, monkeypatch):
+    # Attention's fallback when its entry's backend cannot take a call asks without limits: a
+    # config this GPU cannot run (TMA before Hopper) must not come back, as a lookup would skip it.
+    small = Config(BACKEND="triton", BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PACK_GQA=False, USE_TMA=False)
+    near = dataclasses.replace(PREFILL, lq=640, lk=640)
+    _write(config_dir, _document([_entry(PREFILL, TUNED), _entry(near, small)]))
+    ada = DeviceLimits(101_376, (8, 9), 142)
+    monkeypatch.setattr("omnitune.runtime._device_limits", lambda: ada)
+    assert SPEC.violations(PREFILL, TUNED, torch.float16, ada) and not SPEC.violations(PREFILL, small, torch.float16, ada)
+    assert runtime.nearest_configs(SPEC, PREFILL, torch.float16, device_key(GPU)) == [small]
+    assert runtime.nearest_configs(SPEC, PREFILL, torch.float16, device_key(GPU), DeviceLimits()) == [TUNED, small]
+
+
 def test_unknown_kernel_is_a_programming_error(config_dir):
     with pytest.raises(UnknownKernelError, match="unknown kernel 'nope'"):
         runtime.get_config("nope", PREFILL, torch.float16, GPU)

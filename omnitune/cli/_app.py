@@ -54,6 +54,42 @@ def _flowed(help_text: str | None) -> str | None:
     return "\n\n".join(p if p.startswith("\b") else " ".join(p.split("\n")) for p in paragraphs)
 
 
+def _refuse_repeated_options(command, ctx, args: list[str]) -> None:
+    """OmnituneError when an option that takes one value is given twice: the parser keeps the last
+    without a word, so `lookup --shape A --shape B` answered for B alone. Options that take several
+    (--shape of search) and --help are left to the parser."""
+    by_name = {}
+    for param in command.get_params(ctx):
+        if getattr(param, "param_type_name", None) == "option" and not param.is_eager:
+            for opt in (*param.opts, *param.secondary_opts):
+                by_name[opt] = param
+    given: dict[str, str] = {}
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":  # the rest are arguments, whatever they look like
+            return
+        if not token.startswith("-") or token == "-":
+            continue
+        if token.startswith("--"):
+            name, attached = token.partition("=")[0], "=" in token
+        else:  # -s VALUE or -sVALUE
+            name, attached = token[:2], len(token) > 2
+        param = by_name.get(name)
+        if param is None:  # an unknown option or a negative number: the parser's to judge
+            continue
+        if not param.is_flag and not attached:
+            for _ in range(max(param.nargs, 1)):  # its value, whatever it looks like
+                next(tokens, None)
+        if param.multiple or param.count:
+            continue
+        if param.name in given:
+            earlier = given[param.name]
+            also = "" if earlier == name else f" (first as {earlier})"
+            raise OmnituneError(f"{name} is given twice{also}; {ctx.info_name} {command.name} takes it once "
+                                f"(see {ctx.info_name} {command.name} --help)")
+        given[param.name] = name
+
+
 class _OmnituneGroup(TyperGroup):
     """Translates OmnituneError and usage errors into one red line and exit code 2, for every
     command."""
@@ -74,6 +110,12 @@ class _OmnituneGroup(TyperGroup):
             if _state["debug"]:
                 raise
             raise _one_line(str(exc)) from None
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            _refuse_repeated_options(command, ctx, rest)
+        return name, command, rest
 
     def get_params(self, ctx):
         params = super().get_params(ctx)

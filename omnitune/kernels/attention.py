@@ -676,31 +676,38 @@ def attention(
 _memo = _dispatch.ConfigMemo("attention")
 
 
-# Calls whose table entry named an SDPA backend that then refused them (a shape or build its
-# kernels do not support): logged once, then run by this kernel for the rest of the process.
-_sdpa_refused: set[tuple] = set()
+# Call identities whose table entry named an SDPA backend that then refused them (a shape or
+# build its kernels do not support): run by this kernel for the rest of the process. Bounded, as
+# every host cache here: a server's prompt lengths are endless (one dropped is asked again).
+_sdpa_refused: dict[tuple, None] = {}
+_REFUSALS_KEPT = 1024
 
 
 def _refuse_sdpa(identity: tuple, exc: Exception) -> None:
     if identity not in _sdpa_refused:
-        _sdpa_refused.add(identity)
+        bounded_put(_sdpa_refused, identity, None, _REFUSALS_KEPT)
         _warn_refused(identity, one_line(exc, 200), "from now on")
+
+
+# (backend, reason) pairs already logged: one line per reason, not one per shape it holds for.
+_refusals_logged: dict[tuple, None] = {}
 
 
 def _warn_refused(identity: tuple, why: str, when: str) -> None:
     import logging
 
+    if (identity[8], why) in _refusals_logged:
+        return
+    bounded_put(_refusals_logged, (identity[8], why), None, _REFUSALS_KEPT)
     logging.getLogger("omnitune.runtime").warning(
-        "attention: BACKEND=%s refused b=%s,h=%s,hkv=%s,lq=%s,lk=%s,d=%s,causal=%d %s (%s); this kernel runs it %s",
-        identity[8], *identity[:6], int(identity[6]), identity[7], why, when)
+        "attention: BACKEND=%s refused b=%s,h=%s,hkv=%s,lq=%s,lk=%s,d=%s,causal=%d %s (%s); this kernel runs "
+        "such calls %s", identity[8], *identity[:6], int(identity[6]), identity[7], why, when)
 
 
-# Calls whose table entry named the Gluon kernel: those it failed to launch (no Gluon in this
-# Triton, a compile error) go to this kernel for the rest of the process; a call whose tensors it
-# cannot take (not contiguous, not an sm_90 GPU) goes to this kernel that time, the
-# reason logged once per call identity.
-_gluon_failed: set[tuple] = set()
-_gluon_refusals_logged: set[tuple] = set()
+# Call identities whose table entry named the Gluon kernel and that it failed to launch (no Gluon
+# in this Triton, a compile error): this kernel runs them for the rest of the process. A call
+# whose tensors it cannot take (not contiguous, not an sm_90 GPU) goes to this kernel that time.
+_gluon_failed: dict[tuple, None] = {}
 
 
 def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Config, identity: tuple) -> bool:
@@ -712,7 +719,7 @@ def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Co
         try:
             gluon = _gluon()
         except Exception as exc:  # noqa: BLE001 — no Gluon (or another one) in this Triton
-            _gluon_failed.add(identity)
+            bounded_put(_gluon_failed, identity, None, _REFUSALS_KEPT)
             _warn_refused(identity, one_line(exc, 200), "from now on")
             return False
         try:
@@ -722,12 +729,10 @@ def _pingpong_ran(q, k, v, out, causal: bool, sm_scale: float, spans, config: Co
         except gluon.PingpongRefused as exc:
             why = str(exc)
         except Exception as exc:  # noqa: BLE001 — a kernel that cannot launch must not end the caller's inference
-            _gluon_failed.add(identity)
+            bounded_put(_gluon_failed, identity, None, _REFUSALS_KEPT)
             _warn_refused(identity, one_line(exc, 200), "from now on")
             return False
-    if (identity, why) not in _gluon_refusals_logged:
-        _gluon_refusals_logged.add((identity, why))
-        _warn_refused(identity, why, "whenever that holds")
+    _warn_refused(identity, why, "whenever that holds")
     return False
 
 

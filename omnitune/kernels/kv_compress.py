@@ -73,6 +73,7 @@ The fp32 merge sums are left out.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ import torch
 import triton
 import triton.language as tl
 
-from omnitune.errors import InputError
+from omnitune.errors import ConfigError, InputError
 from omnitune.kernels._host import (
     LOG2E,
     batch_slices,
@@ -629,6 +630,7 @@ def compress_kv(
         cfg = get_config("kv_compress", problem, dtype=k.dtype)
     else:
         cfg = SPEC.resolve_config(config, problem, k.dtype)
+    cfg = _fit_window(cfg, problem, w, k.dtype, config)
     return _compress(q_window, k, v, modality.to(torch.int64), quotas, recent, float(sm_scale), cfg, merge,
                      float(merge_threshold))
 
@@ -901,26 +903,88 @@ def _block_d(problem) -> int:
     return triton.next_power_of_2(problem.d)
 
 
+def _window_rows(window: int) -> int:
+    """BLOCK_M: the window's rows as the importance kernels tile them."""
+    return max(16, triton.next_power_of_2(window))
+
+
 def _check_window_registers(problem, config, dtype, limits):
+    return _window_registers(_window_rows(problem.window), _block_d(problem), config)
+
+
+def _window_registers(block_m: int, block_d: int, config) -> str | None:
     # The window rows' q tile and the scores tile live in registers in both importance kernels.
-    block_m = max(16, triton.next_power_of_2(problem.window))
     threads = int(config["num_warps"]) * 32
-    per_thread = block_m * (_block_d(problem) + int(config["BLOCK_N"])) // threads
+    per_thread = block_m * (block_d + int(config["BLOCK_N"])) // threads
     if per_thread > 192:
         return f"window tiles need {per_thread} registers per thread (> 192)"
     return None
 
 
 def _check_shared_memory(problem, config, dtype, limits: DeviceLimits):
+    return _shared_memory(_window_rows(problem.window), _block_d(problem), config, dtype, limits)
+
+
+def _shared_memory(block_m: int, block_d: int, config, dtype, limits: DeviceLimits) -> str | None:
     elt = element_bytes(dtype)
-    block_m = max(16, triton.next_power_of_2(problem.window))
-    need = elt * _block_d(problem) * (block_m + int(config["num_stages"]) * int(config["BLOCK_N"]))
-    merge = 4 * _block_d(problem) * (int(config["BLOCK_E"]) + int(config["num_stages"]) * int(config["BLOCK_K"]))
+    need = elt * block_d * (block_m + int(config["num_stages"]) * int(config["BLOCK_N"]))
+    merge = 4 * block_d * (int(config["BLOCK_E"]) + int(config["num_stages"]) * int(config["BLOCK_K"]))
     need = max(need, merge)
     have = limits.shared_memory_per_block_bytes
     if need > have:
         return f"needs ~{need // 1024} KiB of shared memory, the device has {have // 1024} KiB"
     return None
+
+
+def _window_misfit(config, window: int, d: int, dtype, limits: DeviceLimits) -> str | None:
+    """What a config breaks at the window the kernels run, not the shorter one a problem can hold
+    (a problem's window fits its layout's final text span; a caller's may be longer), or None."""
+    block_m, block_d = _window_rows(window), triton.next_power_of_2(d)
+    return _shared_memory(block_m, block_d, config, dtype, limits) or _window_registers(block_m, block_d, config)
+
+
+def _fit_window(cfg: Config, problem: KVCompressProblem, window: int, dtype, given) -> Config:
+    """cfg, judged at the window the kernels run where that is longer than `problem` could hold: a
+    looked-up or default config (given None) that breaks a constraint there gives way to one that
+    does not; a caller's mapping is refused (ConfigError); a Config is taken as given, as always."""
+    if window <= problem.window or isinstance(given, Config):
+        return cfg
+    from omnitune.runtime import _device_limits
+
+    limits = _device_limits()
+    why = _window_misfit(cfg, window, problem.d, dtype, limits)
+    if why is None:
+        return cfg
+    if given is not None:
+        raise ConfigError(f"config {cfg.label()} cannot run a window of {window} queries ({why})")
+    return _config_for_window(problem, window, dtype, limits)
+
+
+@functools.lru_cache(maxsize=256)
+def _config_for_window(problem: KVCompressProblem, window: int, dtype, limits: DeviceLimits) -> Config:
+    """The config for a window longer than `problem` holds whose looked-up config does not fit it:
+    the first of the space, default-like order, that breaks nothing at the real window; else, of
+    those that fit shared memory there, the one with the fewest registers a thread (they spill,
+    but it runs). InputError when none fits this GPU's shared memory."""
+    fits_memory = []
+    for block_n in (64, 32, 16, 128):
+        for tile in (32, 16, 64):
+            for warps in (4, 8, 2):
+                for stages in (2, 1, 3):
+                    cfg = Config(BLOCK_N=block_n, BLOCK_E=tile, BLOCK_K=tile, num_warps=warps, num_stages=stages)
+                    if SPEC.violations(problem, cfg, dtype, limits):
+                        continue
+                    if _window_misfit(cfg, window, problem.d, dtype, limits) is None:
+                        return cfg
+                    if _shared_memory(_window_rows(window), triton.next_power_of_2(problem.d), cfg, dtype,
+                                      limits) is None:
+                        fits_memory.append(cfg)
+    if fits_memory:
+        return min(fits_memory, key=lambda c: (int(c["BLOCK_N"]) + problem.d) / int(c["num_warps"]))
+    smallest = Config(BLOCK_N=16, BLOCK_E=16, BLOCK_K=16, num_warps=8, num_stages=1)
+    why = _shared_memory(_window_rows(window), triton.next_power_of_2(problem.d), smallest, dtype, limits)
+    raise InputError(f"an observation window of {window} queries (d={problem.d}) is too long for this GPU (its "
+                     f"smallest tiles {why}); use a shorter window")
 
 
 def _check_merge_registers(problem, config, dtype, limits):
@@ -1061,12 +1125,13 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     n = max(k.shape[2], 16)
     problem = KVCompressProblem(b=b, h=h, hkv=k.shape[1], n=n, d=d, window=min(w, tail_length(n)))
     if config is None:
-        # One default per problem, kept (and one object, so the launch plan is found by identity).
-        cfg = _defaults.get((problem, k.dtype))
+        # One default per problem and window, kept (and one object, so the launch plan is found by identity).
+        cfg = _defaults.get((problem, w, k.dtype))
         if cfg is None:
-            cfg = bounded_put(_defaults, (problem, k.dtype), default_config(problem, k.dtype), 1024)
+            cfg = _fit_window(default_config(problem, k.dtype), problem, w, k.dtype, None)
+            cfg = bounded_put(_defaults, (problem, w, k.dtype), cfg, 1024)
     else:
-        cfg = SPEC.resolve_config(config, problem, k.dtype)
+        cfg = _fit_window(SPEC.resolve_config(config, problem, k.dtype), problem, w, k.dtype, config)
     return importance(q_window, k, float(sm_scale), cfg)
 
 

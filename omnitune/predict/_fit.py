@@ -18,7 +18,7 @@ import pandas as pd
 
 from omnitune.report import search_trials
 from omnitune.runtime._format import entry_key
-from omnitune.runtime._predictor import KIND, BlockError, default_features, parse_predictor
+from omnitune.runtime._predictor import KIND, MAX_CONFIGS_PER_POINT, BlockError, default_features, parse_predictor
 from omnitune.spec import Config, KernelSpec
 
 NEIGHBOURS = 3
@@ -80,9 +80,10 @@ def measured_problems(spec: KernelSpec, trials: pd.DataFrame) -> dict[str, Measu
 
 def point_of(measured: Measured, keep: int = KEEP) -> dict[str, Any]:
     """One point of a predictor block: the problem, its dtype and its `keep` fastest configs'
-    time ratios (by label)."""
+    time ratios (by label); never more than the runtime reads (MAX_CONFIGS_PER_POINT)."""
     best = measured.best_ms
-    ranked = sorted((max(1.0, round(t / best, _DIGITS)), c.label()) for c, t in measured.times.items())[:keep]
+    ranked = sorted((max(1.0, round(t / best, _DIGITS)), c.label())
+                    for c, t in measured.times.items())[:min(keep, MAX_CONFIGS_PER_POINT)]
     return {"dtype": measured.dtype, "problem": measured.problem, "time_ratios": dict((label, r) for r, label in ranked)}
 
 

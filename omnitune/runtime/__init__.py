@@ -202,8 +202,10 @@ def nearest_configs(
     """The tuned configs of the exported problems nearest to `problem` (same kernel and device,
     within the spec's MatchPolicy, the exact problem included), nearest first — of the same dtype,
     then of its sibling (fp16 for bf16 and back, as the runtime's chain borrows): at most `most`
-    distinct configs, each valid for `problem`; a same-chip GPU's after this one's own. What a search
-    warm-starts from."""
+    distinct configs, each valid for `problem` on `limits` (None: this GPU's, as lookups judge); a
+    same-chip GPU's after this one's own. What a search warm-starts from, and what attention falls
+    back on when its entry's backend cannot take a call."""
+    limits = _device_limits() if limits is None else limits
     chosen: list[Config] = []
     tables = _own_or_twin_tables(spec, problem, dtype, device_key, config_dirs())
     for source in dtypes_to_borrow(dtype):

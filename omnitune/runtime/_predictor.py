@@ -46,8 +46,11 @@ KIND = "nearest_problems"
 INTENSITY = "flops_per_byte"
 """The feature that is no problem field: log2 of the kernel's FLOPs per byte moved."""
 
-MAX_NEIGHBOURS = 64
-MAX_CONFIGS_PER_POINT = 4096
+# A lookup carries every config of each neighbour over to its problem (about 60 µs each): these
+# bound that work to 16 × 256 configs, so a hostile block cannot stall each new bucket for
+# seconds. Export writes 3 neighbours × a point's 64 fastest (omnitune.predict).
+MAX_NEIGHBOURS = 16
+MAX_CONFIGS_PER_POINT = 256
 MAX_RATIO = 1e6
 _MAX_LABEL = 2000
 
