@@ -3,7 +3,10 @@ back to back, each three ways, on one small shape whose GPU work is far shorter 
   - public:   the public function, eager (write_kv_cache, paged_decode_attention: no dispatcher);
   - function: the function registered as the op, called directly (what the op runs);
   - op:       torch.ops.omnitune.<name>, through the dispatcher (what a compiled graph calls).
-op − function is the registration's price per call. Per-call wall time, host work included, the
+op − function is the registration's price per call. Then function and op again with the work
+behind them replaced by a stand-in that only allocates the output (`*_stubbed`): their difference
+is the crossing alone, with the same arguments — where op − function is larger, the function
+itself costs more when the dispatcher calls it. Per-call wall time, host work included, the
 median (and fastest) of --repeats runs of --calls calls with one synchronize at the end.
 
     python benchmarks/op_dispatch_overhead.py --out $OUT/op_dispatch_overhead.json
@@ -12,6 +15,7 @@ median (and fastest) of --repeats runs of --calls calls with one synchronize at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -58,6 +62,26 @@ def calls(b=8, h=28, hkv=4, d=128, block_size=16, ctx=64, device="cuda", dtype=t
     }
 
 
+# What each op's registered function calls to do its work, and a stand-in that only allocates what
+# the op returns: the crossing measured without the work.
+STAND_INS = {
+    "write_kv_cache": (kvw, "_write", lambda *args, **kwargs: None),
+    "paged_decode_attention": (pda, "_decode", lambda q, *args, **kwargs: torch.empty(q.shape, dtype=q.dtype,
+                                                                                        device=q.device)),
+}
+
+
+@contextlib.contextmanager
+def stand_in(op: str):
+    module, name, replacement = STAND_INS[op]
+    real = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
+
+
 def per_call_us(call, n: int, repeats: int, sync) -> list[float]:
     for _ in range(50):  # warm: lookups, the steady path's entry, kernels loaded
         call()
@@ -90,7 +114,12 @@ def main(argv=None) -> int:
             for way, call in ways.items():
                 times = per_call_us(call, args.calls, args.repeats, sync)
                 row[f"{way}_us"], row[f"{way}_us_min"] = statistics.median(times), times[0]
+            with stand_in(name):
+                for way in ("function", "op"):
+                    times = per_call_us(ways[way], args.calls, args.repeats, sync)
+                    row[f"{way}_stubbed_us"], row[f"{way}_stubbed_us_min"] = statistics.median(times), times[0]
             row["op_minus_function_us"] = row["op_us"] - row["function_us"]
+            row["crossing_alone_us"] = row["op_stubbed_us"] - row["function_stubbed_us"]
             rows.append(row)
     result = {"device": torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter)",
               "torch": torch.__version__, "registration": type(kvw._write_kv_cache_op).__name__,
