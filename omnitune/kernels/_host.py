@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -74,6 +74,47 @@ def cdiv(a: int, b: int) -> int:
     """⌈a / b⌉ for the host's per-call paths: triton.cdiv is a ConstexprFunction whose host call
     costs ~2.7 µs (the development CPU), where this costs a division."""
     return -(-a // b)
+
+
+# Triton passes an integer argument below 2^31 as a 32-bit one, so a kernel's index × stride is a
+# 32-bit product unless the kernel widens the index first (the kernels here do for batches, heads
+# of a batch and cache pages, not everywhere): a view whose rows, heads or head-dim elements lie
+# 2^31 elements or more apart would wrap past the tensor there. The host sees such a view from its
+# metadata alone: an input then goes to the kernel as a contiguous copy, an output is refused.
+INT32_OFFSETS = 2**31
+_TRITON_INT32_ARGS = 2**31  # the integers Triton passes as 32-bit: below this
+
+
+def offsets_pass_int32(tensor: torch.Tensor, dims: Sequence[int]) -> bool:
+    """Whether a kernel's offsets along `dims` of `tensor` — each index × a stride Triton passes as
+    32-bit, summed — can reach INT32_OFFSETS elements (a stride of 2^31 or more is passed as 64-bit)."""
+    total = 0
+    for dim in dims:
+        size, stride = tensor.shape[dim], tensor.stride(dim)
+        if size > 1 and stride < _TRITON_INT32_ARGS:
+            total += (size - 1) * stride
+    return total >= INT32_OFFSETS
+
+
+def within_int32_offsets(tensor: torch.Tensor, dims: Sequence[int], name: str) -> torch.Tensor:
+    """An input whose offsets along `dims` pass 32 bits (offsets_pass_int32) as a contiguous copy,
+    else itself; InputError where even the copy's would (a tensor too long for the kernel)."""
+    if not offsets_pass_int32(tensor, dims):
+        return tensor
+    tensor = tensor.contiguous()
+    if offsets_pass_int32(tensor, dims):
+        raise InputError(f"{name} {list(tensor.shape)} is too large for the kernel: its offsets along dims "
+                         f"{', '.join(map(str, dims))} pass 2^31 elements")
+    return tensor
+
+
+def require_int32_offsets(tensor: torch.Tensor, dims: Sequence[int], name: str) -> None:
+    """InputError for an output (written in place, so never copied) whose offsets along `dims`
+    pass 32 bits (offsets_pass_int32)."""
+    if offsets_pass_int32(tensor, dims):
+        raise InputError(f"{name} {list(tensor.shape)} with strides {list(tensor.stride())} puts elements 2^31 or "
+                         f"more apart along dims {', '.join(map(str, dims))}, past the kernel's 32-bit offsets "
+                         "there; give a view whose elements there lie closer (e.g. a contiguous tensor)")
 
 
 # CUDA's bound on a grid's y and z sizes (x takes 2³¹ − 1): a launch past it fails ("invalid

@@ -62,6 +62,7 @@ from omnitune.kernels._host import (
     require_head_groups,
     seeded_rand,
     softmax_scale,
+    within_int32_offsets,
 )
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.kernels._library import library_op
@@ -753,6 +754,9 @@ def _triton_config(problem: AttentionProblem, dtype: torch.dtype) -> Config:
 
 def _attention(q, k, v, causal, sm_scale, config, mm_spans, check) -> torch.Tensor:
     _check_inputs(q, k, v)
+    # Rows and head-dim elements are 32-bit offsets in the kernel's pointer loads (_host.INT32_OFFSETS);
+    # a contiguous q bounds the output's too, which has its layout.
+    q, k, v = (within_int32_offsets(t, (2, 3), name) for t, name in ((q, "q"), (k, "k"), (v, "v")))
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf

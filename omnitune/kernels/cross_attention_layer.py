@@ -61,7 +61,15 @@ import triton
 import triton.language as tl
 
 from omnitune.errors import InputError, ShapeError
-from omnitune.kernels._host import LOG2E, batch_slices, cdiv, seeded_rand
+from omnitune.kernels._host import (
+    INT32_OFFSETS,
+    LOG2E,
+    batch_slices,
+    cdiv,
+    offsets_pass_int32,
+    seeded_rand,
+    within_int32_offsets,
+)
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, PlanCache
 from omnitune.spec import (
     Config,
@@ -458,6 +466,14 @@ def launch_fused(inputs: LayerInputs, out: torch.Tensor, config: Config) -> None
     h, hkv, d = inputs.h, inputs.hkv, inputs.d
     kv = project_kv(inputs)
     lk = kv.shape[1]
+    # Rows (query and key) and channels are 32-bit offsets in the kernel (_host.INT32_OFFSETS):
+    # inputs too far apart go as contiguous copies; lengths past them even so are not the fused
+    # kernel's (a ValueError, which the layer answers with its unfused path).
+    if (lq * max(hidden, h * d) >= INT32_OFFSETS or lk * kv.shape[2] >= INT32_OFFSETS
+            or offsets_pass_int32(out, (1, 2))):
+        raise ValueError(f"{lq} query rows × {hidden} channels, or {lk} keys × {kv.shape[2]}, pass the fused "
+                         "kernel's 32-bit offsets")
+    x_q, kv = within_int32_offsets(x_q, (1, 2), "x_q"), within_int32_offsets(kv, (1, 2), "kv")
     ws = inputs.workspace
     if fuse_out and ws is None:
         raise InputError("FUSION=q_out needs a workspace (Workspace.zeroed)")

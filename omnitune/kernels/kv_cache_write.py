@@ -39,7 +39,12 @@ import triton.language as tl
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
 from omnitune.kernels._fp8 import kv_cache_scale, round_to_e4m3  # noqa: F401  (kv_cache_scale: public)
-from omnitune.kernels._host import seeded_rand
+from omnitune.kernels._host import (
+    offsets_pass_int32,
+    require_int32_offsets,
+    seeded_rand,
+    within_int32_offsets,
+)
 from omnitune.kernels import _launch as launching
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.kernels._library import library_op
@@ -389,6 +394,12 @@ def _write(key, value, key_cache, value_cache, slot_mapping, config, check, k_sc
     t, hkv, d = key.shape
     if t == 0:
         return
+    # Heads and head-dim elements are 32-bit offsets in the kernel (_host.INT32_OFFSETS).
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        require_int32_offsets(cache, (2, 3), name)
+    if offsets_pass_int32(key, (1, 2)) or offsets_pass_int32(value, (1, 2)):
+        key, value = within_int32_offsets(key, (1, 2), "key"), within_int32_offsets(value, (1, 2), "value")
+        signature = None  # launched with copies, not the caller's tensors
     # The kernel reads slot t at slot_mapping + t: a strided mapping (an expanded one has stride 0,
     # and one storage element) goes to it as a contiguous copy, never read past its storage.
     if t > 1 and slot_mapping.stride(0) != 1:

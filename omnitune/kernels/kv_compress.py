@@ -91,6 +91,7 @@ from omnitune.kernels._host import (
     require_head_groups,
     seeded_rand,
     softmax_scale,
+    within_int32_offsets,
 )
 from omnitune.kernels._launch import DirectLauncher, PlanCache, bounded_put
 from omnitune.kernels._library import library_op
@@ -538,6 +539,15 @@ def _check_dims(b: int, h: int, hkv: int, w: int, n: int, d: int) -> None:
         raise InputError(f"the observation window has {w} queries; use 1..{n} (the sequence length)")
 
 
+def _within_int32_offsets(q_window, k, v):
+    """The inputs, as contiguous copies where the kernels' 32-bit offsets (_host.INT32_OFFSETS)
+    would wrap: the window's rows and head-dim elements, and the head-dim elements of K and V
+    (their token offsets are 64-bit)."""
+    q_window = within_int32_offsets(q_window, (2, 3), "q_window")
+    k = within_int32_offsets(k, (3,), "k")
+    return q_window, k, None if v is None else within_int32_offsets(v, (3,), "v")
+
+
 def _check_inputs(q_window, k, v, modality, recent) -> None:
     named = (("q_window", q_window), ("k", k), ("v", v), ("modality", modality))
     for name, t in named:
@@ -604,6 +614,7 @@ def compress_kv(
     Returns CompressedKV (k, v [B, Hkv, L, D] in the input dtype, lengths, positions).
     """
     _check_inputs(q_window, k, v, modality, recent)
+    q_window, k, v = _within_int32_offsets(q_window, k, v)
     if merge not in MERGE_MODES:
         raise InputError(f"merge={merge!r}; choose one of {', '.join(MERGE_MODES)}")
     if isinstance(merge_threshold, bool) or not isinstance(merge_threshold, (int, float)) \
@@ -1121,6 +1132,7 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
     _require_float_dtype(k.dtype)  # an integer or bool k reached the kernel and failed inside tl.dot
     _check_dims(b, h, k.shape[1], w, k.shape[2], d)  # as compress_kv: a window past the sequence too
     require_runnable_device(k)
+    q_window, k, _ = _within_int32_offsets(q_window, k, None)
     sm_scale = softmax_scale(sm_scale, d)  # InputError for a tensor, a string, NaN or inf
     n = max(k.shape[2], 16)
     problem = KVCompressProblem(b=b, h=h, hkv=k.shape[1], n=n, d=d, window=min(w, tail_length(n)))

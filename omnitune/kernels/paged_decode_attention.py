@@ -61,7 +61,14 @@ import triton.language as tl
 
 from omnitune.errors import InputError
 from omnitune.kernels import _dispatch, _fp8
-from omnitune.kernels._host import LOG2E, op_scale, require_head_groups, seeded_rand, softmax_scale
+from omnitune.kernels._host import (
+    LOG2E,
+    op_scale,
+    require_head_groups,
+    require_int32_offsets,
+    seeded_rand,
+    softmax_scale,
+)
 from omnitune.kernels._launch import BoundLauncher, DirectLauncher, FixedLaunch, PlanCache, bounded_put
 from omnitune.kernels._launch import _current_device, _raw_stream
 from omnitune.kernels._library import library_op
@@ -1104,6 +1111,8 @@ class PagedDecodePlan:
             if not self._out_as_planned():
                 raise InputError("the plan's output buffer was resized or re-pointed since planning; "
                                  "pass an out tensor of your own, or make a new plan")
+        elif out.stride(3) != 1:  # the combine's head-dim offsets are 32-bit (_host.INT32_OFFSETS)
+            require_int32_offsets(out, (3,), "out")
         plan = self._plan
         rows_32 = _rows_fit_32(self.block_size, key_cache, value_cache)
         # Replanned where the page guard changed since planning (a study of the guards' cost) or
