@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -319,6 +320,66 @@ def test_lanes_called_off_end_without_a_word(tmp_path):
     assert lines == []
     # A lane still waiting for the go when its session calls it off hears it from the stop file.
     assert LaneSession(tmp_path, 0).wait_for_go() is None
+
+
+def test_a_lane_whose_session_died_before_it_looked_is_called_off(tmp_path):
+    # The session gives its pid: a lane that reads its parent only after starting would take the
+    # init process (its new parent) for the session and wait for ever.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    env = dict(os.environ, OMNITUNE_LANE_SESSION_PID=str(gone.pid))
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _WAITING_LANE, str(tmp_path), "0"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.splitlines() == ["starting", "called off"], done.stderr
+    assert time.monotonic() - began < 30
+
+
+_SEARCHING_LANE = """
+import os, signal, sys, time
+from omnitune.search.lanes import LaneSession
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a lane starts
+session = LaneSession(sys.argv[1], 0)
+assert session.wait_for_go() is not None
+session.take_interrupts()
+print("searching", flush=True)
+try:
+    time.sleep(600)
+except KeyboardInterrupt:
+    open(sys.argv[2] + ".part", "w").write("interrupted")
+    os.replace(sys.argv[2] + ".part", sys.argv[2])  # whole, never seen half-written
+"""
+
+_SESSION = """
+import os, subprocess, sys, time
+env = dict(os.environ, OMNITUNE_LANE_SESSION_PID=str(os.getpid()))
+lane = subprocess.Popen([sys.executable, "-c", sys.argv[3], sys.argv[1], sys.argv[2]], env=env,
+                        stdout=subprocess.PIPE, text=True)
+open(os.path.join(sys.argv[1], "go"), "w").write("{}")
+assert lane.stdout.readline().strip() == "searching"
+print(lane.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_searching_lane_stops_as_on_ctrl_c_when_its_session_is_killed(tmp_path):
+    marker = tmp_path / "lane-ended"
+    session = subprocess.Popen([sys.executable, "-c", _SESSION, str(tmp_path), str(marker), _SEARCHING_LANE],
+                               stdout=subprocess.PIPE, text=True)
+    lane_pid = int(session.stdout.readline())
+    session.kill()
+    session.wait()
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert marker.read_text() == "interrupted"
+    finally:
+        try:
+            os.kill(lane_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_lanes_start_early_only_where_the_search_will_likely_run_in_lanes():

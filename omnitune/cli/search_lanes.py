@@ -12,7 +12,13 @@ from rich.markup import escape
 
 from omnitune.cli.common import console, write_output_file
 from omnitune.errors import OmnituneError
-from omnitune.search.lanes import LaneProcesses, LanesResult, LaneSession, lane_command
+from omnitune.search.lanes import (
+    SESSION_PID_ENV,
+    LaneProcesses,
+    LaneSession,
+    LanesResult,
+    lane_command,
+)
 
 if TYPE_CHECKING:
     from omnitune.measure.cuda_start import CudaStart
@@ -140,7 +146,8 @@ def start_lanes(argv: list[str], lanes: int) -> LaneProcesses:
     from omnitune.measure.gpu_lock import GPU_LOCK_ENV
 
     folder = tempfile.mkdtemp(prefix="omnitune-lanes-")
-    env = dict(os.environ, **{GPU_LOCK_ENV: str(LaneSession(folder, 0).gpu_lock_path)})
+    env = dict(os.environ, **{GPU_LOCK_ENV: str(LaneSession(folder, 0).gpu_lock_path),
+                              SESSION_PID_ENV: str(os.getpid())})
     commands = [lane_command() + argv + ["--lane-session", folder, "--lane-index", str(i)] for i in range(lanes)]
 
     def echo(index: int, line: str) -> None:  # the console takes its own lock: relays may call at once

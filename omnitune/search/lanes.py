@@ -45,8 +45,34 @@ STOP_FILE = "stop"
 GO_FILE = "go"
 # How often a lane waiting for GO_FILE looks.
 GO_POLL_S = 0.02
+# The session's process id, in each lane's environment: a lane that reads its parent only once it
+# has started (importing torch takes seconds) could find its session already gone and take the
+# init process (pid 1) for it, then wait for a go that never comes.
+SESSION_PID_ENV = "OMNITUNE_LANE_SESSION_PID"
 # How long a lane may take to stop after the parent passed on Ctrl-C before it is killed.
 STOP_GRACE_S = 60.0
+
+
+def _session_pid() -> int:
+    """The session's process id as it gave it (SESSION_PID_ENV), else this process's parent."""
+    given = os.environ.get(SESSION_PID_ENV, "")
+    return int(given) if given.isdigit() else os.getppid()
+
+
+def _interrupt_when_the_session_dies() -> None:
+    """On Linux, have the kernel send this lane SIGINT when its session's process dies (killed, or
+    ended by SIGTERM, which it does not pass on): the lane stops as on Ctrl-C (its finished trials
+    stored) instead of searching on with no session. Elsewhere, or where prctl is unavailable,
+    nothing: the lane still stops waiting for the go when its parent changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGINT), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class LaneSession:
@@ -57,7 +83,7 @@ class LaneSession:
         self.index = index
         self.claims = self.folder / "claims"
         self.claims.mkdir(parents=True, exist_ok=True)
-        self._session_pid = os.getppid()
+        self._session_pid = _session_pid()
         self.ready_at: float | None = None  # time.monotonic() when wait_for_go began
         self.go_at: float | None = None  # ... and when it saw the go
 
@@ -65,6 +91,7 @@ class LaneSession:
         """The settings the session gives its lanes (GO_FILE), once it has checked its arguments;
         None when it called the lanes off (STOP_FILE first, or the session process is gone)."""
         go, stop = self.folder / GO_FILE, self.folder / STOP_FILE
+        _interrupt_when_the_session_dies()
         self.ready_at = time.monotonic()  # when this lane could have started (CLOCK_MONOTONIC: host-wide)
         while True:
             if go.exists():
