@@ -322,6 +322,30 @@ def test_a_trial_abandoned_by_a_killed_process_is_failed_and_its_config_measured
     assert outcome.measured_total == len(VALID)
 
 
+def test_a_trial_whose_process_stopped_after_storing_its_measurement_is_completed_with_it(storage_url, tmp_path):
+    db = open_db(tmp_path / "results.db")
+    search(FakeRunner(), storage_url, trials=3, sampler="grid", db=db)
+    study = load_study(storage_url)
+    finished = study.trials[0]
+    # What a process killed between storing a trial's attrs and telling it leaves (or a journal
+    # whose last record, the tell, was cut): a RUNNING trial holding a whole measurement.
+    measured_config = VALID[-1]
+    trial = study.ask({p: d for p, d in _distributions().items()})
+    trial.set_user_attr("owner", f"{socket.gethostname()}:{_dead_pid()}")
+    trial.set_user_attr("config_json", '{"BLOCK_M": %d, "BLOCK_N": %d, "num_warps": %d}' % (
+        measured_config["BLOCK_M"], measured_config["BLOCK_N"], measured_config["num_warps"]))
+    for key in ("status", "time_ms", "measurement"):
+        trial.set_user_attr(key, finished.user_attrs[key])
+    runner = FakeRunner()
+    outcome = search(runner, storage_url, trials=len(VALID), sampler="grid", db=db)
+    kept = load_study(storage_url).trials[trial.number]
+    assert kept.state is optuna.trial.TrialState.COMPLETE and kept.value == finished.user_attrs["time_ms"]
+    assert measured_config not in runner.calls  # not measured again
+    assert outcome.measured_total == len(VALID)
+    labels = [r["config_label"] for r in db.query("SELECT config_label FROM trials WHERE status != 'pruned'")]
+    assert measured_config.label() in labels and len(labels) == len(set(labels)) == len(VALID)
+
+
 def test_a_lost_cuda_context_stops_the_search_and_a_rerun_resumes(storage_url):
     poison = Config(BLOCK_M=64, BLOCK_N=64, num_warps=4)
     first = FakeRunner(lose_context_on=poison)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import socket
 import time
@@ -271,6 +272,12 @@ class SharedStudy:
             return False
         return True
 
+    def tell_stored(self, number: int, value: float) -> None:
+        try:
+            self.study.tell(number, value, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 — as tell_failed: a trial that cannot be told stays as it is
+            log.warning("could not complete trial %d of %s", number, self.name, exc_info=True)
+
     def tell_failed(self, number: int) -> None:
         try:
             self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
@@ -302,14 +309,36 @@ class SharedStudy:
         """Fail the RUNNING trials of the last refresh that will never finish: owned by a dead
         process of this host, or without an owner for OWNERLESS_GRACE_S. `starting`: this
         process has nothing in flight yet, so a trial naming it is abandoned too (a reused pid).
-        Returns how many were failed."""
-        failed = 0
+        One whose measurement was stored whole before its process stopped (its attrs written,
+        the tell not: a kill between them, or a journal cut after them) is completed with it
+        instead: failed, its config would be measured again, and a results database that already
+        holds its row would count one trial more than the search's budget.
+        Returns how many were failed or completed."""
+        ended = 0
         for trial in abandoned(ledger.running, ledger.unclaimed_since, self_is_gone=starting):
-            log.warning("trial %d of %s was abandoned by a process that is gone; marking it failed",
-                        trial.number, self.name)
-            self.tell_failed(trial.number)
-            failed += 1
-        return failed
+            value = _stored_value(trial.user_attrs, ledger)
+            if value is None:
+                log.warning("trial %d of %s was abandoned by a process that is gone; marking it failed",
+                            trial.number, self.name)
+                self.tell_failed(trial.number)
+            else:
+                log.warning("trial %d of %s was measured by a process that stopped before telling it; "
+                            "completing it with its stored measurement", trial.number, self.name)
+                self.tell_stored(trial.number, value)
+            ended += 1
+        return ended
+
+
+def _stored_value(attrs: Mapping[str, Any], ledger: Ledger) -> float | None:
+    """The value tell_measured would have told for a trial whose attrs hold its whole measurement
+    (`measurement`, the last written), None for one that stopped before: its time if it ran ok,
+    else the penalty every failed config is told with."""
+    if "measurement" not in attrs or "status" not in attrs:
+        return None
+    time_ms = attrs.get("time_ms")
+    if attrs["status"] == TrialStatus.OK.value and isinstance(time_ms, (int, float)) and math.isfinite(time_ms):
+        return float(time_ms)
+    return ledger.penalty_ms()
 
 
 def abandoned(running: Iterable[FrozenTrial], unclaimed_since: Mapping[int, float], *, self_is_gone: bool,
