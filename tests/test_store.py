@@ -81,6 +81,38 @@ def test_open_db_creates_its_folder_and_applies_the_migrations_once(tmp_path):
     assert again.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 1
 
 
+def _open_at_once(path, barrier, failures):
+    barrier.wait()
+    try:
+        open_db(path).conn.close()
+    except Exception as exc:  # noqa: BLE001 — reported to the test
+        failures.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_opening_one_new_database_at_once_all_open_it(tmp_path):
+    # Workers a scheduler starts together each saw the new file empty and migrated it: all but
+    # one failed ("table trials already exists", "database is locked").
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    failures = context.Queue()
+    for round_ in range(6):
+        path, barrier = tmp_path / f"new-{round_}.db", context.Barrier(4)
+        processes = [context.Process(target=_open_at_once, args=(path, barrier, failures)) for _ in range(4)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(60)
+        assert [process.exitcode for process in processes] == [0] * 4
+        db = open_db(path)
+        assert [r["version"] for r in db.query("SELECT version FROM migrations")] == list(range(1, SCHEMA_VERSION + 1))
+        db.conn.close()
+    found = []
+    while not failures.empty():
+        found.append(failures.get())
+    assert found == []
+
+
 def test_trial_record_fields_are_the_schema_columns(db):
     """TrialRecord defines the catalogue: the migrated table, the best view and what report reads
     all have its columns, in its order."""

@@ -199,8 +199,10 @@ def utc_now() -> str:
 
 
 @contextmanager
-def transaction(db: sqlite_utils.Database) -> Iterator[None]:
+def transaction(db: sqlite_utils.Database, *, immediate: bool = False) -> Iterator[None]:
     """All statements inside commit together or not at all (nested use joins the outer one).
+    immediate: take the write lock at the start, so that what is read inside is not changed by
+    another writer before this one writes.
 
     Explicit BEGIN rather than a library helper: sqlite-utils 3 and 4 handle transactions
     differently, and in Python's legacy mode DDL would otherwise commit on its own."""
@@ -208,7 +210,7 @@ def transaction(db: sqlite_utils.Database) -> Iterator[None]:
     if conn.in_transaction:
         yield
         return
-    conn.execute("BEGIN")
+    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
     try:
         yield
     except BaseException:
@@ -303,7 +305,12 @@ def _migrate(db: sqlite_utils.Database, path: Path) -> None:
     for migration in MIGRATIONS:
         if migration.version <= current:
             continue
-        with transaction(db):
+        with transaction(db, immediate=True):
+            # Read again under the write lock: processes opening one new file at once (workers a
+            # scheduler starts together) each saw it empty, and all but the first found "table
+            # trials already exists".
+            if schema_version(db) >= migration.version:
+                continue
             db.execute(
                 "CREATE TABLE IF NOT EXISTS migrations "
                 "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
