@@ -126,6 +126,15 @@ def test_checking_reads_the_accepted_values(monkeypatch):
     assert [_dispatch.checking(v) for v in (True, False, 1, 0)] == [True, False, True, False]
 
 
+@pytest.mark.parametrize("value, on", [("0", False), ("", False), ("false", False), (" Off ", False), ("NO", False),
+                                       ("1", True), ("true", True), ("yes", True)])
+def test_the_check_variable_reads_the_words_for_off_as_off(value, on, monkeypatch):
+    monkeypatch.setenv(_dispatch.CHECK_ENV, value)  # OMNITUNE_CHECK=false turned the check mode on
+    assert _dispatch.checking(None) is on
+    monkeypatch.delenv(_dispatch.CHECK_ENV)
+    assert _dispatch.checking(None) is False
+
+
 @pytest.mark.parametrize("check", ["no", "false", "", 2, -1, 0.0, 1.0, [], torch.tensor(True)],
                          ids=repr)
 def test_check_of_another_value_is_an_input_error_naming_check(check):

@@ -465,6 +465,13 @@ def test_plan_refuses_tensors_of_other_shapes_and_impossible_plans(device):
                             max_context_len=32, dtype=torch.float32, device=device)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
+def test_a_plan_for_cuda_without_a_gpu_is_one_clear_error():
+    with pytest.raises(InputError, match="no CUDA GPU is visible here"):  # was torch's AssertionError
+        pda.PagedDecodePlan(batch=1, num_heads=2, num_kv_heads=1, head_dim=32, block_size=8, max_blocks=2,
+                            max_context_len=16, dtype=torch.float32, device="cuda")
+
+
 # ------------------------------------------------------------------------------------------------
 # The config memo: bucketing, its bound, invalidation
 # ------------------------------------------------------------------------------------------------

@@ -63,10 +63,16 @@ def _env_reader(name: str):
 _check_env = _env_reader(CHECK_ENV)
 
 
+# OMNITUNE_CHECK's values that leave the check mode off (any case, spaces around): unset, empty, and
+# the words a user writes for off — OMNITUNE_CHECK=false turned it on.
+_CHECK_OFF = frozenset({"", "0", "false", "no", "off"})
+
+
 def checking(check: bool | None) -> bool:
     """Whether this call validates tensor values up front (a sync) before launching."""
     if check is None:
-        return _check_env() not in (None, "", "0")
+        value = _check_env()
+        return value is not None and value not in _CHECK_OFF and value.strip().lower() not in _CHECK_OFF
     # Not bool(check), which read check="no" (any non-empty string, any object) as True.
     return flag(check, "check", "None, True or False")
 

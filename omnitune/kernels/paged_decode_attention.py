@@ -1053,6 +1053,9 @@ class PagedDecodePlan:
         if self.device.type not in ("cuda", "cpu"):
             # A meta plan failed at its first run, deep inside the launcher.
             raise InputError(f"device={device!r}: the kernels run on a CUDA device (or the CPU with TRITON_INTERPRET=1)")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise InputError(f"device={device!r}: no CUDA GPU is visible here (the CPU runs the kernels with "
+                             "TRITON_INTERPRET=1: device='cpu')")
         if self.device.type == "cuda" and self.device.index is None:
             # "cuda" means the current device; tensors report it with its index (cuda:0).
             self.device = torch.device("cuda", torch.cuda.current_device())
