@@ -527,3 +527,36 @@ def test_an_exception_is_reported_by_the_first_line_of_its_message():
     long = RuntimeError("x" * 1000)
     assert len(first_line(long, 200)) == 200 and len(one_line(long)) == 300
     assert one_line(long, 50) == ("RuntimeError: " + "x" * 1000)[:50]
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------------
+
+
+def _raised_while_interrupted(kind):
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            # a half-made import's next use, raised while the interrupt is handled
+            raise kind("module 'numpy' has no attribute 'ndarray'")  # noqa: B904
+    except kind as exc:
+        return exc
+
+
+@pytest.mark.parametrize("kind", [AttributeError, RecursionError])
+def test_ctrl_c_inside_an_import_is_interrupted_not_a_traceback(kind, monkeypatch, capsys):
+    import omnitune.cli as cli
+
+    error = _raised_while_interrupted(kind)
+    monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(error))
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_an_error_without_a_ctrl_c_behind_it_is_not_called_an_interrupt(monkeypatch):
+    import omnitune.cli as cli
+
+    monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(AttributeError("a bug")))
+    with pytest.raises(AttributeError, match="a bug"):
+        cli.main()

@@ -29,3 +29,22 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.secho("interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:
+        if not _interrupted(exc):
+            raise
+        # Ctrl-C inside an import (numpy, torch: the first second of every command) leaves the
+        # module half made, and the next use of it fails with AttributeError or RecursionError
+        # while the interrupt is handled: still the user's Ctrl-C, not a crash.
+        typer.secho("interrupted", err=True)
+        sys.exit(130)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the exceptions `exc` was raised in handling."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
