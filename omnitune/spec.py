@@ -422,17 +422,23 @@ class KernelSpec:
         return cfg
 
     def resolve_config(self, config: Config | Mapping[str, Any], problem: Any, dtype: torch.dtype, *,
-                       check_given: bool = False) -> Config:
+                       check_given: bool | str = False) -> Config:
         """A caller's config for one problem, the one rule every public function follows.
 
         A Config is taken as given: it is what the search and the tests launch, values outside
         the space included. check_given (the layer, which picks a path from the config) coerces
-        it against the space and checks it against the constraints as well. A mapping (a user's
+        it against the space and checks it against the constraints as well; check_given="sizes"
+        (the public ops) only that each parameter whose choices are counts (tile sizes, splits,
+        warps, stages) is a positive integer — NUM_SPLITS=0 launched nothing and returned
+        uninitialised memory, BLOCK_M=0 divided by zero — while other values outside the space
+        and configs past a constraint still run as given. A mapping (a user's
         JSON) is laid over the default (complete_config), each value checked against the space
         and the result against the constraints. ConfigError names what is wrong."""
         if isinstance(config, Config):
             if not check_given:
                 return config
+            if check_given == "sizes":
+                return self._require_positive_sizes(config)
             cfg = self.coerce_config(config.as_dict())
         elif isinstance(config, Mapping):
             cfg = self.complete_config(config, problem, dtype)
@@ -440,6 +446,15 @@ class KernelSpec:
             raise ConfigError(f"config must be a Config or a mapping, got {type(config).__name__}")
         self.require_valid(problem, cfg, dtype)
         return cfg
+
+    def _require_positive_sizes(self, config: Config) -> Config:
+        for param in self.params:
+            counts = all(type(c) is int for c in param.choices)
+            value = config.get(param.name)
+            if counts and value is not None and (type(value) is not int or value < 1):
+                raise ConfigError(f"{param.name}={value!r}: {self.name}'s {param.name} is a count, a positive "
+                                  f"integer ({', '.join(map(str, param.choices))} are tuned)")
+        return config
 
     # --- problems ---------------------------------------------------------------------------
 

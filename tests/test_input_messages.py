@@ -208,3 +208,26 @@ def _parses(spec, key: str) -> bool:
         return spec.problem_key(spec.parse_shape(key)) == key
     except Exception:  # noqa: BLE001 — another kernel's key
         return False
+
+
+# --- a whole Config from the caller: launched as given, but never with a count below one ----------
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, True, "4"], ids=repr)
+def test_a_config_object_with_a_count_no_launch_takes_is_a_config_error(bad, device):
+    from omnitune.errors import ConfigError
+    from omnitune.kernels import paged_decode_attention as pda
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 1, 32, generator=gen).to(device)
+    kc, vc = (torch.randn(2, 8, 1, 32, generator=gen).to(device) for _ in range(2))
+    tables = torch.tensor([[0, 1]], dtype=torch.int32, device=device)
+    lens = torch.tensor([12], dtype=torch.int32, device=device)
+    problem = pda.PagedDecodeProblem(b=1, h=2, hkv=1, lq=1, ctx=12, d=32, block_size=8)
+    config = pda.SPEC.default_config(problem, torch.float32)
+    # NUM_SPLITS=0 launched nothing and returned uninitialised memory
+    with pytest.raises(ConfigError, match=r"^NUM_SPLITS=.*is a count, a positive integer"):
+        pda.paged_decode_attention(q, kc, vc, tables, lens, config=config.replace(NUM_SPLITS=bad))
+    # a count outside the tuned choices still runs as given (the kernels' tests drive them so)
+    out = pda.paged_decode_attention(q, kc, vc, tables, lens, config=config.replace(NUM_SPLITS=3, FUSED_REDUCE=False))
+    assert torch.isfinite(out).all()

@@ -172,7 +172,7 @@ class ConfigMemo:
         if config is None:
             return get_config(self.spec_name, problem, dtype=dtype)
         spec: KernelSpec = get_spec(self.spec_name)
-        return spec.resolve_config(config, problem, dtype)
+        return spec.resolve_config(config, problem, dtype, check_given="sizes")
 
     def clear(self) -> None:
         with self._lock:

@@ -640,7 +640,7 @@ def compress_kv(
 
         cfg = get_config("kv_compress", problem, dtype=k.dtype)
     else:
-        cfg = SPEC.resolve_config(config, problem, k.dtype)
+        cfg = SPEC.resolve_config(config, problem, k.dtype, check_given="sizes")
     cfg = _fit_window(cfg, problem, w, k.dtype, config)
     return _compress(q_window, k, v, modality.to(torch.int64), quotas, recent, float(sm_scale), cfg, merge,
                      float(merge_threshold))
@@ -1143,7 +1143,8 @@ def _importance(q_window, k, sm_scale, config) -> torch.Tensor:
             cfg = _fit_window(default_config(problem, k.dtype), problem, w, k.dtype, None)
             cfg = bounded_put(_defaults, (problem, w, k.dtype), cfg, 1024)
     else:
-        cfg = _fit_window(SPEC.resolve_config(config, problem, k.dtype), problem, w, k.dtype, config)
+        cfg = _fit_window(SPEC.resolve_config(config, problem, k.dtype, check_given="sizes"), problem, w, k.dtype,
+                          config)
     return importance(q_window, k, float(sm_scale), cfg)
 
 
