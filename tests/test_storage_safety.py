@@ -137,6 +137,20 @@ def test_an_interrupted_last_record_is_dropped_with_a_backup_and_the_search_resu
     assert rows(db) == after
 
 
+def test_a_last_record_cut_only_at_its_newline_is_ended_not_dropped(searched, caplog):
+    db, journal = searched
+    journal.write_bytes(journal.read_bytes()[:-1])  # the record whole, its newline not written
+    with caplog.at_level(logging.WARNING):
+        result = search(db, "--trials", "3")
+    assert result.exit_code == 0, result.output
+    assert not list(journal.parent.glob("r.optuna.log.bak-*"))  # nothing dropped, nothing to keep
+    assert any("added it" in r.getMessage() for r in caplog.records)
+    assert not any("incomplete record" in r.getMessage() for r in caplog.records)
+    after = rows(db)
+    assert len(after) == 3 and len({row[1] for row in after}) == 3, after
+    assert all(isinstance(json.loads(line), dict) for line in journal.read_bytes().splitlines())
+
+
 def test_a_writer_does_not_append_after_a_record_another_process_left_cut(tmp_path):
     """A process killed mid-append while another has the journal open: the live one's next record
     must not glue onto the cut line (no process could read the journal after)."""

@@ -96,6 +96,18 @@ def drop_interrupted_record(path: Path) -> Path | None:
         line = f.read(size - start)
     if _is_record(line):
         return None
+    if _is_record(line + b"\n"):
+        # Cut right before its newline: the record is whole (no prefix of a JSON object is one),
+        # and dropping it lost a trial's last word (its tell), so it is ended instead.
+        try:
+            with open(path, "ab") as f:
+                f.write(b"\n")
+        except OSError as exc:
+            raise StoreError(f"the Optuna journal {path} ends without its last newline, which could not be "
+                             f"written: {exc.strerror or exc}") from None
+        log.warning("the Optuna journal %s ended without the newline of its last record (a process stopped "
+                    "while writing it): added it", path)
+        return None
     if not _looks_interrupted(line, start):
         raise StoreError(f"{path} is not an Optuna journal (its one line is no journal record); give the "
                          f"journal a file of its own")
