@@ -294,3 +294,18 @@ def test_interleaved_cuda_timing_gives_one_sample_per_round():
     assert statistics.median(samples[1]) > 2 * statistics.median(samples[0])
     assert all(t > 0 for s in samples for t in s)
     assert json.dumps(samples)  # plain floats
+
+
+def test_the_winner_and_then_the_default_are_stored_first():
+    # A process killed part-way through storing a re-timing leaves what a report reads first:
+    # the winner, then the default its speedup is taken against.
+    from omnitune.search.finalists import FinalistTiming, _storing_order
+    from omnitune.spec import Config
+
+    def timing(n, ms):
+        return FinalistTiming(Config(BLOCK_M=n), ms, ms, 0.01, ms, ms, 5)
+
+    default = Config(BLOCK_M=64)
+    timings = [timing(16, 2.0), timing(32, 1.0), timing(64, 3.0), timing(128, 1.5)]
+    assert [t.config["BLOCK_M"] for t in _storing_order(timings, default)] == [32, 64, 128, 16]
+    assert [t.config["BLOCK_M"] for t in _storing_order(timings, Config(BLOCK_M=32))] == [32, 128, 16, 64]

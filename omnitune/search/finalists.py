@@ -150,6 +150,15 @@ def ranked(timings: Sequence[FinalistTiming]) -> list[FinalistTiming]:
     return sorted(timings, key=lambda t: t.median_ms)
 
 
+def _storing_order(timings: Sequence[FinalistTiming], default: Config) -> list[FinalistTiming]:
+    """The re-timings in the order they are stored: the winner, then the default, then the rest.
+    A process killed part-way through storing them leaves the rows a report reads first: the
+    winner it names, and the default its speedup is taken against."""
+    order = ranked(timings)
+    head = order[:1] + [t for t in order[1:] if t.config == default]
+    return head + [t for t in order if t not in head]
+
+
 # --- the re-timing as trials of the study ---------------------------------------------------------
 
 
@@ -216,7 +225,7 @@ class StudyFinalists:
             log.warning("re-timing the finalists of %s failed: %s", self.study.study_name, detail)
             return Retiming(RetimeStatus.FAILED, detail=detail)
         session = (stored.session if stored is not None else 0) + 1
-        results = {t.config: self.store(t, session, searched[t.config]) for t in timings}
+        results = {t.config: self.store(t, session, searched[t.config]) for t in _storing_order(timings, default)}
         return Retiming(RetimeStatus.RETIMED, tuple(ranked(timings)), results, session)
 
     def store(self, timing: FinalistTiming, session: int, original: Finished) -> TrialResult:
