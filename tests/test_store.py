@@ -399,3 +399,12 @@ def test_an_unreachable_storage_is_a_store_error(db):
 def test_device_facts_key_files_the_interpreter_apart():
     facts = current_device_facts(interpret=True)
     assert isinstance(facts, DeviceFacts) and facts.key == "triton_interpreter"
+
+
+def test_a_write_sqlite_refuses_mid_run_is_one_store_error_that_says_what_may_have_changed(db, monkeypatch):
+    def refuses(*args, **kwargs):
+        raise sqlite3.OperationalError("disk I/O error")  # all SQLite says of a file made immutable
+
+    monkeypatch.setattr(db, "execute", refuses)
+    with pytest.raises(StoreError, match=r"disk I/O error \(was the file or its folder made read-only"):
+        record_trial(db, trial(0))

@@ -204,7 +204,10 @@ def _write_errors() -> Iterator[None]:
     try:
         yield
     except sqlite3.OperationalError as exc:
-        raise StoreError(f"cannot write the results database: {exc}") from None
+        # SQLite says only "disk I/O error" for a file made read-only or immutable under it.
+        hint = (" (was the file or its folder made read-only, or the disk filled, while it ran?)"
+                if "disk I/O" in str(exc) else "")
+        raise StoreError(f"cannot write the results database: {exc}{hint}") from None
 
 
 @dataclass(frozen=True)
