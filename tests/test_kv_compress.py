@@ -318,13 +318,13 @@ def test_a_looked_up_config_is_judged_at_the_window_the_kernels_run(device, monk
     monkeypatch.setattr(runtime, "get_config", lambda *args, **kwargs: FITS_ONLY_SHORT)  # as a table would serve it
     held = KVCompressProblem(b=1, h=2, hkv=1, n=64, d=32, window=kvc.tail_length(64), keep_pct=25)
     assert held.window < LONG_WINDOW["w"] and not SPEC.violations(held, FITS_ONLY_SHORT, torch.float32, SMALL_SMEM)
-    assert kvc._window_misfit(FITS_ONLY_SHORT, LONG_WINDOW["w"], 32, torch.float32, SMALL_SMEM)
+    assert kvc._window_misfit(FITS_ONLY_SHORT, held, LONG_WINDOW["w"], torch.float32, SMALL_SMEM)
     served = []
     real = kvc._compress
     monkeypatch.setattr(kvc, "_compress", lambda *args: (served.append(args[7]), real(*args))[1])
     out = compress_kv(q, k, v, modality, keep_ratio={"image": 0.25})
     assert len(served) == 1 and served[0] != FITS_ONLY_SHORT
-    assert kvc._window_misfit(served[0], LONG_WINDOW["w"], 32, torch.float32, SMALL_SMEM) is None
+    assert kvc._window_misfit(served[0], held, LONG_WINDOW["w"], torch.float32, SMALL_SMEM) is None
     inputs = KVCompressInputs(q, k, v, modality, kvc._quotas(modality, {"image": 0.25}, 0), 0, 1 / math.sqrt(32))
     assert relative_error(torch.stack([out.k, out.v]), SPEC.reference(inputs)) <= SPEC.tolerance[torch.float32]
 

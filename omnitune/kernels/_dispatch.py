@@ -72,7 +72,7 @@ def checking(check: bool | None) -> bool:
     """Whether this call validates tensor values up front (a sync) before launching."""
     if check is None:
         value = _check_env()
-        return value is not None and value not in _CHECK_OFF and value.strip().lower() not in _CHECK_OFF
+        return value is not None and value.strip().lower() not in _CHECK_OFF
     # Not bool(check), which read check="no" (any non-empty string, any object) as True.
     return flag(check, "check", "None, True or False")
 

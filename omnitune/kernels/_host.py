@@ -88,9 +88,10 @@ _TRITON_INT32_ARGS = 2**31  # the integers Triton passes as 32-bit: below this
 def offsets_pass_int32(tensor: torch.Tensor, dims: Sequence[int]) -> bool:
     """Whether a kernel's offsets along `dims` of `tensor` — each index × a stride Triton passes as
     32-bit, summed — can reach INT32_OFFSETS elements (a stride of 2^31 or more is passed as 64-bit)."""
+    shape, strides = tensor.shape, tensor.stride()  # once each: attention reads three tensors a call
     total = 0
     for dim in dims:
-        size, stride = tensor.shape[dim], tensor.stride(dim)
+        size, stride = shape[dim], strides[dim]
         if size > 1 and stride < _TRITON_INT32_ARGS:
             total += (size - 1) * stride
     return total >= INT32_OFFSETS

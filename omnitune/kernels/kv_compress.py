@@ -947,10 +947,10 @@ def _shared_memory(block_m: int, block_d: int, config, dtype, limits: DeviceLimi
     return None
 
 
-def _window_misfit(config, window: int, d: int, dtype, limits: DeviceLimits) -> str | None:
+def _window_misfit(config, problem: KVCompressProblem, window: int, dtype, limits: DeviceLimits) -> str | None:
     """What a config breaks at the window the kernels run, not the shorter one a problem can hold
     (a problem's window fits its layout's final text span; a caller's may be longer), or None."""
-    block_m, block_d = _window_rows(window), triton.next_power_of_2(d)
+    block_m, block_d = _window_rows(window), _block_d(problem)
     return _shared_memory(block_m, block_d, config, dtype, limits) or _window_registers(block_m, block_d, config)
 
 
@@ -963,7 +963,7 @@ def _fit_window(cfg: Config, problem: KVCompressProblem, window: int, dtype, giv
     from omnitune.runtime import _device_limits
 
     limits = _device_limits()
-    why = _window_misfit(cfg, window, problem.d, dtype, limits)
+    why = _window_misfit(cfg, problem, window, dtype, limits)
     if why is None:
         return cfg
     if given is not None:
@@ -977,6 +977,7 @@ def _config_for_window(problem: KVCompressProblem, window: int, dtype, limits: D
     the first of the space, default-like order, that breaks nothing at the real window; else, of
     those that fit shared memory there, the one with the fewest registers a thread (they spill,
     but it runs). InputError when none fits this GPU's shared memory."""
+    block_m, block_d = _window_rows(window), _block_d(problem)
     fits_memory = []
     for block_n in (64, 32, 16, 128):
         for tile in (32, 16, 64):
@@ -985,15 +986,14 @@ def _config_for_window(problem: KVCompressProblem, window: int, dtype, limits: D
                     cfg = Config(BLOCK_N=block_n, BLOCK_E=tile, BLOCK_K=tile, num_warps=warps, num_stages=stages)
                     if SPEC.violations(problem, cfg, dtype, limits):
                         continue
-                    if _window_misfit(cfg, window, problem.d, dtype, limits) is None:
-                        return cfg
-                    if _shared_memory(_window_rows(window), triton.next_power_of_2(problem.d), cfg, dtype,
-                                      limits) is None:
+                    if _shared_memory(block_m, block_d, cfg, dtype, limits) is None:
+                        if _window_registers(block_m, block_d, cfg) is None:
+                            return cfg
                         fits_memory.append(cfg)
     if fits_memory:
         return min(fits_memory, key=lambda c: (int(c["BLOCK_N"]) + problem.d) / int(c["num_warps"]))
     smallest = Config(BLOCK_N=16, BLOCK_E=16, BLOCK_K=16, num_warps=8, num_stages=1)
-    why = _shared_memory(_window_rows(window), triton.next_power_of_2(problem.d), smallest, dtype, limits)
+    why = _shared_memory(block_m, block_d, smallest, dtype, limits)
     raise InputError(f"an observation window of {window} queries (d={problem.d}) is too long for this GPU (its "
                      f"smallest tiles {why}); use a shorter window")
 

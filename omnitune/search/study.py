@@ -272,17 +272,16 @@ class SharedStudy:
             return False
         return True
 
-    def tell_stored(self, number: int, value: float) -> None:
+    def tell_failed(self, number: int, value: float | None = None) -> None:
+        """Mark trial `number` failed; or, given the value its stored measurement says, complete it."""
         try:
-            self.study.tell(number, value, skip_if_finished=True)
-        except Exception:  # noqa: BLE001 — as tell_failed: a trial that cannot be told stays as it is
-            log.warning("could not complete trial %d of %s", number, self.name, exc_info=True)
-
-    def tell_failed(self, number: int) -> None:
-        try:
-            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            if value is None:
+                self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            else:
+                self.study.tell(number, value, skip_if_finished=True)
         except Exception:  # noqa: BLE001 — never mask the exception that got us here
-            log.warning("could not mark trial %d of %s failed", number, self.name, exc_info=True)
+            log.warning("could not mark trial %d of %s %s", number, self.name,
+                        "failed" if value is None else "complete", exc_info=True)
 
     # --- liveness -----------------------------------------------------------------------------
 
@@ -320,11 +319,10 @@ class SharedStudy:
             if value is None:
                 log.warning("trial %d of %s was abandoned by a process that is gone; marking it failed",
                             trial.number, self.name)
-                self.tell_failed(trial.number)
             else:
                 log.warning("trial %d of %s was measured by a process that stopped before telling it; "
                             "completing it with its stored measurement", trial.number, self.name)
-                self.tell_stored(trial.number, value)
+            self.tell_failed(trial.number, value)
             ended += 1
         return ended
 
