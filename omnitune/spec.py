@@ -17,7 +17,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -28,6 +28,9 @@ from omnitune.source_hash import UNKNOWN, kernel_source_hash, module_source_hash
 from omnitune.tensors import element_bytes, poisoned, relative_error, require_runnable_device  # noqa: F401
 
 ParamValue = int | bool | str
+# How far resolve_config checks a whole Config a caller gives: not at all (the search, the tests),
+# its counts only (the public ops), or against the space and the constraints (the layer).
+CheckGiven = Literal["no", "sizes", "all"]
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -422,11 +425,11 @@ class KernelSpec:
         return cfg
 
     def resolve_config(self, config: Config | Mapping[str, Any], problem: Any, dtype: torch.dtype, *,
-                       check_given: bool | str = False) -> Config:
+                       check_given: CheckGiven = "no") -> Config:
         """A caller's config for one problem, the one rule every public function follows.
 
         A Config is taken as given: it is what the search and the tests launch, values outside
-        the space included. check_given (the layer, which picks a path from the config) coerces
+        the space included. check_given="all" (the layer, which picks a path from the config) coerces
         it against the space and checks it against the constraints as well; check_given="sizes"
         (the public ops) only that each parameter whose choices are counts (tile sizes, splits,
         warps, stages) is a positive integer — NUM_SPLITS=0 launched nothing and returned
@@ -435,10 +438,12 @@ class KernelSpec:
         JSON) is laid over the default (complete_config), each value checked against the space
         and the result against the constraints. ConfigError names what is wrong."""
         if isinstance(config, Config):
-            if not check_given:
+            if check_given == "no":
                 return config
             if check_given == "sizes":
                 return self._require_positive_sizes(config)
+            if check_given != "all":
+                raise ValueError(f"check_given must be 'no', 'sizes' or 'all', got {check_given!r}")
             cfg = self.coerce_config(config.as_dict())
         elif isinstance(config, Mapping):
             cfg = self.complete_config(config, problem, dtype)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from omnitune.errors import InputError
-from omnitune.kernels.attention import SPEC, AttentionInputs, AttentionProblem, attention, reference
+from omnitune.kernels.attention import SPEC, AttentionInputs, AttentionProblem, attention, reference, row_limits
 from omnitune.spec import Config, DeviceLimits, relative_error
 
 from conftest import DEVICE
@@ -118,6 +118,26 @@ def test_span_mask_differs_from_causal_and_matches_reference():
     expected = torch.softmax(scores, -1) @ vv.double()
     assert relative_error(out, expected) < 1e-4
     assert relative_error(causal_out, expected) > 1e-2  # the spans really changed the result
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_row_limits_match_a_dense_mask_with_and_without_spans(seed):
+    """row_limits (the reference's and the planners' row ends) against a mask built cell by cell,
+    including a batch that holds no spans at all (an empty span dimension has no maximum)."""
+    rng = random.Random(seed)
+    b, lk = rng.randint(1, 3), rng.randint(1, 40)
+    lq = rng.randint(1, lk)
+    count = rng.choice([0, 1, 3])
+    spans = torch.tensor([[sorted(rng.sample(range(lk + 1), 2)) for _ in range(count)] for _ in range(b)],
+                         dtype=torch.int64).reshape(b, count, 2)
+    limits = row_limits(spans, lq, lk)
+    assert limits.shape == (b, lq)
+    for batch in range(b):
+        for row in range(lq):
+            pos = row + lk - lq
+            visible = [col for col in range(lk) if col <= pos or any(
+                s <= pos < e and col < e for s, e in spans[batch].tolist())]
+            assert limits[batch, row].item() == max(visible, default=-1) + 1
 
 
 def test_any_strides():

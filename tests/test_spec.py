@@ -214,7 +214,7 @@ def test_resolve_config_takes_a_config_as_given_and_checks_a_mapping():
     outside = Config(spec.default_config(problem, torch.float16).as_dict(), BLOCK_T=3)
     assert spec.resolve_config(outside, problem, torch.float16) is outside  # what the search launches
     with pytest.raises(ConfigError, match="BLOCK_T"):
-        spec.resolve_config(outside, problem, torch.float16, check_given=True)
+        spec.resolve_config(outside, problem, torch.float16, check_given="all")
     with pytest.raises(ConfigError, match="BLOCK_T"):
         spec.resolve_config({"BLOCK_T": 3}, problem, torch.float16)
     with pytest.raises(ConfigError, match="block_t_exceeds_tokens"):

@@ -383,6 +383,8 @@ def row_limits(spans: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
     starts, ends = span_t[..., 0], span_t[..., 1].clamp(max=lk)
     qpos = torch.arange(lq, device=spans.device, dtype=torch.int64) + (lk - lq)
     causal = (qpos + 1).clamp(0, lk)
+    if spans.shape[1] == 0:  # no spans: the causal prefix alone (amax over nothing has no answer)
+        return causal[None, :].expand(spans.shape[0], lq)
     inside = (qpos[None, :, None] >= starts[:, None, :]) & (qpos[None, :, None] < ends[:, None, :])
     span_end = torch.where(inside, ends[:, None, :], torch.zeros_like(inside, dtype=torch.int64)).amax(dim=2)
     return torch.maximum(causal[None, :], span_end)

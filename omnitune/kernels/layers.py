@@ -156,7 +156,7 @@ def _config_for(kernel, problem, config, dtype) -> Config:
     if isinstance(config, Config):
         # Checked even as a Config: the config picks the path, so a wrong one is the caller's
         # mistake to report, not a launch to attempt and roll back.
-        return kernel.SPEC.resolve_config(config, problem, dtype, check_given=True)
+        return kernel.SPEC.resolve_config(config, problem, dtype, check_given="all")
     return _memo.get(problem, config, lambda: problem, dtype)
 
 
