@@ -349,3 +349,21 @@ def test_export_drops_a_kept_entry_whose_recorded_time_is_impossible(three_trial
     assert set(kept) == {key, other_key}
     assert ("dropping 1 invalid entries" in caplog.text
             and "default_time_ms -3.6 is not a positive number of milliseconds" in caplog.text)
+
+
+def test_a_blank_omnitune_db_and_a_tables_file_are_one_line_each(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMNITUNE_DB", "  ")
+    assert_one_line_error(invoke("report"), "OMNITUNE_DB is blank")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.delenv("OMNITUNE_DB")
+    table_file = tmp_path / "t.json"
+    table_file.write_text("{}")
+    assert_one_line_error(invoke("verify", *MODE, "--tables", table_file), f"--tables {table_file}: is a file")
+
+
+@pytest.mark.skipif(ON_GPU, reason="says what it does without a GPU")
+def test_devices_without_a_gpu_says_so_on_stderr_only():
+    result = invoke("devices")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith("No CUDA GPU is visible here (") and len(result.stderr.splitlines()) == 1

@@ -191,6 +191,25 @@ def test_a_shape_too_large_to_allocate_is_refused_before_anything_is_written(com
     assert list(tmp_path.iterdir()) == []  # no empty omnitune.db, no Optuna storage
 
 
+@pytest.mark.skipif(not MODE, reason="the interpreter's margin applies under --interpret only")
+@pytest.mark.parametrize("command", ["search", "bench"])
+def test_an_interpreted_shape_needing_more_than_the_host_has_is_refused_first(command, tmp_path, monkeypatch):
+    """Under the interpreter a problem whose tensors fit, but not with the reference and the
+    interpreter's copies beside them, is refused before anything runs (the OOM killer ended one)."""
+    from omnitune.cli import preflight
+    from omnitune.kernels.paged_decode_attention import SPEC
+
+    shape = "b=1,h=4,hkv=2,lq=1,ctx=4000,d=64,block_size=16"
+    needed = SPEC.bytes_moved(SPEC.problem_from_mapping(dict(kv.split("=") for kv in shape.split(","))),
+                              torch.float32)
+    monkeypatch.setattr(preflight, "_memory_bytes", lambda interpret: (3 * needed, "this machine's available memory"))
+    monkeypatch.chdir(tmp_path)
+    args = [command, "paged_decode_attention", "--shape", shape, "--dtype", "fp32", *MODE]
+    line = assert_one_line_error(invoke(*args), "is too large for --interpret")
+    assert "ctx=4000" in line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_allocation_that_fails_anyway_is_one_line(tmp_db, monkeypatch):
     from omnitune.measure import runner
 

@@ -323,6 +323,48 @@ def test_json_reports_never_replace_a_database_a_journal_or_a_table(searched, tm
     assert "NaN" not in report.read_text() and json.loads(report.read_text())["results"]
 
 
+def test_json_reports_never_replace_a_table_anywhere_a_config_or_another_programs_json(tmp_path):
+    bench = ["bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE]
+    config = tmp_path / "config.json"
+    config.write_text('{"BLOCK_T": 16}')
+    table = tmp_path / "elsewhere" / "NVIDIA_H200.json"  # a table outside any --tables folder
+    table.parent.mkdir()
+    table.write_text(json.dumps({"kernel": "kv_cache_write", "entries": {}}))
+    other = tmp_path / "package.json"
+    other.write_text('{"name": "app", "results": []}')  # one of a report's keys is not enough
+    files = {path: path.read_bytes() for path in (config, table, other)}
+    empty_tables = tmp_path / "tables"
+    empty_tables.mkdir()
+    assert_one_line_error(invoke(*bench, "--config", config, "--json", config), "JSON but not a bench report")
+    assert_one_line_error(invoke(*bench, "--json", table), "not a bench report but a tuned table")
+    assert_one_line_error(invoke(*bench, "--json", other), "JSON but not a bench report")
+    assert_one_line_error(invoke("verify", *MODE, "--tables", empty_tables, "--json", other),
+                          "JSON but not a verify report")
+    assert {path: path.read_bytes() for path in files} == files
+    # A bench report is not a verify report either: each command replaces only its own.
+    report = tmp_path / "bench.json"
+    assert invoke(*bench, "--json", report).exit_code == 0
+    assert_one_line_error(invoke("verify", *MODE, "--tables", empty_tables, "--json", report),
+                          "JSON but not a verify report")
+
+
+def test_a_json_report_into_a_fifo_is_written_into_it_not_over_it(tmp_path):
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    result = invoke("bench", "kv_cache_write", "--shape", SHAPE, "--dtype", "fp16", *MODE, "--json", fifo)
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still the FIFO, not a plain file put in its place
+    assert json.loads(received[0])["results"][0]["kernel"] == "kv_cache_write"
+
+
 # --- 9. options given empty ------------------------------------------------------------------------------
 
 

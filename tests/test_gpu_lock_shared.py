@@ -102,3 +102,21 @@ def test_a_search_alone_on_the_gpu_shares_its_lock_with_its_workers_and_finishes
         counted = rows.execute("select problem_key, count(*), sum(status = 'ok') from trials "
                                "where extra_json not like '%\"finalist\"%' group by problem_key").fetchall()
     assert len(counted) == 2 and all(trials == 6 and ok >= 1 for _, trials, ok in counted), counted
+
+
+@pytest.mark.parametrize("junk", ["/nonexistent/folder/x", "relative.lock", " ", "{folder}"])
+def test_a_lock_variable_left_over_in_the_shell_is_ignored_with_a_warning(junk, monkeypatch, tmp_path, caplog):
+    """A leftover that names no usable lock file (a missing folder, a folder, a blank) failed every
+    measurement of verify, which blamed the tables; it is ignored, and a search alone makes its own."""
+    value = junk.format(folder=tmp_path)
+    monkeypatch.setenv(gpu_lock.GPU_LOCK_ENV, value)
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("WARNING", logger="omnitune.measure.gpu_lock"):
+        assert gpu_lock.gpu_lock_from_env() is gpu_lock.NO_GPU_LOCK
+    assert f"ignoring {gpu_lock.GPU_LOCK_ENV}={value!r}" in caplog.text or value in gpu_lock._ignored_paths
+    with gpu_lock.shared_with_compile_workers():
+        lock = gpu_lock.gpu_lock_from_env()
+        assert isinstance(lock, gpu_lock.GpuLock) and lock.path != value
+        with lock:
+            assert Path(lock.path).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing made where the junk pointed

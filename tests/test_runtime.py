@@ -426,6 +426,18 @@ def test_a_bad_table_falls_through_to_the_next_directory(tmp_path, config_dir, m
     assert len(warnings_seen()) == 1
 
 
+def test_a_config_dir_that_does_not_exist_is_said_once_and_the_next_serves(tmp_path, config_dir, monkeypatch,
+                                                                             warnings_seen):
+    typo = tmp_path / "tuned_cofnigs"
+    good = _write(config_dir, _document([_entry(PREFILL, TUNED)]))
+    monkeypatch.setenv("OMNITUNE_CONFIG_DIR", os.pathsep.join([str(typo), str(config_dir)]))
+    runtime.clear_cache()
+    for _ in range(2):
+        answer = runtime.lookup("attention", PREFILL, torch.float16, GPU)
+        assert (answer.rung, answer.config, answer.source) == (Rung.EXACT, TUNED, good)
+    assert warnings_seen() == [f"OMNITUNE_CONFIG_DIR names {typo}, which does not exist: no table is read from it"]
+
+
 def test_a_rewritten_bad_table_warns_again(config_dir, warnings_seen):
     path = _write(config_dir, "{corrupt")
     runtime.lookup("attention", PREFILL, torch.float16, GPU)

@@ -203,6 +203,41 @@ def test_a_storage_that_is_another_results_database_is_refused_untouched(searche
     assert not new_db.exists()  # nothing was started
 
 
+def _another_programs_database(path) -> bytes:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("command", ["search", "report", "export"])
+def test_a_storage_that_is_another_programs_sqlite_database_is_refused_untouched(searched, tmp_path, command):
+    db, _ = searched
+    app_db = tmp_path / "app.db"
+    before = _another_programs_database(app_db)
+    storage = f"sqlite:///{app_db}"
+    if command == "search":
+        result = search(tmp_path / "new.db", "--storage", storage)
+    else:
+        extra = ["--out", str(tmp_path / "tables")] if command == "export" else []
+        result = invoke(command, "--db", str(db), "--storage", storage, *extra)
+    assert_one_line_error(result, f"the Optuna storage {storage} is an SQLite database of another program")
+    assert app_db.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_reading_an_empty_file_as_an_sqlite_storage_is_refused_and_leaves_it_empty(searched, tmp_path, command):
+    db, _ = searched
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    extra = ["--out", str(tmp_path / "tables")] if command == "export" else []
+    result = invoke(command, "--db", str(db), "--storage", f"sqlite:///{empty}", *extra)
+    assert_one_line_error(result, "is an empty file, not an Optuna storage")
+    assert empty.stat().st_size == 0
+
+
 @pytest.mark.parametrize("command", ["search", "worker"])
 @pytest.mark.parametrize("url", ["sqlite:///", "sqlite:///?timeout=5"])
 def test_an_sqlite_storage_that_names_no_file_is_refused(tmp_path, command, url):

@@ -29,6 +29,10 @@ def _fmt(x: float, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+# Keys every --json report of bench has: an existing file without them is not replaced.
+BENCH_REPORT_KEYS = frozenset({"device", "source_hash", "results"})
+
+
 @app.command()
 def bench(
     kernel: str = typer.Argument(..., help="Kernel name (see `omnitune kernels`) or a module/file defining SPEC."),
@@ -93,7 +97,7 @@ def bench(
     # Checked before the bench runs, not found out after it.
     json_out = report_path(json_text)
     if json_out is not None:
-        preflight.require_report_file(json_out, "--json")
+        preflight.require_report_file(json_out, "--json", report_keys=BENCH_REPORT_KEYS, what="bench report")
     for problem in problems:
         preflight.require_fits_in_memory(spec, problem, torch_dtype, interpret)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
 
     from omnitune.spec import Config, KernelSpec
 
+# Rich takes $COLUMNS as the width of every console, help included: 0 printed nothing at all (a
+# bench's result lost, verify's verdict unsaid) and 10^15 ran out of memory laying out a table.
+# A width outside this range is dropped, and the terminal's own width (or 80) used.
+USABLE_COLUMNS = range(10, 10_001)
+
+
+def drop_unusable_columns(environ=os.environ) -> None:
+    text = environ.get("COLUMNS")
+    if text is not None and not (text.strip().isdecimal() and text.strip().isascii()
+                                 and int(text) in USABLE_COLUMNS):
+        del environ["COLUMNS"]
+
+
+drop_unusable_columns()
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
@@ -63,7 +78,10 @@ def db_path(db: str | None) -> Path:
     """--db, else OMNITUNE_DB, else ./omnitune.db. An empty --db is refused rather than taken as
     not given: the results would go to ./omnitune.db, where the user did not ask."""
     require_named(db, "--db", "the results database (e.g. --db omnitune.db)")
-    return Path(db or os.environ.get("OMNITUNE_DB") or DEFAULT_DB)
+    from_env = os.environ.get("OMNITUNE_DB")
+    if db is None and from_env is not None and from_env != "" and not from_env.strip():
+        raise OmnituneError("OMNITUNE_DB is blank; set it to the results database's path, or unset it")
+    return Path(db or from_env or DEFAULT_DB)
 
 
 def preset_kernel_names(text: str | None) -> tuple[str, ...]:
@@ -98,16 +116,31 @@ def seconds_option(default: float | None, name: str, *, minimum: float, help: st
                         help=f"{help} \\[x>={minimum:g}]", **kwargs)
 
 
+def _is_special_file(path: Path) -> bool:
+    """Whether `path` (through symlinks) exists and is neither a plain file nor a folder."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def write_output_file(path: Path, text: str, option: str) -> None:
     """Write a file the user named (bench's and verify's --json, search's --lane-stats) whole or
     not at all: through a temporary file beside it, os.replace'd over it
     (omnitune.table_files.write_atomic), so that a failed write (a full disk, a killed process)
     leaves the previous file as it was rather than truncated. A symlink is written through, to the
-    file it names, as a plain write would. OSError becomes a one-line OmnituneError."""
+    file it names, as a plain write would. A device or a FIFO (/dev/null, /dev/stdout, a named pipe)
+    is written into: replacing it would put a plain file where the device was. OSError becomes a
+    one-line OmnituneError."""
     from omnitune.table_files import write_atomic
 
     try:
-        write_atomic(path.resolve(), text)
+        if _is_special_file(path):
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(text)
+        else:
+            write_atomic(path.resolve(), text)
     except OSError as exc:
         raise OmnituneError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
 

@@ -44,7 +44,8 @@ def devices() -> None:
     facts = current_device_facts()
     if facts is None:
         versions = ", ".join(f"{k} {v}" for k, v in software_versions().items())
-        console.print(f"No CUDA GPU is visible here ({versions}).")
+        # One line on stderr, unwrapped: a script reading stdout gets nothing where it expects the GPU.
+        typer.echo(f"No CUDA GPU is visible here ({versions}).", err=True)
         raise typer.Exit(1)
     table = Table(show_header=False, title=f"[bold]{facts.name}[/]", title_justify="left")
     for key, value in facts.as_dict().items():

@@ -63,10 +63,14 @@ def require_writable_file(path: Path, option: str) -> None:
 _REPORT_BYTES = 64 * 1024 * 1024
 
 
-def require_report_file(path: Path, option: str, *, not_under: Sequence[Path] = ()) -> None:
+def require_report_file(path: Path, option: str, *, report_keys: frozenset[str], what: str,
+                        not_under: Sequence[Path] = ()) -> None:
     """That `path` can take a JSON report (require_writable_file), and that what is there now, if
-    anything, is one — an earlier report, replaced — and not a results database, a journal or a
-    table (under a folder of `not_under`), which --json FILE replaced with the report before."""
+    anything, is one of this command's — an earlier report, replaced — and not a results database,
+    a journal, a table, a config or any other JSON file, which --json FILE replaced before.
+    `report_keys` are the top-level keys every such report has; `what` names it in the message
+    ("bench report"). A device or a FIFO (/dev/null, /dev/stdout, a pipe) is written into, not
+    replaced (write_output_file), so it passes."""
     require_writable_file(path, option)
     for folder in not_under:
         if Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder)):
@@ -78,14 +82,16 @@ def require_report_file(path: Path, option: str, *, not_under: Sequence[Path] = 
     if is_sqlite_file(path):
         raise OmnituneError(f"{option} {path} is an SQLite database (a results database?), not a report; give "
                             f"another file")
-    what = "larger than a report"
+    found = "larger than a report"
     if path.stat().st_size <= _REPORT_BYTES:
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-            return
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            what = "not a JSON report (an Optuna journal, or another file?)"
-    raise OmnituneError(f"{option} {path} exists and is {what}, so it is not replaced; give another file, or "
+        found = "not a JSON report (an Optuna journal, or another file?)"
+        with suppress(OSError, UnicodeDecodeError, ValueError, RecursionError):
+            document = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(document, dict) and report_keys <= document.keys():
+                return
+            table = isinstance(document, dict) and {"kernel", "entries"} <= document.keys()
+            found = f"not a {what} but a tuned table" if table else f"JSON but not a {what} (a config, or other data?)"
+    raise OmnituneError(f"{option} {path} exists and is {found}, so it is not replaced; give another file, or "
                         f"move it aside")
 
 
@@ -137,6 +143,12 @@ def require_storage_to_read(storage: str) -> None:
         raise StoreError(f"--storage {storage}: there is no Optuna storage at {target}; give the storage a "
                          "search wrote into, or leave out --storage to use the results database as it is"
                          + _absolute_path_hint(storage, target))
+    from omnitune.store import sqlite_file_name
+
+    if sqlite_file_name(storage) and target is not None and target.is_file() and target.stat().st_size == 0:
+        # Optuna would make its tables in it: a command that reads would have written its source.
+        raise StoreError(f"--storage {storage}: {target} is an empty file, not an Optuna storage; give the storage "
+                         "a search wrote into")
 
 
 def require_storage_folder_meant(storage: str | None) -> None:
@@ -164,15 +176,28 @@ def _absolute_path_hint(storage: str, target: Path, *, of_folder: bool = False) 
 
 
 def _memory_bytes(interpret: bool) -> tuple[int, str] | None:
-    """How much memory the problem's tensors are made in, and what it is; None if unknown."""
+    """How much memory the problem's tensors are made in, and what it is; None if unknown. On the
+    host, what is available now (MemAvailable): Linux lends more than it has and the OOM killer
+    collects later, from whichever process — a refusal at the start is the kinder answer."""
     import torch
 
     if not interpret and torch.cuda.is_available():
         return torch.cuda.mem_get_info()[1], "this GPU's memory"
+    with suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "this machine's available memory"
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
     except (AttributeError, OSError, ValueError):
         return None
+
+
+# Under the interpreter the tensors are made on the host, the reference computes in fp32 or fp64
+# beside them, and the interpreter copies what each program touches: several times the byte
+# model (a paged-decode problem of 5 GiB took 24 GiB before the OOM killer ended it).
+INTERPRETER_MEMORY_FACTOR = 8
 
 
 def _size(n: float) -> str:
@@ -201,6 +226,12 @@ def require_fits_in_memory(spec: Any, problem: Any, dtype: torch.dtype, interpre
         raise ShapeError(
             f"{spec.name} {spec.problem_key(problem)} is too large: its tensors alone need {shown}, "
             f"more than {where} ({_size(limit)})"
+        )
+    if interpret and needed * INTERPRETER_MEMORY_FACTOR > limit:
+        raise ShapeError(
+            f"{spec.name} {spec.problem_key(problem)} is too large for --interpret: its tensors need {_size(needed)}, "
+            f"and the interpreter with the reference about {INTERPRETER_MEMORY_FACTOR} times that, more than {where} "
+            f"({_size(limit)}); interpret a smaller shape (correctness only), or run it on a GPU"
         )
 
 

@@ -119,7 +119,10 @@ def verify(
     # found out now, not after minutes of checking
     json_out = report_path(json_text)
     if json_out is not None:
-        preflight.require_report_file(json_out, "--json", not_under=folders)
+        from omnitune.verify.verdict import REPORT_KEYS
+
+        preflight.require_report_file(json_out, "--json", report_keys=REPORT_KEYS, what="verify report",
+                                      not_under=folders)
     if fix:
         for folder in folders:
             preflight.require_writable_folder(folder, "--tables")
@@ -145,7 +148,8 @@ def _folders(tables: list[str] | None) -> list[Path]:
             require_named(text, "--tables", "a folder of tables (e.g. --tables tuned_configs)")
         missing = [t for t in tables if not Path(t).is_dir()]
         if missing:
-            raise OmnituneError(f"--tables {missing[0]}: no such folder")
+            what = "is a file; give the folder of the tables" if Path(missing[0]).exists() else "no such folder"
+            raise OmnituneError(f"--tables {missing[0]}: {what}")
         return [Path(t) for t in tables]
     from omnitune.runtime import config_dirs
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import logging
 import os
 import tempfile
 import threading
@@ -28,6 +29,8 @@ from pathlib import Path
 
 # The variable that hands a lane process the lock's path (set by the process that starts lanes).
 GPU_LOCK_ENV = "OMNITUNE_GPU_LOCK"
+
+log = logging.getLogger(__name__)
 
 
 # Each holding's (start, end) in time.monotonic() seconds, which all processes of a host share:
@@ -164,11 +167,28 @@ NO_GPU_LOCK = _NoGpuLock()
 _process_locks: dict[str, GpuLock] = {}
 
 
+def _usable_lock_path(path: str | None) -> bool:
+    """Whether GPU_LOCK_ENV names a lock file as the processes that set it do (an absolute path in
+    an existing folder, no folder itself). A value left over in a shell (a folder, a missing
+    folder, a blank) is ignored with one warning: taking it failed every measurement, and verify
+    blamed the tables for it."""
+    if not path:
+        return False
+    usable = os.path.isabs(path) and os.path.isdir(os.path.dirname(path)) and not os.path.isdir(path)
+    if not usable and path not in _ignored_paths:
+        _ignored_paths.add(path)
+        log.warning("ignoring %s=%r: not the path of a lock file in an existing folder", GPU_LOCK_ENV, path)
+    return usable
+
+
+_ignored_paths: set[str] = set()
+
+
 def gpu_lock_from_env() -> GpuLock | _NoGpuLock:
     """The lock a lane was started with (GPU_LOCK_ENV), one object per process (its accounting
     covers every runner of the lane), else NO_GPU_LOCK."""
     path = os.environ.get(GPU_LOCK_ENV)
-    if not path:
+    if not _usable_lock_path(path):
         return NO_GPU_LOCK
     if path not in _process_locks:
         _process_locks[path] = GpuLock(path)
@@ -187,7 +207,7 @@ def shared_with_compile_workers() -> Iterator[None]:
     kv_compress, one lane) its 14 workers spent 1,815–1,821 s of CPU on 16 configs in 127–137 s,
     and the search waited 58–71 s of it for them. Nothing changes where a lock is set already (a
     lane's)."""
-    if os.environ.get(GPU_LOCK_ENV):
+    if _usable_lock_path(os.environ.get(GPU_LOCK_ENV)):
         yield
         return
     with tempfile.TemporaryDirectory(prefix="omnitune-gpu-") as folder:

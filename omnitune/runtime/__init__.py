@@ -377,7 +377,17 @@ def _snapshot_dirs() -> list[Path]:
         with _lock:
             if not _dirs:
                 _dirs.append(dirs)
+        _warn_missing_dirs()
     return _dirs[0]
+
+
+def _warn_missing_dirs() -> None:
+    """One warning for each folder $OMNITUNE_CONFIG_DIR names that does not exist: a typo there left
+    every table in it unread, without a word."""
+    for text in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep):
+        if text and not os.path.exists(text):
+            _tables.warn_once(("missing config dir", text), f"{CONFIG_DIR_ENV} names {text}, which does not exist: "
+                              "no table is read from it")
 
 
 def _device_limits() -> DeviceLimits:

@@ -203,7 +203,8 @@ def check_storage_url(url: str) -> None:
     not open: an SQLite URL naming no file (SQLAlchemy would make a database in memory, and each
     connection a new one) or an omnitune results database (Optuna would add its tables beside the
     catalogue's, whose `trials` table clashes with its own); a journal URL naming an SQLite file
-    (Optuna would append its records to the database); a path given for a URL."""
+    (Optuna would append its records to the database); an SQLite URL naming another program's
+    database (Optuna would add its tables to it); a path given for a URL."""
     url = storage_url_for_driver(url)
     if "://" not in url and "@" in url:  # credentials without a scheme: not repeated, they may hold a password
         raise StoreError("the Optuna storage given is not a URL: it lacks a scheme, as in "
@@ -227,23 +228,46 @@ def check_storage_url(url: str) -> None:
         raise StoreError(f"the Optuna storage {url} is an omnitune results database (it holds the catalogue of "
                          f"trials); give the storage a file of its own, e.g. "
                          f"sqlite:///{path.with_name(path.stem + '.optuna.db')}")
+    if _holds_other_programs_tables(path):
+        raise StoreError(f"the Optuna storage {url} is an SQLite database of another program (none of its tables "
+                         f"is Optuna's), which Optuna would add its tables to; give the storage a file of its own, "
+                         f"e.g. sqlite:///{path.with_name(path.stem + '.optuna.db')}")
 
 
 def _holds_results_schema(path: Path) -> bool:
     """Whether `path` is an SQLite file with the tables of an omnitune results database (its
     `migrations`, or a `trials` table keyed by study, as the catalogue's is)."""
-    if not path.is_file() or not is_sqlite_file(path):
+    tables = _sqlite_tables(path)
+    if not tables:
         return False
+    return "migrations" in tables or "study" in tables.get("trials", set())
+
+
+def _holds_other_programs_tables(path: Path) -> bool:
+    """Whether `path` is an SQLite file holding tables, none of them Optuna's: another program's
+    database, into which Optuna would add a dozen tables of its own."""
+    tables = _sqlite_tables(path)
+    return bool(tables) and not (OPTUNA_TABLES & tables.keys())
+
+
+# Tables every Optuna RDB storage has (its schema since Optuna 1.x).
+OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
+
+
+def _sqlite_tables(path: Path) -> dict[str, set[str]] | None:
+    """An SQLite file's tables, each with its columns; None for no SQLite file (missing, empty,
+    another format) or one that cannot be read (locked: Optuna says so when it opens it)."""
+    if not path.is_file() or not is_sqlite_file(path):
+        return None
     try:
-        conn = sqlite3.connect(path)
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
-            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(trials)")} if "trials" in tables else set()
+            names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            return {name: {row[1] for row in conn.execute(f'PRAGMA table_info("{name}")')} for name in names}
         finally:
             conn.close()
-    except sqlite3.Error:  # not a database after all, or locked: Optuna says so when it opens it
-        return False
-    return "migrations" in tables or "study" in columns
+    except sqlite3.Error:
+        return None
 
 
 def _open_journal(path: Path, *, heartbeats: bool) -> optuna.storages.BaseStorage:

@@ -30,6 +30,8 @@ from omnitune.plain_json import json_safe, plain_json_text, utf8_text
 
 REPORT_SCHEMA = "omnitune-verify"
 REPORT_SCHEMA_VERSION = 1
+# Keys every report has (as_record): an existing --json file without them is not replaced.
+REPORT_KEYS = frozenset({"schema", "verdict", "checks"})
 PARTS = ("compat", "numerics", "speed", "memory", "soak")
 EXIT_PASS, EXIT_FAILURES, EXIT_USER_ERROR = 0, 1, 2
 
