@@ -177,6 +177,18 @@ def test_report_plot_empty_is_one_line_and_writes_nothing(plot, tmp_path, monkey
     assert list(here.iterdir()) == []
 
 
+def test_report_plot_names_the_figure_it_cannot_write(tmp_path):
+    pytest.importorskip("matplotlib")
+    db = searched_db(tmp_path)
+    plots = tmp_path / "plots"
+    assert invoke("report", "--db", db, "--plot", plots).exit_code == 0
+    figure = sorted(plots.iterdir())[0]
+    figure.unlink()
+    figure.mkdir()  # a folder where the figure goes
+    line = assert_one_line_error(invoke("report", "--db", db, "--plot", plots), f"cannot write the figures to {plots}")
+    assert str(figure) in line
+
+
 # --- export into a folder the runtime does not read ---------------------------------------------
 
 

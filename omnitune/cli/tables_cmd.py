@@ -133,7 +133,10 @@ def report(
         try:
             figures = rpt.write_figures(trials, summary, calibrations, plot, problem_defaults=_problem_defaults)
         except OSError as exc:
-            raise OmnituneError(f"cannot write the figures to {plot}: {exc.strerror or exc}") from None
+            # Which figure: a folder may hold its name (os.replace names the temporary file first).
+            name = exc.filename2 or exc.filename
+            where = f" ({name})" if name else ""
+            raise OmnituneError(f"cannot write the figures to {plot}: {exc.strerror or exc}{where}") from None
         for written in figures.paths:
             typer.echo(f"wrote {written}", err=piped)
         for line in figures.notes:
