@@ -12,7 +12,8 @@
 # fp8_b64_entries_searched: the b64 fp8 table entries searched again and exported into $OUT/tc.
 # gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
 # what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s),
-# gpu_tests_first_half and gpu_tests_second_half each alone (one device call each).
+# gpu_tests_first_half and gpu_tests_second_half each alone (one device call each; round 54's
+# first half, on a fresh H100, passed 164 tests in 330 s and did not finish: give it a call alone).
 # revalidated_decode_ops ROUND: after a decode kernel change, its shipped table re-verified with
 # --fix into $OUT/tc (the file to ship), then fp8_kv_bench --quick with those tables.
 set -uo pipefail
