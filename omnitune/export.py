@@ -50,7 +50,14 @@ from omnitune.coerce import describe
 from omnitune.errors import OmnituneError, StoreError, one_line
 from omnitune.predict import fit_block, merge_blocks
 from omnitune.provenance import ENTRY_SOURCE_HASH, entry_source_hash, provenance_hash, with_entry_source
-from omnitune.report import KEY_COLUMNS, best_per_key, impossible_times, in_any_column, with_retiming
+from omnitune.report import (
+    KEY_COLUMNS,
+    best_per_key,
+    impossible_times,
+    in_any_column,
+    in_whole_sessions,
+    with_retiming,
+)
 from omnitune.runtime._format import SCHEMA_VERSION, entry_key, impossible_recorded_time, table_path
 from omnitune.runtime._reading import HugeNumber, UnreadableTable, parse_table_json, read_table_text
 from omnitune.runtime._tables import json_kind, name_few, parse_entry
@@ -431,9 +438,9 @@ def _rollback_config(kernel: str) -> dict[str, Any] | None:
 def _fallback_trials(trials: pd.DataFrame, rollback: dict[str, Any]) -> pd.DataFrame:
     """Per key, the fallback path's best ok trial: from the latest re-timing of the key's
     finalists when the fallback was among them (measured side by side with the winner), else
-    from the search."""
+    from the search. A re-timing cut short while stored is passed over, as best_per_key does."""
     ok = with_retiming(trials)
-    ok = ok[(ok["status"] == "ok") & ok["time_ms"].notna()]
+    ok = ok[(ok["retime_session"].isna() | in_whole_sessions(ok)) & (ok["status"] == "ok") & ok["time_ms"].notna()]
     is_fallback = [all(json.loads(text).get(k) == v for k, v in rollback.items()) for text in ok["config_json"]]
     ok = ok[pd.Series(is_fallback, index=ok.index, dtype=bool)]
     if ok.empty:

@@ -309,3 +309,27 @@ def test_the_winner_and_then_the_default_are_stored_first():
     timings = [timing(16, 2.0), timing(32, 1.0), timing(64, 3.0), timing(128, 1.5)]
     assert [t.config["BLOCK_M"] for t in _storing_order(timings, default)] == [32, 64, 128, 16]
     assert [t.config["BLOCK_M"] for t in _storing_order(timings, Config(BLOCK_M=32))] == [32, 128, 16, 64]
+
+
+def test_a_re_timing_cut_short_while_stored_leaves_the_report_on_the_searchs_own_figures(storage_url, tmp_path):
+    """A process stopped after storing the re-timed winner but before the default beside it: the
+    winner's re-timed median against the search's own time of the default would be a speedup of
+    two measurements taken apart. The session says how many configs it re-timed; one with fewer
+    rows stored is set aside, and the key reports the search's figures."""
+    import sqlite3
+
+    db_path = tmp_path / "results.db"
+    search(FakeRunner(), storage_url, db=open_db(db_path))
+    with sqlite3.connect(db_path) as conn:
+        rows = conn.execute("SELECT trial_number, extra_json FROM trials").fetchall()
+        retimings = {number: json.loads(extra)["finalist"] for number, extra in rows if "finalist" in extra}
+        assert sorted(f["configs"] for f in retimings.values()) == [4, 4, 4, 4]
+        whole = report.summarize(report.load_trials(db_path)).iloc[0]
+        assert whole["best_config"] == C32_W8.label()  # the re-timing's winner, as stored whole
+        first = min(retimings)  # stored first: the winner
+        conn.execute(f"DELETE FROM trials WHERE trial_number IN ({','.join(str(n) for n in retimings if n != first)})")
+    row = report.summarize(report.load_trials(db_path)).iloc[0]
+    assert row["best_config"] == C64_W8.label() and row["time_ms"] == pytest.approx(SEARCH_MS[C64_W8])
+    assert row["default_time_ms"] == pytest.approx(SEARCH_MS[DEFAULT])
+    assert row["speedup_vs_default"] == pytest.approx(SEARCH_MS[DEFAULT] / SEARCH_MS[C64_W8])
+    assert row["trials"] == 6

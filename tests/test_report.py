@@ -469,10 +469,16 @@ def test_the_best_view_and_best_per_key_agree_on_every_key(tmp_path):
                           time_ms=rng.choice([0.5, 1.0, 1.25, 1.5]) if status == "ok" else None))
         ok = [r for r in rows if r["problem_key"] == SPEC.problem_key(problem) and r["status"] == "ok"]
         for session in range(1, rng.randint(0, 2) + 1 if ok else 1):
-            for row in rng.sample(ok, rng.randint(1, len(ok))):
+            retimed = rng.sample(ok, rng.randint(1, len(ok)))
+            # The configs the session re-timed: those stored, more (a session cut short while
+            # storing), or not recorded (rows stored before the count was).
+            session_size = rng.choice([len(retimed), len(retimed) + 1, None])
+            for row in retimed:
                 median = rng.choice([0.9, 1.1, 1.2])
                 extra = {"finalist": {"session": session, "retime_of": row["trial_number"], "search_time_ms": 1.0,
                                       "median_ms": median, "mean_ms": median, "cv": 0.01, "noisy": False, "rounds": 30}}
+                if session_size is not None:
+                    extra["finalist"]["configs"] = session_size
                 add(trial_row(number, problem, Config(json.loads(row["config_json"])), time_ms=median,
                               is_default=row["is_default"], extra=extra))
     path = results_db(tmp_path / "random.db", rows)

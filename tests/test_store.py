@@ -72,12 +72,12 @@ def test_open_db_creates_its_folder_and_applies_the_migrations_once(tmp_path):
     assert path.is_file()
     assert {"migrations", "trials", "devices", "calibrations", "profiles", "search_runs"} <= set(db.table_names())
     assert db.view_names() == ["best"]
-    assert schema_version(db) == SCHEMA_VERSION == 5
+    assert schema_version(db) == SCHEMA_VERSION == 6
     record_trial(db, trial(0))
     db.conn.close()
 
     again = open_db(path)
-    assert [r["version"] for r in again.query("SELECT version FROM migrations")] == [1, 2, 3, 4, 5]
+    assert [r["version"] for r in again.query("SELECT version FROM migrations")] == [1, 2, 3, 4, 5, 6]
     assert again.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 1
 
 

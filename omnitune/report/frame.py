@@ -5,8 +5,9 @@ ncu profile.
 
 Re-timed finalists (omnitune.search.finalists): a re-timing is a trial row of its own whose
 extra_json holds a "finalist" entry. Where a key has re-timings, its best is the lowest median of
-its latest re-timing, and the default's time comes from that re-timing too when it was among
-them; the counts (trials, failures) and the figures count only the search's own trials.
+its latest whole re-timing (one that stored a row for each config it re-timed), and the default's
+time comes from that re-timing too when it was among them; the counts (trials, failures) and the
+figures count only the search's own trials.
 """
 
 from __future__ import annotations
@@ -103,10 +104,13 @@ def load_profiles(db_path: Path, kernel: str | None = None) -> pd.DataFrame:
 
 def with_retiming(trials: pd.DataFrame) -> pd.DataFrame:
     """The trials with the columns of a finalist's re-timing read from extra_json: retime_session
-    (NaN for the search's own trials), cv and noisy."""
+    (NaN for the search's own trials), retime_configs (how many configs its session re-timed; NaN
+    where a row predates the count), cv and noisy."""
     facts = [finalist_facts(_json_object(text)) for text in trials["extra_json"]]
     out = trials.copy()
     out["retime_session"] = pd.Series([f["session"] if f else math.nan for f in facts], index=trials.index, dtype=float)
+    out["retime_configs"] = pd.to_numeric(pd.Series([f.get("configs") if f else None for f in facts],
+                                                    index=trials.index, dtype=object), errors="coerce")
     out["cv"] = pd.Series([f["cv"] if f else math.nan for f in facts], index=trials.index, dtype=float)
     out["noisy"] = pd.Series([bool(f["cv"] > NOISY_CV) if f else None for f in facts], index=trials.index,
                              dtype=object)
@@ -168,7 +172,8 @@ def best_per_key(trials: pd.DataFrame) -> pd.DataFrame:
     annotated = with_retiming(with_impossible_times_failed(trials))
     retimed = annotated["retime_session"].notna()
     trials = annotated[~retimed]
-    latest = annotated[retimed & (annotated["status"] == _OK) & annotated["time_ms"].notna()]
+    whole = in_whole_sessions(annotated)
+    latest = annotated[whole & (annotated["status"] == _OK) & annotated["time_ms"].notna()]
     latest = latest[latest["retime_session"] == latest.groupby(KEY_COLUMNS)["retime_session"].transform("max")]
     groups = trials.groupby(KEY_COLUMNS, sort=True)
     stats = pd.DataFrame({
@@ -208,6 +213,20 @@ def best_per_key(trials: pd.DataFrame) -> pd.DataFrame:
     names = groups["device_name"].first()
     out["device_name"] = out["device_name"].where(out["device_name"].notna(), names)
     return out.reset_index()[TRIAL_COLUMNS + extra]
+
+
+def in_whole_sessions(annotated: pd.DataFrame) -> pd.Series:
+    """Of trials read through with_retiming (every status), which are re-timings of a session that
+    stored a row for each config it re-timed. A process stopped while storing them leaves the
+    winner without the default beside it (stored winner first): its speedup would be taken against
+    the search's own time of the default, measured apart from it, so the search's figures stand
+    for that key instead."""
+    retimings = annotated[annotated["retime_session"].notna()]
+    if retimings.empty:
+        return pd.Series(False, index=annotated.index, dtype=bool)
+    stored = retimings.groupby([*KEY_COLUMNS, "retime_session"], dropna=False)["retime_session"].transform("size")
+    whole = retimings["retime_configs"].isna() | (stored >= retimings["retime_configs"])
+    return whole.reindex(annotated.index, fill_value=False)
 
 
 def failure_summary(statuses: pd.Series) -> str:

@@ -89,11 +89,13 @@ class FinalistTiming:
             rounds=len(samples_ms),
         )
 
-    def as_extra(self, *, session: int, retime_of: int, search_time_ms: float) -> dict[str, Any]:
+    def as_extra(self, *, session: int, retime_of: int, search_time_ms: float, configs: int) -> dict[str, Any]:
         """What a re-timing trial stores under extra[FINALIST_KEY]: its figures, which re-timing
-        of the study it belongs to (`session`, counting from 1) and which trial it re-times."""
+        of the study it belongs to (`session`, counting from 1), which trial it re-times, and how
+        many configs the session re-timed (`configs`: a session with fewer rows stored was cut
+        short, and its rows are not compared with each other)."""
         return {
-            "session": session, "retime_of": retime_of, "search_time_ms": search_time_ms,
+            "session": session, "retime_of": retime_of, "search_time_ms": search_time_ms, "configs": configs,
             "median_ms": self.median_ms, "mean_ms": self.mean_ms, "cv": self.cv, "noisy": self.noisy,
             "rounds": self.rounds,
         }
@@ -225,10 +227,11 @@ class StudyFinalists:
             log.warning("re-timing the finalists of %s failed: %s", self.study.study_name, detail)
             return Retiming(RetimeStatus.FAILED, detail=detail)
         session = (stored.session if stored is not None else 0) + 1
-        results = {t.config: self.store(t, session, searched[t.config]) for t in _storing_order(timings, default)}
+        results = {t.config: self.store(t, session, searched[t.config], len(timings))
+                   for t in _storing_order(timings, default)}
         return Retiming(RetimeStatus.RETIMED, tuple(ranked(timings)), results, session)
 
-    def store(self, timing: FinalistTiming, session: int, original: Finished) -> TrialResult:
+    def store(self, timing: FinalistTiming, session: int, original: Finished, configs: int) -> TrialResult:
         """Add one finalist's re-timing to the study as a finished trial (and to the catalogue)."""
         import optuna
         from optuna.trial import TrialState
@@ -243,7 +246,7 @@ class StudyFinalists:
             p80_ms=timing.p80_ms, rel_error=searched.rel_error, tflops=searched.tflops * scale,
             tbps=searched.tbps * scale, representative=searched.representative,
             extra={FINALIST_KEY: timing.as_extra(session=session, retime_of=original.number,
-                                                 search_time_ms=searched.time_ms)},
+                                                 search_time_ms=searched.time_ms, configs=configs)},
         )
         attrs = self.attrs_of(result)
         self.study.add_trial(optuna.trial.create_trial(

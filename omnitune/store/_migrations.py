@@ -188,6 +188,70 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE search_runs ADD COLUMN compile_cpu_s REAL",
         ),
     ),
+    Migration(
+        6,
+        "the best view passes over a re-timing cut short while stored, as report and export do",
+        (
+            "DROP VIEW best",
+            # As version 2's, but a re-timing session counts only when it stored a row for each
+            # config it re-timed ($.finalist.configs, absent in rows stored before it was): a
+            # process stopped between the winner's row and the default's left a speedup of two
+            # measurements taken apart (omnitune.report.frame._whole_sessions).
+            f"""CREATE VIEW best AS
+                WITH tagged AS (
+                    SELECT trials.*, json_extract(extra_json, '$.finalist.session') AS retime_session
+                    FROM trials WHERE status = 'ok' AND time_ms IS NOT NULL
+                ),
+                sessions AS (
+                    SELECT kernel, problem_key, dtype, device_key, session, COUNT(*) AS stored,
+                           MAX(configs) AS configs
+                    FROM (SELECT kernel, problem_key, dtype, device_key,
+                                 json_extract(extra_json, '$.finalist.session') AS session,
+                                 json_extract(extra_json, '$.finalist.configs') AS configs
+                          FROM trials WHERE json_valid(extra_json))
+                    WHERE session IS NOT NULL
+                    GROUP BY kernel, problem_key, dtype, device_key, session
+                ),
+                latest AS (
+                    SELECT t.kernel, t.problem_key, t.dtype, t.device_key, MAX(t.retime_session) AS session
+                    FROM tagged t JOIN sessions s
+                        ON s.kernel = t.kernel AND s.problem_key = t.problem_key
+                        AND s.dtype = t.dtype AND s.device_key = t.device_key AND s.session = t.retime_session
+                    WHERE s.configs IS NULL OR s.stored >= s.configs
+                    GROUP BY t.kernel, t.problem_key, t.dtype, t.device_key
+                ),
+                candidates AS (
+                    SELECT t.*, l.session IS NOT NULL AS retimed FROM tagged t LEFT JOIN latest l
+                        ON l.kernel = t.kernel AND l.problem_key = t.problem_key
+                        AND l.dtype = t.dtype AND l.device_key = t.device_key
+                    WHERE (l.session IS NULL AND t.retime_session IS NULL) OR t.retime_session = l.session
+                ),
+                ranked AS (
+                    SELECT candidates.*, ROW_NUMBER() OVER (
+                        PARTITION BY kernel, problem_key, dtype, device_key
+                        ORDER BY time_ms, trial_number) AS position
+                    FROM candidates
+                ),
+                searched_defaults AS (
+                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
+                    FROM tagged WHERE is_default = 1 AND retime_session IS NULL
+                    GROUP BY kernel, problem_key, dtype, device_key
+                ),
+                retimed_defaults AS (
+                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
+                    FROM candidates WHERE is_default = 1 AND retimed
+                    GROUP BY kernel, problem_key, dtype, device_key
+                )
+                SELECT {_TRIAL_SELECT}, COALESCE(rd.time_ms, sd.time_ms) AS default_time_ms,
+                       COALESCE(rd.time_ms, sd.time_ms) / r.time_ms AS speedup_over_default
+                FROM ranked r
+                LEFT JOIN retimed_defaults rd ON rd.kernel = r.kernel AND rd.problem_key = r.problem_key
+                    AND rd.dtype = r.dtype AND rd.device_key = r.device_key
+                LEFT JOIN searched_defaults sd ON sd.kernel = r.kernel AND sd.problem_key = r.problem_key
+                    AND sd.dtype = r.dtype AND sd.device_key = r.device_key
+                WHERE r.position = 1""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
