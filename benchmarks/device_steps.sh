@@ -9,6 +9,7 @@
 # $OUT/fp8_decode_few_warps_${card}_NAME_{4096,16384}.json. variant_apply PATCH, variant_restore
 # PATCH: a kernel variant of benchmarks/variants on the working tree for the steps between them;
 # fp8_variants_applied: issue 16's two fp8 loop variants, one on the other.
+# fp8_ratio_with_variants ROUND [BUDGET]: those variants applied, their gpu tests, then fp8_kv_bench --quick.
 # fp8_b64_entries_searched: the b64 fp8 table entries searched again and exported into $OUT/tc.
 # gpu_tests: every gpu-marked test, in two steps (together they took 420+ s in round 25, past
 # what one step is given; the second half holds the slow process tests: verify 92 s, worker 49 s),
@@ -81,6 +82,15 @@ variant_apply() { git apply "$1" || patch -p1 < "$1"; }
 variant_restore() { git checkout -- $(git apply --numstat "$1" | cut -f3) 2>/dev/null || patch -R -p1 < "$1"; }
 fp8_variants_applied() {  # the transposed dots, then the 16-bit PV operand on top (issue 16)
   variant_apply benchmarks/variants/decode_fp8_swap_ab.patch && variant_apply benchmarks/variants/decode_fp8_pv16.patch
+}
+
+fp8_ratio_with_variants() {  # fp8_ratio_with_variants ROUND [TESTS_BUDGET]: issue 16's ratio, both fp8 variants on
+  # the shipped tables: their decode and fp8 gpu tests (until TESTS_BUDGET s of the call), then the
+  # public fp8 ops beside bf16 (until 570 s)
+  fp8_variants_applied || return 2
+  step "$(left "${2:-430}")" python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
+    tests/test_fp8_kv_cache.py
+  step "$(left 570)" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_$1.json"
 }
 
 revalidated_decode_ops() {  # revalidated_decode_ops ROUND: paged decode's table re-verified (--fix), then the public ops

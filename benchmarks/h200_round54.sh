@@ -11,11 +11,5 @@ source "$(dirname "$0")/device_steps.sh"  # shell options, output settings, $sta
 nvidia-smi -L
 step 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_int32_offsets.py tests/test_production_ops.py \
   tests/test_production_ops_gpu.py tests/test_kv_compress.py tests/test_kv_cache_write.py
-if [ "$card" = h200 ]; then
-  fp8_variants_applied || exit 2
-  step "$(left 430)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
-    tests/test_fp8_kv_cache.py
-  step "$(left 570)" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_round54.json"
-  exit 0
-fi
+if [ "$card" = h200 ]; then fp8_ratio_with_variants round54; exit; fi
 step "$(left 570)" python benchmarks/op_dispatch_overhead.py --out "$OUT/op_dispatch_overhead_${card}_round54.json"

@@ -12,11 +12,5 @@ nvidia-smi -L
 step 200 python -m pytest -q -p no:cacheprovider -m gpu --durations=12 tests/test_gpu_lock_shared.py \
   tests/test_paged_decode_attention.py tests/test_paged_decode_fused_reduce.py tests/test_kv_compress_merge.py \
   tests/test_search_quiet_retime.py tests/test_telemetry.py tests/test_timing.py tests/test_hopper_probe_timing.py
-if [ "$card" = h200 ]; then
-  fp8_variants_applied || exit 2
-  step "$(left 400)" python -m pytest -q -p no:cacheprovider -m gpu tests/test_paged_decode_attention.py \
-    tests/test_fp8_kv_cache.py
-  step "$(left 570)" python benchmarks/fp8_kv_bench.py --quick --out "$OUT/fp8_kv_${card}_round55.json"
-  exit 0
-fi
+if [ "$card" = h200 ]; then fp8_ratio_with_variants round55 400; exit; fi
 gpu_tests_first_half "$(left 580)"

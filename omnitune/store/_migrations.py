@@ -57,6 +57,46 @@ TRIALS_V1_COLUMNS: tuple[tuple[str, str], ...] = (
 
 _TRIAL_SELECT = ", ".join(f"r.{name}" for name, _ in TRIALS_V1_COLUMNS)
 
+# The ok trials of the best view (versions 2 and 6), each with its re-timing session (NULL: the
+# search's own trial).
+_TAGGED = """tagged AS (
+                    SELECT trials.*, json_extract(extra_json, '$.finalist.session') AS retime_session
+                    FROM trials WHERE status = 'ok' AND time_ms IS NOT NULL
+                )"""
+# The best view's part that versions 2 and 6 share: given `tagged` (the ok trials, each with its
+# re-timing session) and `latest` (per key, the re-timing session to read, if any), the candidates,
+# the fastest of them and the default's time — re-timed with them, else the search's.
+_BEST_FROM_LATEST = f"""candidates AS (
+                    SELECT t.*, l.session IS NOT NULL AS retimed FROM tagged t LEFT JOIN latest l
+                        ON l.kernel = t.kernel AND l.problem_key = t.problem_key
+                        AND l.dtype = t.dtype AND l.device_key = t.device_key
+                    WHERE (l.session IS NULL AND t.retime_session IS NULL) OR t.retime_session = l.session
+                ),
+                ranked AS (
+                    SELECT candidates.*, ROW_NUMBER() OVER (
+                        PARTITION BY kernel, problem_key, dtype, device_key
+                        ORDER BY time_ms, trial_number) AS position
+                    FROM candidates
+                ),
+                searched_defaults AS (
+                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
+                    FROM tagged WHERE is_default = 1 AND retime_session IS NULL
+                    GROUP BY kernel, problem_key, dtype, device_key
+                ),
+                retimed_defaults AS (
+                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
+                    FROM candidates WHERE is_default = 1 AND retimed
+                    GROUP BY kernel, problem_key, dtype, device_key
+                )
+                SELECT {_TRIAL_SELECT}, COALESCE(rd.time_ms, sd.time_ms) AS default_time_ms,
+                       COALESCE(rd.time_ms, sd.time_ms) / r.time_ms AS speedup_over_default
+                FROM ranked r
+                LEFT JOIN retimed_defaults rd ON rd.kernel = r.kernel AND rd.problem_key = r.problem_key
+                    AND rd.dtype = r.dtype AND rd.device_key = r.device_key
+                LEFT JOIN searched_defaults sd ON sd.kernel = r.kernel AND sd.problem_key = r.problem_key
+                    AND sd.dtype = r.dtype AND sd.device_key = r.device_key
+                WHERE r.position = 1"""
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -119,45 +159,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             # re-timed median if it was re-timed with them; elsewhere the search's fastest trial
             # and the default's fastest time (omnitune.report.best_per_key).
             f"""CREATE VIEW best AS
-                WITH tagged AS (
-                    SELECT trials.*, json_extract(extra_json, '$.finalist.session') AS retime_session
-                    FROM trials WHERE status = 'ok' AND time_ms IS NOT NULL
-                ),
+                WITH {_TAGGED},
                 latest AS (
                     SELECT kernel, problem_key, dtype, device_key, MAX(retime_session) AS session
                     FROM tagged WHERE retime_session IS NOT NULL
                     GROUP BY kernel, problem_key, dtype, device_key
                 ),
-                candidates AS (
-                    SELECT t.*, l.session IS NOT NULL AS retimed FROM tagged t LEFT JOIN latest l
-                        ON l.kernel = t.kernel AND l.problem_key = t.problem_key
-                        AND l.dtype = t.dtype AND l.device_key = t.device_key
-                    WHERE (l.session IS NULL AND t.retime_session IS NULL) OR t.retime_session = l.session
-                ),
-                ranked AS (
-                    SELECT candidates.*, ROW_NUMBER() OVER (
-                        PARTITION BY kernel, problem_key, dtype, device_key
-                        ORDER BY time_ms, trial_number) AS position
-                    FROM candidates
-                ),
-                searched_defaults AS (
-                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
-                    FROM tagged WHERE is_default = 1 AND retime_session IS NULL
-                    GROUP BY kernel, problem_key, dtype, device_key
-                ),
-                retimed_defaults AS (
-                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
-                    FROM candidates WHERE is_default = 1 AND retimed
-                    GROUP BY kernel, problem_key, dtype, device_key
-                )
-                SELECT {_TRIAL_SELECT}, COALESCE(rd.time_ms, sd.time_ms) AS default_time_ms,
-                       COALESCE(rd.time_ms, sd.time_ms) / r.time_ms AS speedup_over_default
-                FROM ranked r
-                LEFT JOIN retimed_defaults rd ON rd.kernel = r.kernel AND rd.problem_key = r.problem_key
-                    AND rd.dtype = r.dtype AND rd.device_key = r.device_key
-                LEFT JOIN searched_defaults sd ON sd.kernel = r.kernel AND sd.problem_key = r.problem_key
-                    AND sd.dtype = r.dtype AND sd.device_key = r.device_key
-                WHERE r.position = 1""",
+                {_BEST_FROM_LATEST}""",
         ),
     ),
     Migration(
@@ -196,12 +204,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             # As version 2's, but a re-timing session counts only when it stored a row for each
             # config it re-timed ($.finalist.configs, absent in rows stored before it was): a
             # process stopped between the winner's row and the default's left a speedup of two
-            # measurements taken apart (omnitune.report.frame._whole_sessions).
+            # measurements taken apart (omnitune.report.frame.in_whole_sessions).
             f"""CREATE VIEW best AS
-                WITH tagged AS (
-                    SELECT trials.*, json_extract(extra_json, '$.finalist.session') AS retime_session
-                    FROM trials WHERE status = 'ok' AND time_ms IS NOT NULL
-                ),
+                WITH {_TAGGED},
                 sessions AS (
                     SELECT kernel, problem_key, dtype, device_key, session, COUNT(*) AS stored,
                            MAX(configs) AS configs
@@ -220,36 +225,7 @@ MIGRATIONS: tuple[Migration, ...] = (
                     WHERE s.configs IS NULL OR s.stored >= s.configs
                     GROUP BY t.kernel, t.problem_key, t.dtype, t.device_key
                 ),
-                candidates AS (
-                    SELECT t.*, l.session IS NOT NULL AS retimed FROM tagged t LEFT JOIN latest l
-                        ON l.kernel = t.kernel AND l.problem_key = t.problem_key
-                        AND l.dtype = t.dtype AND l.device_key = t.device_key
-                    WHERE (l.session IS NULL AND t.retime_session IS NULL) OR t.retime_session = l.session
-                ),
-                ranked AS (
-                    SELECT candidates.*, ROW_NUMBER() OVER (
-                        PARTITION BY kernel, problem_key, dtype, device_key
-                        ORDER BY time_ms, trial_number) AS position
-                    FROM candidates
-                ),
-                searched_defaults AS (
-                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
-                    FROM tagged WHERE is_default = 1 AND retime_session IS NULL
-                    GROUP BY kernel, problem_key, dtype, device_key
-                ),
-                retimed_defaults AS (
-                    SELECT kernel, problem_key, dtype, device_key, MIN(time_ms) AS time_ms
-                    FROM candidates WHERE is_default = 1 AND retimed
-                    GROUP BY kernel, problem_key, dtype, device_key
-                )
-                SELECT {_TRIAL_SELECT}, COALESCE(rd.time_ms, sd.time_ms) AS default_time_ms,
-                       COALESCE(rd.time_ms, sd.time_ms) / r.time_ms AS speedup_over_default
-                FROM ranked r
-                LEFT JOIN retimed_defaults rd ON rd.kernel = r.kernel AND rd.problem_key = r.problem_key
-                    AND rd.dtype = r.dtype AND rd.device_key = r.device_key
-                LEFT JOIN searched_defaults sd ON sd.kernel = r.kernel AND sd.problem_key = r.problem_key
-                    AND sd.dtype = r.dtype AND sd.device_key = r.device_key
-                WHERE r.position = 1""",
+                {_BEST_FROM_LATEST}""",
         ),
     ),
 )
