@@ -79,7 +79,7 @@ def db_path(db: str | None) -> Path:
     not given: the results would go to ./omnitune.db, where the user did not ask."""
     require_named(db, "--db", "the results database (e.g. --db omnitune.db)")
     from_env = os.environ.get("OMNITUNE_DB")
-    if db is None and from_env is not None and from_env != "" and not from_env.strip():
+    if db is None and from_env and not from_env.strip():
         raise OmnituneError("OMNITUNE_DB is blank; set it to the results database's path, or unset it")
     return Path(db or from_env or DEFAULT_DB)
 

@@ -165,6 +165,7 @@ NO_GPU_LOCK = _NoGpuLock()
 
 
 _process_locks: dict[str, GpuLock] = {}
+_ignored_paths: set[str] = set()  # values of GPU_LOCK_ENV warned about
 
 
 def _usable_lock_path(path: str | None) -> bool:
@@ -181,17 +182,15 @@ def _usable_lock_path(path: str | None) -> bool:
     return usable
 
 
-_ignored_paths: set[str] = set()
-
-
 def gpu_lock_from_env() -> GpuLock | _NoGpuLock:
     """The lock a lane was started with (GPU_LOCK_ENV), one object per process (its accounting
     covers every runner of the lane), else NO_GPU_LOCK."""
     path = os.environ.get(GPU_LOCK_ENV)
+    if path in _process_locks:  # judged usable when first met: runners and compile tasks ask often
+        return _process_locks[path]
     if not _usable_lock_path(path):
         return NO_GPU_LOCK
-    if path not in _process_locks:
-        _process_locks[path] = GpuLock(path)
+    _process_locks[path] = GpuLock(path)
     return _process_locks[path]
 
 

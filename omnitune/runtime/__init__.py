@@ -166,7 +166,7 @@ def explain(
 def config_dirs() -> list[Path]:
     """The directories searched for tables, in order of precedence (from the environment now;
     lookups use them as they were at the first lookup, until clear_cache())."""
-    dirs = [Path(p) for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
+    dirs = [Path(p) for p in _env_dirs()]
     package_dir = Path(omnitune.__file__).parent
     dirs.append(package_dir.parent / "tuned_configs")  # the repository's (an editable install)
     shipped = package_dir / "tuned_configs"  # inside an installed wheel
@@ -381,11 +381,16 @@ def _snapshot_dirs() -> list[Path]:
     return _dirs[0]
 
 
+def _env_dirs() -> list[str]:
+    """The folders $OMNITUNE_CONFIG_DIR names, in order."""
+    return [p for p in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if p]
+
+
 def _warn_missing_dirs() -> None:
     """One warning for each folder $OMNITUNE_CONFIG_DIR names that does not exist: a typo there left
     every table in it unread, without a word."""
-    for text in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep):
-        if text and not os.path.exists(text):
+    for text in _env_dirs():
+        if not os.path.exists(text):
             _tables.warn_once(("missing config dir", text), f"{CONFIG_DIR_ENV} names {text}, which does not exist: "
                               "no table is read from it")
 

@@ -224,50 +224,38 @@ def check_storage_url(url: str) -> None:
     if not name.strip():
         raise StoreError(f"the Optuna storage {url} names no file; give one, e.g. sqlite:///studies.optuna.db")
     path = Path(name)
-    if _holds_results_schema(path):
+    tables, trials_columns = _sqlite_schema(path) or (set(), set())  # read once: both refusals judge it
+    own = f"sqlite:///{path.with_name(path.stem + '.optuna.db')}"
+    # An omnitune results database: its `migrations`, or a `trials` table keyed by study, as the catalogue's is.
+    if "migrations" in tables or "study" in trials_columns:
         raise StoreError(f"the Optuna storage {url} is an omnitune results database (it holds the catalogue of "
-                         f"trials); give the storage a file of its own, e.g. "
-                         f"sqlite:///{path.with_name(path.stem + '.optuna.db')}")
-    if _holds_other_programs_tables(path):
+                         f"trials); give the storage a file of its own, e.g. {own}")
+    if tables and not OPTUNA_TABLES & tables:
         raise StoreError(f"the Optuna storage {url} is an SQLite database of another program (none of its tables "
                          f"is Optuna's), which Optuna would add its tables to; give the storage a file of its own, "
-                         f"e.g. sqlite:///{path.with_name(path.stem + '.optuna.db')}")
-
-
-def _holds_results_schema(path: Path) -> bool:
-    """Whether `path` is an SQLite file with the tables of an omnitune results database (its
-    `migrations`, or a `trials` table keyed by study, as the catalogue's is)."""
-    tables = _sqlite_tables(path)
-    if not tables:
-        return False
-    return "migrations" in tables or "study" in tables.get("trials", set())
-
-
-def _holds_other_programs_tables(path: Path) -> bool:
-    """Whether `path` is an SQLite file holding tables, none of them Optuna's: another program's
-    database, into which Optuna would add a dozen tables of its own."""
-    tables = _sqlite_tables(path)
-    return bool(tables) and not (OPTUNA_TABLES & tables.keys())
+                         f"e.g. {own}")
 
 
 # Tables every Optuna RDB storage has (its schema since Optuna 1.x).
 OPTUNA_TABLES = frozenset({"studies", "trials", "alembic_version"})
 
 
-def _sqlite_tables(path: Path) -> dict[str, set[str]] | None:
-    """An SQLite file's tables, each with its columns; None for no SQLite file (missing, empty,
-    another format) or one that cannot be read (locked: Optuna says so when it opens it)."""
+def _sqlite_schema(path: Path) -> tuple[set[str], set[str]] | None:
+    """An SQLite file's table names and its `trials` table's columns (empty without one); None for
+    no SQLite file (missing, empty, another format) or one that cannot be read (locked: Optuna
+    says so when it opens it)."""
     if not path.is_file() or not is_sqlite_file(path):
         return None
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
-            names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-            return {name: {row[1] for row in conn.execute(f'PRAGMA table_info("{name}")')} for name in names}
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(trials)")} if "trials" in tables else set()
         finally:
             conn.close()
     except sqlite3.Error:
         return None
+    return tables, columns
 
 
 def _open_journal(path: Path, *, heartbeats: bool) -> optuna.storages.BaseStorage:
